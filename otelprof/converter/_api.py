@@ -1,0 +1,93 @@
+"""``convert()``: the native core when it loads, the Python reference otherwise."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ._load import TraceInput, load_bytes
+from ._options import ConvertOptions
+
+_log = logging.getLogger(__name__)
+_native: ModuleType | None = None
+_native_error: str | None = None
+
+try:
+    from otelprof import _native  # type: ignore[attr-defined,no-redef]
+except ImportError as exc:  # pragma: no cover - exercised only on a broken build
+    _native_error = str(exc)
+_warned = False
+
+
+@dataclass(frozen=True)
+class OpStats:
+    """One ``key_averages()`` row: times in nanoseconds."""
+
+    name: str
+    kind: str  # "op", "annotation" or "device"
+    input_shapes: str
+    calls: int
+    cpu_total_ns: int
+    self_cpu_ns: int
+    device_total_ns: int
+    self_device_ns: int
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """OTLP ``ExportTraceServiceRequest`` messages (each under the size limit), per-op
+    aggregates, and counters that reconcile kept and dropped events with the input."""
+
+    requests: list[bytes]
+    ops: list[OpStats]
+    stats: dict[str, int]
+    engine: str
+
+
+def native_available() -> bool:
+    return _native is not None
+
+
+def _fallback_warning() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        _log.warning("otelprof._native could not be loaded (%s); using the slower Python converter", _native_error)
+
+
+def convert_bytes(data: bytes, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
+    """Convert raw Kineto JSON bytes. ``engine``: "auto", "native" or "reference"."""
+    if engine not in ("auto", "native", "reference"):
+        raise ValueError(f"engine must be 'auto', 'native' or 'reference', not {engine!r}")
+    if engine == "native" and _native is None:
+        raise RuntimeError(f"otelprof._native is not available: {_native_error}")
+    if engine != "reference" and _native is not None:
+        requests, rows, stats = _native.convert(data, options.as_native())
+        return ConvertResult(list(requests), [OpStats(*row) for row in rows], dict(stats), "native")
+    if engine == "auto":
+        _fallback_warning()
+    from . import reference
+
+    requests, ref_rows, stats = reference.convert(data, options)
+    ops = [
+        OpStats(r.name, r.kind, r.input_shapes, r.calls, r.cpu_total_ns, r.self_cpu_ns, r.device_total_ns, r.self_device_ns)
+        for r in ref_rows
+    ]
+    return ConvertResult(requests, ops, stats, "reference")
+
+
+def convert(
+    trace: TraceInput, *, options: ConvertOptions | None = None, engine: str = "auto", **fields: Any
+) -> ConvertResult:
+    """Convert a Kineto trace (path to ``.json``/``.json.gz``, or bytes) into OTLP requests.
+
+    Pass a :class:`ConvertOptions` or its fields as keywords. Raises
+    :class:`TraceFormatError` (a ``ValueError``) with a one-line reason for bad input.
+    """
+    if options is not None and fields:
+        raise TypeError("pass either options= or option keywords, not both")
+    opts = options or ConvertOptions(**fields)
+    data, _source = load_bytes(trace)
+    return convert_bytes(data, opts, engine)

@@ -1,0 +1,96 @@
+"""Conversion options shared by the native core and the Python reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Detail = Literal["full", "default"]
+
+#: Collector's default gRPC receive limit is 4 MiB; stay well under it.
+DEFAULT_MAX_REQUEST_BYTES = 3 * 1024 * 1024
+#: In ``default`` detail, CPU-side spans shorter than this are dropped or aggregated.
+DEFAULT_MIN_DURATION_NS = 10_000
+#: OpenTelemetry's default span event / link count limits (OTEL_SPAN_EVENT_COUNT_LIMIT).
+DEFAULT_EVENT_LIMIT = 128
+DEFAULT_LINK_LIMIT = 128
+#: From this world size on, operator/kernel detail moves to per-rank traces.
+DEFAULT_SPLIT_WORLD_SIZE = 4
+
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How a Kineto trace becomes OTLP spans. Every field has a safe default.
+
+    ``run_id`` decides trace ids: the same run id and step give the same trace id on
+    every rank. When ``None`` it is derived from the trace (its ``trace_id`` metadata,
+    else its name and start time), which is unique per file.
+    """
+
+    run_id: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    detail: Detail = "default"
+    min_duration_ns: int = DEFAULT_MIN_DURATION_NS
+    event_limit: int = DEFAULT_EVENT_LIMIT
+    link_limit: int = DEFAULT_LINK_LIMIT
+    split_world_size: int = DEFAULT_SPLIT_WORLD_SIZE
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    resource_attributes: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    host_name: str | None = None
+    base_time_ns: int | None = None
+    group_by_input_shapes: bool = False
+    scope_version: str = ""
+
+    def __post_init__(self) -> None:
+        if self.detail not in ("full", "default"):
+            raise ValueError(f"detail must be 'full' or 'default', not {self.detail!r}")
+        for name in ("min_duration_ns", "event_limit", "link_limit", "split_world_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT64_MAX:
+                raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+        if not isinstance(self.max_request_bytes, int) or self.max_request_bytes < 1024:
+            raise ValueError(f"max_request_bytes must be an integer >= 1024, not {self.max_request_bytes!r}")
+        for name in ("rank", "world_size", "base_time_ns"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT64_MAX):
+                raise ValueError(f"{name} must be a non-negative integer or None, not {value!r}")
+        if self.run_id is not None and not isinstance(self.run_id, str):
+            raise ValueError(f"run_id must be a string or None, not {self.run_id!r}")
+        for item in self.resource_attributes:
+            if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+                raise ValueError(f"resource_attributes must be (key, value) string pairs, not {item!r}")
+
+    @property
+    def full(self) -> bool:
+        return self.detail == "full"
+
+    @property
+    def span_event_limit(self) -> int:
+        """Events kept per span; 0 = unlimited (always so at ``full`` detail)."""
+        return 0 if self.full else self.event_limit
+
+    @property
+    def span_link_limit(self) -> int:
+        return 0 if self.full else self.link_limit
+
+    def as_native(self) -> dict[str, object]:
+        """The flat dict the native core takes (same keys as the fields)."""
+        return {
+            "run_id": self.run_id,
+            "rank": -1 if self.rank is None else self.rank,
+            "world_size": -1 if self.world_size is None else self.world_size,
+            "full": self.full,
+            "min_duration_ns": self.min_duration_ns,
+            "event_limit": self.span_event_limit,
+            "link_limit": self.span_link_limit,
+            "split_world_size": self.split_world_size,
+            "max_request_bytes": self.max_request_bytes,
+            "resource_attributes": list(self.resource_attributes),
+            "host_name": self.host_name,
+            "base_time_ns": -1 if self.base_time_ns is None else self.base_time_ns,
+            "group_by_input_shapes": self.group_by_input_shapes,
+            "scope_version": self.scope_version,
+        }

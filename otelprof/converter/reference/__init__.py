@@ -1,0 +1,17 @@
+"""Pure-Python reference converter: the test oracle, and the fallback without ``_native``."""
+
+from __future__ import annotations
+
+from .._options import ConvertOptions
+from .builder import Built, OpRow, build
+from .encoder import encode
+from .reader import read
+
+__all__ = ["convert", "OpRow"]
+
+
+def convert(data: bytes, opts: ConvertOptions) -> tuple[list[bytes], list[OpRow], dict[str, int]]:
+    built: Built = build(read(data, opts.base_time_ns), opts)
+    requests = encode(built.spans, built.resource, opts.scope_version, opts.max_request_bytes)
+    built.stats["requests"] = len(requests)
+    return requests, built.ops, built.stats

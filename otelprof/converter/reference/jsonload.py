@@ -1,0 +1,125 @@
+"""JSON parsing that keeps every number's exact text, as the native reader does.
+
+Floats stay ``RawNumber`` strings so timestamps convert to integer nanoseconds with
+no binary-float drift, and re-rendered values match the native renderer byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
+
+from .._errors import TraceFormatError
+
+_I64_MAX = 2**63 - 1
+
+
+class RawNumber(str):
+    """A JSON number literal that was not a plain integer (kept as its source text)."""
+
+    __slots__ = ()
+
+
+def _reject_constant(name: str) -> Any:
+    raise TraceFormatError(f"invalid JSON: {name} is not a JSON number")
+
+
+def loads(text: bytes) -> Any:
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"trace is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(decoded, parse_float=RawNumber, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise TraceFormatError("invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. integer literals beyond Python's digit limit
+        raise TraceFormatError(f"invalid JSON: {exc}") from None
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, RawNumber) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def as_int64(value: Any) -> int | None:
+    """An integer literal within int64, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and -_I64_MAX - 1 <= value <= _I64_MAX:
+        return value
+    return None
+
+
+def as_double(value: Any) -> float | None:
+    if isinstance(value, RawNumber):
+        result = float(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 10**308:
+            return None
+        result = float(value)
+    else:
+        return None
+    return result if result == result and result not in (float("inf"), float("-inf")) else None
+
+
+def micros_to_ns(value: Any, where: str) -> int:
+    """Exact ``round_half_away(value * 1000)`` of a JSON number of microseconds."""
+    if not is_number(value):
+        raise TraceFormatError(f"{where}: expected a number, got {_type_name(value)}")
+    try:
+        d = Decimal(str(value))
+    except InvalidOperation:  # pragma: no cover - json only yields valid literals
+        raise TraceFormatError(f"{where}: invalid number {value!r}") from None
+    if d.is_zero():
+        return 0
+    if d.adjusted() > 15:
+        raise TraceFormatError(f"{where}: {value} microseconds is out of range")
+    if d.adjusted() < -30:
+        return 0
+    return int((d * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, str) and not isinstance(value, RawNumber):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "number"
+
+
+type_name = _type_name
+
+
+def clean(text: str) -> str:
+    """Replace lone surrogates (from ``\\ud800``-style escapes) with U+FFFD."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+
+
+def render(value: Any) -> str:
+    """Canonical compact JSON text of a parsed value (mirrors the native renderer)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, RawNumber):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(clean(value), ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ",".join(render(v) for v in value) + "]"
+    return "{" + ",".join(json.dumps(clean(k), ensure_ascii=False) + ":" + render(v) for k, v in value.items()) + "}"
