@@ -495,7 +495,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
             sp.dropped_links = len(sp.links) - link_limit
             stats["links_dropped"] += sp.dropped_links
             sp.links = sp.links[:link_limit]
-    stats["links"] = sum(len(v) for v in links.values())
+    stats["links"] = sum(1 for sp in synthetic + by_order for link in sp.links if link[2][0][1] == "fwdbwd")
 
     ordered = _order_by_trace(synthetic, by_order, steps, ev, step_trace, detail_trace, window_trace, split)
     stats["spans"] = len(ordered)

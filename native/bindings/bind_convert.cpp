@@ -1,0 +1,89 @@
+// Glue only: Python objects <-> otelprof::Options / ConvertOutput. The GIL is released while converting.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "otelprof/convert.hpp"
+#include "otelprof/json.hpp"
+#include "otelprof/schema.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+T get_or(const py::dict& d, const char* key, T fallback) {
+    if (!d.contains(key) || d[key].is_none()) return fallback;
+    return d[key].cast<T>();
+}
+
+std::optional<int64_t> non_negative(const py::dict& d, const char* key) {
+    int64_t v = get_or<int64_t>(d, key, -1);
+    return v >= 0 ? std::optional<int64_t>(v) : std::nullopt;
+}
+
+otelprof::Options to_options(const py::dict& d) {
+    otelprof::Options o;
+    if (d.contains("run_id") && !d["run_id"].is_none()) o.run_id = d["run_id"].cast<std::string>();
+    o.rank = non_negative(d, "rank");
+    o.world_size = non_negative(d, "world_size");
+    o.base_time_ns = non_negative(d, "base_time_ns");
+    o.full = get_or<bool>(d, "full", false);
+    o.min_duration_ns = get_or<int64_t>(d, "min_duration_ns", o.min_duration_ns);
+    o.event_limit = get_or<int64_t>(d, "event_limit", o.event_limit);
+    o.link_limit = get_or<int64_t>(d, "link_limit", o.link_limit);
+    o.split_world_size = get_or<int64_t>(d, "split_world_size", o.split_world_size);
+    o.max_request_bytes = get_or<int64_t>(d, "max_request_bytes", o.max_request_bytes);
+    o.resource_attributes =
+        get_or<std::vector<std::pair<std::string, std::string>>>(d, "resource_attributes", {});
+    if (d.contains("host_name") && !d["host_name"].is_none()) o.host_name = d["host_name"].cast<std::string>();
+    o.group_by_input_shapes = get_or<bool>(d, "group_by_input_shapes", false);
+    o.scope_version = get_or<std::string>(d, "scope_version", "");
+    return o;
+}
+
+py::tuple convert(const py::bytes& data, const py::dict& options) {
+    otelprof::Options opts = to_options(options);
+    std::string_view json = data;  // view into the bytes object, kept alive by the caller
+    otelprof::ConvertOutput out;
+    {
+        py::gil_scoped_release release;
+        out = otelprof::convert_trace(json, opts);
+    }
+    py::list requests;
+    for (auto& r : out.requests) requests.append(py::bytes(r));
+    py::list ops;
+    for (const auto& row : out.ops)
+        ops.append(py::make_tuple(row.name, row.kind, row.input_shapes, row.calls, row.cpu_total_ns, row.self_cpu_ns,
+                                  row.device_total_ns, row.self_device_ns));
+    py::dict stats;
+    for (const auto& [k, v] : out.stats) stats[py::str(k)] = v;
+    return py::make_tuple(requests, ops, stats);
+}
+
+py::dict schema() {
+    py::list args;
+    static const char* type_names[] = {"int", "double", "string", "json"};
+    for (int k = 0; k < otelprof::kArgAttributeCount; ++k) {
+        const auto& a = otelprof::kArgAttributes[k];
+        args.append(py::make_tuple(std::string(a.key), std::string(a.attr), type_names[static_cast<int>(a.type)]));
+    }
+    py::list memory;
+    for (int k = 0; k < otelprof::kMemoryAttributeCount; ++k)
+        memory.append(py::make_tuple(std::string(otelprof::kMemoryAttributes[k][0]), std::string(otelprof::kMemoryAttributes[k][1])));
+    py::dict d;
+    d["arg_attributes"] = args;
+    d["memory_attributes"] = memory;
+    return d;
+}
+
+int category_kind(const std::string& cat) { return static_cast<int>(otelprof::category_kind(cat)); }
+
+}  // namespace
+
+void bind_convert(py::module_& m) {
+    static py::exception<otelprof::TraceError> trace_error(m, "TraceError", PyExc_ValueError);
+    m.def("convert", &convert, py::arg("data"), py::arg("options"),
+          "Convert Kineto JSON bytes into (requests, op rows, stats). Raises TraceError (ValueError).");
+    m.def("schema", &schema, "The category and argument tables, for consistency tests.");
+    m.def("category_kind", &category_kind, py::arg("category"));
+}

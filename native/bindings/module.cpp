@@ -1,0 +1,10 @@
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+void bind_convert(py::module_& m);
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "otelprof native core: Kineto traces to OTLP spans";
+    bind_convert(m);
+}

@@ -1,0 +1,21 @@
+// One call from JSON bytes to OTLP requests, per-op rows and counters. Pure C++: no Python here.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "otelprof/spans.hpp"
+
+namespace otelprof {
+
+struct ConvertOutput {
+    std::vector<std::string> requests;
+    std::vector<OpRow> ops;
+    Stats stats;
+};
+
+// Throws TraceError for input that is not a readable trace.
+ConvertOutput convert_trace(std::string_view json, const Options& options);
+
+}  // namespace otelprof

@@ -1,0 +1,74 @@
+// Minimal, strict JSON DOM for Kineto traces: numbers keep their source text (timestamps
+// convert to integer nanoseconds exactly), strings point into the input when unescaped.
+// Semantics mirror Python's json module (duplicate keys: last value wins).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace otelprof {
+
+// Input that cannot be read as a trace; the message names where and why.
+struct TraceError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+enum class JType : uint8_t { Null, False, True, Int, BigInt, Num, Str, Arr, Obj };
+
+struct JNode {
+    JType type = JType::Null;
+    uint32_t len = 0;         // string/number text length, or child count
+    uint32_t key_len = 0;     // member key length when inside an object
+    const char* key = nullptr;
+    union {
+        int64_t i;            // Int
+        const char* s;        // Str / Num / BigInt text
+        uint32_t first;       // Arr / Obj: index of the first child in Document::nodes
+    };
+    JNode() : i(0) {}
+
+    std::string_view str() const { return {s, len}; }
+    std::string_view key_view() const { return {key, key_len}; }
+    bool is_number() const { return type == JType::Int || type == JType::BigInt || type == JType::Num; }
+};
+
+class Document {
+  public:
+    // Parses `text` (kept alive by the caller). Throws TraceError.
+    explicit Document(std::string_view text);
+
+    const JNode& root() const { return nodes_[root_]; }
+    const JNode* child(const JNode& container, uint32_t k) const { return &nodes_[container.first + k]; }
+    // Object member lookup with Python dict semantics: the last duplicate wins.
+    const JNode* get(const JNode& object, std::string_view key) const;
+
+  private:
+    friend class Parser;
+    std::vector<JNode> nodes_;
+    uint32_t root_ = 0;
+    std::vector<std::unique_ptr<char[]>> arena_;  // decoded (escaped) strings
+};
+
+// Canonical compact rendering, identical to the Python reference's `render`.
+void render_json(const Document& doc, const JNode& node, std::string& out);
+void append_json_string(std::string_view s, std::string& out);
+
+// int64 value of an integer literal node, or false (mirrors `as_int64`).
+inline bool as_int64(const JNode* n, int64_t& out) {
+    if (n && n->type == JType::Int) {
+        out = n->i;
+        return true;
+    }
+    return false;
+}
+// Finite double of a number node, or false (mirrors `as_double`).
+bool as_double(const JNode* n, double& out);
+// Exact round_half_away(value * 1000) of a JSON number of microseconds (mirrors `micros_to_ns`).
+int64_t micros_to_ns(const JNode& n, const std::string& where);
+const char* type_name(const JNode* n);
+
+}  // namespace otelprof

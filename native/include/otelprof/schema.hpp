@@ -1,0 +1,35 @@
+// Kineto categories and argument keys, mapped once (mirrors reference/schema.py).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace otelprof {
+
+enum class Kind : uint8_t {
+    Other, CpuOp, Annotation, Python, Runtime, TraceSpan, Kernel, Memcpy, Memset, Sync, GpuAnnotation
+};
+
+enum class ArgType : uint8_t { Int, Double, String, Json };
+
+struct ArgAttribute {
+    std::string_view key;
+    std::string_view attr;
+    ArgType type;
+};
+
+Kind category_kind(std::string_view cat);
+inline bool is_device(Kind k) { return k >= Kind::Kernel; }
+inline bool is_device_time(Kind k) { return k == Kind::Kernel || k == Kind::Memcpy || k == Kind::Memset; }
+inline bool in_aggregate_kinds(Kind k) {
+    return k == Kind::CpuOp || k == Kind::Annotation || k == Kind::Python || k == Kind::Runtime;
+}
+bool is_filtered_name(std::string_view name);
+bool is_correlation_flow(std::string_view cat);
+
+extern const ArgAttribute kArgAttributes[];
+extern const int kArgAttributeCount;
+extern const std::string_view kMemoryAttributes[][2];
+extern const int kMemoryAttributeCount;
+
+}  // namespace otelprof

@@ -1,0 +1,90 @@
+// The span model's output: spans ready to encode, per-op aggregates, counters.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string_view>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace otelprof {
+
+using TraceId = std::array<uint8_t, 16>;
+using SpanId = std::array<uint8_t, 8>;
+
+// Strings are views: into the parsed document, static tables, or Built::strings.
+struct AttrValue {
+    enum class Type : uint8_t { Str, Int, Double, Bool } type = Type::Str;
+    std::string_view s;
+    int64_t i = 0;
+    double d = 0;
+    static AttrValue str(std::string_view v) { AttrValue a; a.type = Type::Str; a.s = v; return a; }
+    static AttrValue integer(int64_t v) { AttrValue a; a.type = Type::Int; a.i = v; return a; }
+    static AttrValue dbl(double v) { AttrValue a; a.type = Type::Double; a.d = v; return a; }
+    static AttrValue boolean(bool v) { AttrValue a; a.type = Type::Bool; a.i = v ? 1 : 0; return a; }
+};
+
+using Attr = std::pair<std::string_view, AttrValue>;
+using Attrs = std::vector<Attr>;
+
+struct SpanEvent {
+    int64_t ts;
+    uint32_t ordinal;
+    Attrs attrs;
+};
+
+struct SpanLink {
+    TraceId trace_id;
+    SpanId span_id;
+    const char* kind;  // otelprof.link.kind
+};
+
+struct Span {
+    int64_t order = -1;  // event ordinal; -1 for synthetic roots
+    TraceId trace_id{};
+    SpanId span_id{};
+    SpanId parent_id{};
+    bool has_parent = false;
+    std::string_view name;
+    int64_t start = 0, end = 0;
+    Attrs attrs;
+    std::vector<SpanEvent> events;
+    uint32_t dropped_events = 0;
+    std::vector<SpanLink> links;
+    uint32_t dropped_links = 0;
+};
+
+struct OpRow {
+    std::string name, kind, input_shapes;
+    int64_t calls = 0, cpu_total_ns = 0, self_cpu_ns = 0, device_total_ns = 0, self_device_ns = 0;
+};
+
+struct Options {
+    std::optional<std::string> run_id;
+    std::optional<int64_t> rank, world_size, base_time_ns;
+    bool full = false;
+    int64_t min_duration_ns = 10000;
+    int64_t event_limit = 128;  // 0 = unlimited
+    int64_t link_limit = 128;
+    int64_t split_world_size = 4;
+    int64_t max_request_bytes = 3 * 1024 * 1024;
+    std::vector<std::pair<std::string, std::string>> resource_attributes;
+    std::optional<std::string> host_name;
+    bool group_by_input_shapes = false;
+    std::string scope_version;
+};
+
+using Stats = std::vector<std::pair<std::string, int64_t>>;
+
+struct Built {
+    std::deque<std::string> strings;  // owns strings that attribute views point at
+    std::vector<Span> spans;
+    std::vector<OpRow> ops;
+    Attrs resource;
+    Stats stats;
+};
+
+}  // namespace otelprof

@@ -1,0 +1,796 @@
+// Every step here has its counterpart, in the same order, in reference/builder.py.
+#include "otelprof/builder.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "otelprof/ids.hpp"
+
+namespace otelprof {
+
+namespace {
+
+constexpr int kUnset = -2;
+
+struct IdentPairHash {
+    size_t operator()(const std::pair<Ident, Ident>& k) const {
+        uint64_t h = static_cast<uint64_t>(k.first.value) * 0x9E3779B97F4A7C15ULL;
+        h ^= static_cast<uint64_t>(k.second.value) + 0x7F4A7C159E3779B9ULL + (h << 6) + (h >> 2);
+        h ^= (k.first.is_str ? 1u : 0u) | (k.second.is_str ? 2u : 0u);
+        return static_cast<size_t>(h);
+    }
+};
+struct IdentPairEq {
+    bool operator()(const std::pair<Ident, Ident>& a, const std::pair<Ident, Ident>& b) const {
+        return a.first == b.first && a.second == b.second;
+    }
+};
+
+struct Item {
+    int64_t t;
+    int probe;  // 0 = event, 1 = probe
+    int64_t neg_end;
+    uint32_t ordinal;
+    int32_t idx;  // >= 0 event index, < 0: -1 - probe index
+    bool operator<(const Item& o) const {
+        if (t != o.t) return t < o.t;
+        if (probe != o.probe) return probe < o.probe;
+        if (neg_end != o.neg_end) return neg_end < o.neg_end;
+        return ordinal < o.ordinal;
+    }
+};
+
+bool step_number(std::string_view name, int64_t& out) {
+    constexpr std::string_view prefix = "ProfilerStep#";
+    if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.substr(0, prefix.size()) != prefix) return false;
+    int64_t v = 0;
+    for (char c : name.substr(prefix.size())) {
+        if (c < '0' || c > '9') return false;
+        v = v * 10 + (c - '0');
+    }
+    out = v;
+    return true;
+}
+
+const JNode* arg(const Document& doc, const JNode* args, std::string_view key) {
+    return args ? doc.get(*args, key) : nullptr;
+}
+
+}  // namespace
+
+Built build_spans(const Document& doc, const Trace& trace, const Options& opts) {
+    const std::vector<Event>& ev = trace.events;
+    const int n = static_cast<int>(ev.size());
+    const bool full = opts.full;
+    Built out;
+    auto& strings = out.strings;
+    auto keep_str = [&](std::string s) -> std::string_view { return strings.emplace_back(std::move(s)); };
+
+    std::unordered_map<std::string, int64_t> stats;
+    static const char* kStatKeys[] = {
+        "events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events",
+        "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python",
+        "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests"};
+    stats["events_total"] = trace.total;
+    stats["complete_events"] = n;
+    stats["metadata_events"] = trace.metadata_events;
+    stats["ignored_events"] = trace.ignored_events;
+    stats["memory_events"] = static_cast<int64_t>(trace.memory.size());
+    stats["flow_events"] = static_cast<int64_t>(trace.flows.size());
+
+    std::optional<int64_t> rank = opts.rank ? opts.rank : trace.rank;
+    std::optional<int64_t> world = opts.world_size ? opts.world_size : trace.world_size;
+    std::string rank_s = rank ? std::to_string(*rank) : std::string();
+    int64_t min_start = 0;
+    if (n) {
+        min_start = ev[0].start;
+        for (const Event& e : ev) min_start = std::min(min_start, e.start);
+    }
+    std::string run_id;
+    if (opts.run_id) {
+        run_id = *opts.run_id;
+    } else if (trace.trace_id) {
+        run_id = std::string(*trace.trace_id);
+    } else {
+        run_id = "auto|" + std::string(trace.trace_name) + "|" + std::to_string(min_start);
+    }
+    const bool split = opts.split_world_size > 0 && world.value_or(1) >= opts.split_world_size;
+    const uint64_t base = fnv1a64("span|" + run_id + "|" + rank_s, kSeedHi);
+    auto sid = [&](uint64_t ordinal) { return make_span_id(base, ordinal); };
+
+    // --- steps ---------------------------------------------------------------------------
+    std::vector<int64_t> step_num(n, -1);
+    std::vector<int> steps;
+    {
+        std::unordered_set<int64_t> seen;
+        for (int i = 0; i < n; ++i) {
+            int64_t num;
+            if (!ev[i].device() && step_number(ev[i].name, num) && seen.insert(num).second) {
+                step_num[i] = num;
+                steps.push_back(i);
+            }
+        }
+    }
+    std::sort(steps.begin(), steps.end(), [&](int a, int b) {
+        return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
+    });
+    std::vector<int> step_index(n, -1);
+    std::vector<int64_t> step_starts;
+    for (size_t k = 0; k < steps.size(); ++k) {
+        step_index[steps[k]] = static_cast<int>(k);
+        step_starts.push_back(ev[steps[k]].start);
+    }
+    stats["steps"] = static_cast<int64_t>(steps.size());
+    auto is_step = [&](int i) { return i >= 0 && step_num[i] >= 0; };
+    auto step_at = [&](int64_t t) -> int {
+        auto it = std::upper_bound(step_starts.begin(), step_starts.end(), t);
+        if (it == step_starts.begin()) return -1;
+        int s = steps[static_cast<size_t>(it - step_starts.begin() - 1)];
+        return t < ev[s].end ? s : -1;
+    };
+
+    // --- CPU-side nesting per thread, with probes ------------------------------------------
+    std::vector<int> parent(n, -1);
+    std::vector<std::vector<int>> children(n);
+    std::unordered_map<std::pair<Ident, Ident>, std::vector<Item>, IdentPairHash, IdentPairEq> groups;
+    for (int i = 0; i < n; ++i) {
+        const Event& e = ev[i];
+        if (!e.device()) groups[{e.pid, e.tid}].push_back(Item{e.start, 0, -e.end, e.ordinal, i});
+    }
+    const int n_mem = static_cast<int>(trace.memory.size());
+    for (int k = 0; k < n_mem; ++k) {
+        const Instant& m = trace.memory[k];
+        groups[{m.pid, m.tid}].push_back(Item{m.ts, 1, 0, m.ordinal, -1 - k});
+    }
+    std::vector<const Flow*> fwd_flows;
+    for (const Flow& f : trace.flows)
+        if (f.fwdbwd) fwd_flows.push_back(&f);
+    for (size_t k = 0; k < fwd_flows.size(); ++k) {
+        const Flow& f = *fwd_flows[k];
+        groups[{f.pid, f.tid}].push_back(Item{f.ts, 1, 0, f.ordinal, -1 - n_mem - static_cast<int>(k)});
+    }
+    std::vector<int> probe_owner(static_cast<size_t>(n_mem) + fwd_flows.size(), -1);
+    std::vector<int> stack;
+    for (auto& [key, items] : groups) {
+        std::sort(items.begin(), items.end());
+        stack.clear();
+        for (const Item& item : items) {
+            if (item.idx >= 0) {
+                const Event& e = ev[item.idx];
+                while (!stack.empty()) {
+                    const Event& top = ev[stack.back()];
+                    if (e.start >= top.end || e.end > top.end) {
+                        stack.pop_back();
+                    } else {
+                        break;
+                    }
+                }
+                if (!stack.empty()) {
+                    parent[item.idx] = stack.back();
+                    children[stack.back()].push_back(item.idx);
+                }
+                stack.push_back(item.idx);
+            } else {
+                while (!stack.empty() && item.t >= ev[stack.back()].end) stack.pop_back();
+                probe_owner[static_cast<size_t>(-1 - item.idx)] = stack.empty() ? -1 : stack.back();
+            }
+        }
+    }
+
+    // --- device events under their launch ---------------------------------------------------
+    std::unordered_map<int64_t, int> launcher_by_corr, annotation_by_ext;
+    for (int i = 0; i < n; ++i) {
+        int64_t v;
+        if (ev[i].kind == Kind::Runtime) {
+            if (as_int64(arg(doc, ev[i].args, "correlation"), v)) launcher_by_corr.emplace(v, i);
+        } else if (ev[i].kind == Kind::Annotation) {
+            if (as_int64(arg(doc, ev[i].args, "External id"), v)) annotation_by_ext.emplace(v, i);
+        }
+    }
+    for (int i = 0; i < n; ++i) {
+        if (!ev[i].device()) continue;
+        int64_t v;
+        int p = -1;
+        if (ev[i].kind == Kind::GpuAnnotation) {
+            if (as_int64(arg(doc, ev[i].args, "External id"), v)) {
+                auto it = annotation_by_ext.find(v);
+                if (it != annotation_by_ext.end()) p = it->second;
+            }
+        } else if (as_int64(arg(doc, ev[i].args, "correlation"), v)) {
+            auto it = launcher_by_corr.find(v);
+            if (it != launcher_by_corr.end()) p = it->second;
+        }
+        parent[i] = p;
+        if (p < 0) ++stats["device_events_unlinked"];
+    }
+
+    // --- owning step of every event ----------------------------------------------------------
+    std::vector<int> owner(n, kUnset);
+    std::vector<int> chain;
+    for (int i = 0; i < n; ++i) {
+        chain.clear();
+        int j = i;
+        while (owner[j] == kUnset) {
+            if (is_step(j)) {
+                owner[j] = j;
+                break;
+            }
+            int p = parent[j];
+            if (p < 0) {
+                owner[j] = step_at(ev[j].start);
+                break;
+            }
+            chain.push_back(j);
+            j = p;
+        }
+        for (int c : chain) owner[c] = owner[j];
+    }
+
+    // --- volume control ------------------------------------------------------------------------
+    std::vector<char> keep(n);
+    for (int i = 0; i < n; ++i) {
+        const Event& e = ev[i];
+        keep[i] = full || e.device() || is_step(i) ||
+                  (e.kind != Kind::Python && (e.kind == Kind::TraceSpan || e.dur() >= opts.min_duration_ns));
+    }
+    std::vector<int> nearest(n, kUnset);
+    auto nearest_kept = [&](int i) -> int {
+        chain.clear();
+        int j = i;
+        while (j >= 0 && nearest[j] == kUnset && !keep[j]) {
+            chain.push_back(j);
+            j = parent[j];
+        }
+        int result = j < 0 ? -1 : (keep[j] ? j : nearest[j]);
+        if (j >= 0) nearest[j] = result;
+        for (int c : chain) nearest[c] = result;
+        return result;
+    };
+
+    // --- trace ids, roots ------------------------------------------------------------------------
+    const uint32_t n_total = trace.total;
+    std::vector<TraceId> step_trace(n), detail_trace(split ? n : 0);
+    for (int s : steps) {
+        step_trace[s] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
+        if (split) detail_trace[s] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
+    }
+    const TraceId window_trace = make_trace_id("window|" + run_id + "|" + rank_s);
+    auto trace_of = [&](int i) -> const TraceId& {
+        int o = owner[i];
+        if (o < 0) return window_trace;
+        return (i == o || !split) ? step_trace[o] : detail_trace[o];
+    };
+
+    int window_root_ev = -1;
+    bool has_window = false;
+    int64_t win_min = 0, win_max = 0;
+    for (int i = 0; i < n; ++i) {
+        if (!keep[i] || owner[i] != -1) continue;
+        if (!has_window) {
+            win_min = ev[i].start;
+            win_max = ev[i].end;
+        }
+        has_window = true;
+        win_min = std::min(win_min, ev[i].start);
+        win_max = std::max(win_max, ev[i].end);
+        if (ev[i].kind == Kind::TraceSpan && (window_root_ev < 0 || ev[i].ordinal < ev[window_root_ev].ordinal)) window_root_ev = i;
+    }
+    // span ids are optional: nullopt means "none"
+    using OptSid = std::optional<SpanId>;
+    OptSid window_root_id;
+    std::vector<Span> synthetic;
+    if (has_window) {
+        if (window_root_ev >= 0) {
+            window_root_id = sid(ev[window_root_ev].ordinal);
+        } else {
+            window_root_id = sid(n_total + steps.size());
+            Span sp;
+            sp.trace_id = window_trace;
+            sp.span_id = *window_root_id;
+            sp.name = "otelprof.window";
+            sp.start = win_min;
+            sp.end = win_max;
+            sp.attrs = {{"pytorch.event.category", AttrValue::str("otelprof")}, {"otelprof.synthetic", AttrValue::boolean(true)}};
+            synthetic.push_back(std::move(sp));
+        }
+    }
+    auto detail_root_id = [&](int s) { return sid(n_total + static_cast<uint64_t>(step_index[s])); };
+    auto level_target = [&](int o) -> OptSid {
+        if (o < 0) return window_root_id;
+        return split ? detail_root_id(o) : sid(ev[o].ordinal);
+    };
+    auto parent_span = [&](int k) -> OptSid {
+        if (k >= 0 && !(split && is_step(k))) return sid(ev[k].ordinal);
+        return std::nullopt;
+    };
+
+    // --- aggregation of runs of identical tiny siblings -----------------------------------------
+    std::vector<char> aggregated(n, 0);
+    std::vector<Span> by_order;
+    if (!full) {
+        std::vector<int> run;
+        for (int p = 0; p < n; ++p) {
+            if (!keep[p] || ev[p].device()) continue;
+            run.clear();
+            const auto& kids = children[p];
+            for (size_t idx = 0; idx <= kids.size(); ++idx) {
+                int c = idx < kids.size() ? kids[idx] : -1;
+                bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
+                if (cand && !run.empty() && ev[c].name == ev[run[0]].name && ev[c].cat == ev[run[0]].cat) {
+                    run.push_back(c);
+                    continue;
+                }
+                if (run.size() >= 2) {
+                    const Event& first = ev[run[0]];
+                    int64_t total = 0, end = first.end;
+                    for (int r : run) {
+                        aggregated[r] = 1;
+                        total += ev[r].dur();
+                        end = std::max(end, ev[r].end);
+                    }
+                    Span sp;
+                    sp.order = first.ordinal;
+                    sp.trace_id = trace_of(run[0]);
+                    sp.span_id = sid(first.ordinal);
+                    sp.parent_id = (split && is_step(p)) ? *level_target(owner[p]) : sid(ev[p].ordinal);
+                    sp.has_parent = true;
+                    sp.name = first.name;
+                    sp.start = first.start;
+                    sp.end = end;
+                    sp.attrs.emplace_back("pytorch.event.category", AttrValue::str(first.cat));
+                    if (!first.tid.is_str) sp.attrs.emplace_back("thread.id", AttrValue::integer(first.tid.value));
+                    sp.attrs.emplace_back("otelprof.aggregated_count", AttrValue::integer(static_cast<int64_t>(run.size())));
+                    sp.attrs.emplace_back("otelprof.aggregated_duration_ns", AttrValue::integer(total));
+                    by_order.push_back(std::move(sp));
+                    stats["aggregated_events"] += static_cast<int64_t>(run.size());
+                }
+                run.clear();
+                if (cand) run.push_back(c);
+            }
+        }
+        stats["aggregate_spans"] = static_cast<int64_t>(by_order.size());
+    }
+
+    struct SidHash {
+        size_t operator()(const SpanId& s) const {
+            uint64_t v;
+            std::memcpy(&v, s.data(), 8);
+            return static_cast<size_t>(v);
+        }
+    };
+    std::unordered_map<SpanId, int64_t, SidHash> dropped_count;
+    for (int i = 0; i < n; ++i) {
+        if (keep[i] || aggregated[i]) continue;
+        ++stats[ev[i].kind == Kind::Python ? "dropped_python" : "dropped_short"];
+        int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
+        OptSid target = k >= 0 ? parent_span(k) : std::nullopt;
+        if (!target) target = level_target(owner[i]);
+        if (target) ++dropped_count[*target];
+    }
+
+    // --- key_averages tree: self CPU / device time ---------------------------------------------
+    std::vector<char> in_a(n);
+    for (int i = 0; i < n; ++i)
+        in_a[i] = !ev[i].device() && in_aggregate_kinds(ev[i].kind) && !is_filtered_name(ev[i].name);
+    std::vector<int> a_parent(n, -1), a_children(n, 0);
+    std::vector<int64_t> child_dur(n, 0), self_dev(n, 0);
+    for (int i = 0; i < n; ++i) {
+        if (!in_a[i]) continue;
+        int p = parent[i];
+        while (p >= 0 && !in_a[p]) p = parent[p];
+        a_parent[i] = p;
+        if (p >= 0) {
+            ++a_children[p];
+            child_dur[p] += ev[i].dur();
+        }
+    }
+    for (int i = 0; i < n; ++i) {
+        if (!is_device_time(ev[i].kind) || parent[i] < 0) continue;
+        int o = parent[i];
+        while (o >= 0 && !in_a[o]) o = parent[o];
+        int first_a = o;
+        while (o >= 0 && ev[o].kind == Kind::Runtime) o = a_parent[o];
+        if (o < 0) o = first_a;
+        if (o >= 0) self_dev[o] += ev[i].dur();
+    }
+
+    // --- span events (memory) and step peaks ------------------------------------------------------
+    std::unordered_map<SpanId, std::vector<SpanEvent>, SidHash> span_events;
+    std::vector<int64_t> cpu_peak(n, -1), acc_peak(n, -1);
+    for (int k = 0; k < n_mem; ++k) {
+        const Instant& m = trace.memory[k];
+        Attrs attrs;
+        for (int a = 0; a < kMemoryAttributeCount; ++a) {
+            int64_t v;
+            if (as_int64(arg(doc, m.args, kMemoryAttributes[a][0]), v)) attrs.emplace_back(kMemoryAttributes[a][1], AttrValue::integer(v));
+        }
+        int s = step_at(m.ts);
+        int64_t total;
+        if (s >= 0 && as_int64(arg(doc, m.args, "Total Allocated"), total)) {
+            int64_t dtype = 0;
+            bool accel = as_int64(arg(doc, m.args, "Device Type"), dtype) && dtype != 0;
+            if (accel) acc_peak[s] = std::max(acc_peak[s], total);
+            else cpu_peak[s] = std::max(cpu_peak[s], total);
+        }
+        int o = probe_owner[k];
+        OptSid target;
+        if (o >= 0) {
+            int kk = nearest_kept(o);
+            target = kk >= 0 ? parent_span(kk) : level_target(owner[o]);
+        }
+        if (!target) target = level_target(s);
+        if (!target) {
+            ++stats["memory_events_dropped"];
+            continue;
+        }
+        span_events[*target].push_back(SpanEvent{m.ts, m.ordinal, std::move(attrs)});
+    }
+
+    // --- forward -> backward links -----------------------------------------------------------------
+    std::vector<std::pair<int, int>> pairs;
+    if (!fwd_flows.empty()) {
+        struct ExactKey {
+            Ident pid, tid;
+            int64_t ts;
+            bool operator==(const ExactKey& o) const { return pid == o.pid && tid == o.tid && ts == o.ts; }
+        };
+        struct ExactHash {
+            size_t operator()(const ExactKey& k) const {
+                return IdentPairHash()({k.pid, k.tid}) ^ static_cast<size_t>(static_cast<uint64_t>(k.ts) * 0xC2B2AE3D27D4EB4FULL);
+            }
+        };
+        std::unordered_map<ExactKey, std::vector<int>, ExactHash> exact;
+        for (auto& [key, items] : groups)
+            for (const Item& item : items)
+                if (item.idx >= 0) {
+                    const Event& e = ev[item.idx];
+                    exact[ExactKey{e.pid, e.tid, e.start}].push_back(item.idx);
+                }
+        auto bind = [&](size_t k) -> int {
+            const Flow& f = *fwd_flows[k];
+            auto it = exact.find(ExactKey{f.pid, f.tid, f.ts});
+            if (it != exact.end() && !it->second.empty()) {
+                int last_seq = -1;
+                for (int c : it->second)
+                    if (arg(doc, ev[c].args, "Sequence number")) last_seq = c;
+                return last_seq >= 0 ? last_seq : it->second.back();
+            }
+            return probe_owner[static_cast<size_t>(n_mem) + k];
+        };
+        struct FlowKeyHash {
+            size_t operator()(const Ident& i) const { return static_cast<size_t>(static_cast<uint64_t>(i.value) * 31 + i.is_str); }
+        };
+        std::unordered_map<Ident, size_t, FlowKeyHash> starts, ends;
+        for (size_t k = 0; k < fwd_flows.size(); ++k) {
+            const Flow& f = *fwd_flows[k];
+            if (f.ph == 's') starts.emplace(f.id, k);
+            else if (f.ph == 'f') ends.emplace(f.id, k);
+        }
+        std::vector<std::pair<Ident, size_t>> ends_sorted(ends.begin(), ends.end());
+        std::sort(ends_sorted.begin(), ends_sorted.end(),
+                  [&](const auto& a, const auto& b) { return fwd_flows[a.second]->ordinal < fwd_flows[b.second]->ordinal; });
+        for (const auto& [key, k_end] : ends_sorted) {
+            auto it = starts.find(key);
+            if (it == starts.end()) continue;
+            int fw = bind(it->second), bw = bind(k_end);
+            if (fw >= 0 && bw >= 0) pairs.emplace_back(fw, bw);
+        }
+    } else {
+        struct SeqKeyHash {
+            size_t operator()(const std::pair<Ident, int64_t>& k) const {
+                return static_cast<size_t>(static_cast<uint64_t>(k.first.value) * 0x9E3779B97F4A7C15ULL ^ static_cast<uint64_t>(k.second) ^ k.first.is_str);
+            }
+        };
+        struct SeqKeyEq {
+            bool operator()(const std::pair<Ident, int64_t>& a, const std::pair<Ident, int64_t>& b) const {
+                return a.first == b.first && a.second == b.second;
+            }
+        };
+        std::unordered_map<std::pair<Ident, int64_t>, int, SeqKeyHash, SeqKeyEq> fwd_by_seq, bwd_by_seq;
+        std::vector<int> order;
+        for (int i = 0; i < n; ++i)
+            if (ev[i].kind == Kind::CpuOp) order.push_back(i);
+        std::sort(order.begin(), order.end(), [&](int a, int b) {
+            if (ev[a].start != ev[b].start) return ev[a].start < ev[b].start;
+            if (ev[a].end != ev[b].end) return ev[a].end > ev[b].end;
+            return ev[a].ordinal < ev[b].ordinal;
+        });
+        for (int i : order) {
+            int64_t seq;
+            if (!as_int64(arg(doc, ev[i].args, "Sequence number"), seq) || seq < 0) continue;
+            std::pair<Ident, int64_t> key{ev[i].pid, seq};
+            const JNode* fwd_node = arg(doc, ev[i].args, "Fwd thread id");
+            int64_t fwd_tid = 0;
+            bool fwd_is_int = as_int64(fwd_node, fwd_tid);
+            if (fwd_is_int && fwd_tid != 0) {
+                bwd_by_seq.emplace(key, i);
+            } else if (!fwd_node || (fwd_is_int && fwd_tid == 0)) {
+                fwd_by_seq[key] = i;
+            }
+        }
+        std::vector<std::pair<std::pair<Ident, int64_t>, int>> bwd(bwd_by_seq.begin(), bwd_by_seq.end());
+        std::sort(bwd.begin(), bwd.end(), [&](const auto& a, const auto& b) { return ev[a.second].ordinal < ev[b.second].ordinal; });
+        for (const auto& [key, bw] : bwd) {
+            auto it = fwd_by_seq.find(key);
+            if (it != fwd_by_seq.end()) pairs.emplace_back(it->second, bw);
+        }
+    }
+    std::unordered_map<SpanId, std::vector<SpanLink>, SidHash> links;
+    for (const auto& [fw, bw] : pairs) {
+        int fk = nearest_kept(fw), bk = nearest_kept(bw);
+        if (fk < 0 || bk < 0 || fk == bk) {
+            ++stats["links_dropped"];
+            continue;
+        }
+        auto& bucket = links[sid(ev[bk].ordinal)];
+        SpanLink target{trace_of(fk), sid(ev[fk].ordinal), "fwdbwd"};
+        bool dup = std::any_of(bucket.begin(), bucket.end(),
+                               [&](const SpanLink& l) { return l.trace_id == target.trace_id && l.span_id == target.span_id; });
+        if (dup) {
+            ++stats["links_dropped"];
+            continue;
+        }
+        bucket.push_back(target);
+    }
+
+    // --- assemble spans ----------------------------------------------------------------------------
+    if (split) {
+        for (int s : steps) {
+            Span sp;
+            sp.trace_id = detail_trace[s];
+            sp.span_id = detail_root_id(s);
+            sp.name = ev[s].name;
+            sp.start = ev[s].start;
+            sp.end = ev[s].end;
+            sp.attrs.emplace_back("pytorch.event.category", AttrValue::str("otelprof"));
+            sp.attrs.emplace_back("pytorch.step", AttrValue::integer(step_num[s]));
+            if (rank) sp.attrs.emplace_back("pytorch.distributed.rank", AttrValue::integer(*rank));
+            sp.attrs.emplace_back("otelprof.synthetic", AttrValue::boolean(true));
+            sp.links.push_back(SpanLink{step_trace[s], sid(ev[s].ordinal), "step"});
+            synthetic.push_back(std::move(sp));
+        }
+    }
+    for (Span& sp : synthetic) {
+        auto it = dropped_count.find(sp.span_id);
+        if (it != dropped_count.end())
+            sp.attrs.insert(sp.attrs.end() - 1, Attr{"otelprof.dropped_spans", AttrValue::integer(it->second)});
+    }
+    std::string rendered;
+    for (int i = 0; i < n; ++i) {
+        if (!keep[i]) continue;
+        const Event& e = ev[i];
+        Span sp;
+        sp.order = e.ordinal;
+        sp.attrs.reserve(12);
+        sp.attrs.emplace_back("pytorch.event.category", AttrValue::str(e.cat));
+        if (!e.device() && !e.tid.is_str) sp.attrs.emplace_back("thread.id", AttrValue::integer(e.tid.value));
+        if (e.args) {
+            for (int a = 0; a < kArgAttributeCount; ++a) {
+                const ArgAttribute& spec = kArgAttributes[a];
+                if (a > 0 && kArgAttributes[a - 1].attr == spec.attr && !sp.attrs.empty() && sp.attrs.back().first == spec.attr) continue;
+                const JNode* v = doc.get(*e.args, spec.key);
+                if (!v) continue;
+                switch (spec.type) {
+                    case ArgType::Int: {
+                        int64_t x;
+                        if (as_int64(v, x)) sp.attrs.emplace_back(spec.attr, AttrValue::integer(x));
+                        break;
+                    }
+                    case ArgType::Double: {
+                        double x;
+                        if (as_double(v, x)) sp.attrs.emplace_back(spec.attr, AttrValue::dbl(x));
+                        break;
+                    }
+                    case ArgType::String:
+                        if (v->type == JType::Str && v->len) sp.attrs.emplace_back(spec.attr, AttrValue::str(v->str()));
+                        break;
+                    case ArgType::Json:
+                        rendered.clear();
+                        render_json(doc, *v, rendered);
+                        sp.attrs.emplace_back(spec.attr, AttrValue::str(keep_str(rendered)));
+                        break;
+                }
+            }
+        }
+        if (in_a[i]) {
+            sp.attrs.emplace_back("pytorch.op.self_cpu_time_ns", AttrValue::integer(e.dur() - child_dur[i]));
+            sp.attrs.emplace_back("pytorch.op.self_device_time_ns", AttrValue::integer(self_dev[i]));
+        }
+        if (is_step(i)) {
+            sp.attrs.emplace_back("pytorch.step", AttrValue::integer(step_num[i]));
+            int64_t peak = acc_peak[i] >= 0 ? acc_peak[i] : cpu_peak[i];
+            if (peak >= 0) sp.attrs.emplace_back("pytorch.memory.peak_allocated_bytes", AttrValue::integer(peak));
+        }
+        SpanId my_id = sid(e.ordinal);
+        auto dc = dropped_count.find(my_id);
+        if (dc != dropped_count.end()) sp.attrs.emplace_back("otelprof.dropped_spans", AttrValue::integer(dc->second));
+        OptSid pid;
+        if (is_step(i) || i == window_root_ev) {
+            pid = std::nullopt;
+        } else {
+            int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
+            if (k >= 0) {
+                pid = parent_span(k);
+                if (!pid) pid = level_target(owner[i]);
+            } else {
+                pid = level_target(owner[i]);
+            }
+        }
+        sp.trace_id = trace_of(i);
+        sp.span_id = my_id;
+        if (pid) {
+            sp.parent_id = *pid;
+            sp.has_parent = true;
+        }
+        sp.name = e.name;
+        sp.start = e.start;
+        sp.end = e.end;
+        auto lk = links.find(my_id);
+        if (lk != links.end()) sp.links = lk->second;
+        if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[i], detail_root_id(i), "rank_detail"});
+        by_order.push_back(std::move(sp));
+    }
+    std::stable_sort(by_order.begin(), by_order.end(), [](const Span& a, const Span& b) { return a.order < b.order; });
+    const auto event_limit = static_cast<size_t>(opts.event_limit);
+    const auto link_limit = static_cast<size_t>(opts.link_limit);
+    int64_t fwdbwd_links = 0;
+    auto finish = [&](Span& sp) {
+        auto it = span_events.find(sp.span_id);
+        if (it != span_events.end()) {
+            auto& evs = it->second;
+            std::sort(evs.begin(), evs.end(), [](const SpanEvent& a, const SpanEvent& b) {
+                return a.ts != b.ts ? a.ts < b.ts : a.ordinal < b.ordinal;
+            });
+            if (event_limit && evs.size() > event_limit) {
+                sp.dropped_events = static_cast<uint32_t>(evs.size() - event_limit);
+                stats["memory_events_dropped"] += sp.dropped_events;
+                evs.resize(event_limit);
+            }
+            sp.events = std::move(evs);
+        }
+        if (link_limit && sp.links.size() > link_limit) {
+            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
+            stats["links_dropped"] += sp.dropped_links;
+            sp.links.resize(link_limit);
+        }
+        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
+    };
+    for (Span& sp : synthetic) finish(sp);
+    for (Span& sp : by_order) finish(sp);
+    stats["links"] = fwdbwd_links;
+
+    // --- order: traces in step order, then the window; roots first -----------------------------------
+    {
+        struct TidHash {
+            size_t operator()(const TraceId& t) const {
+                uint64_t v;
+                std::memcpy(&v, t.data(), 8);
+                return static_cast<size_t>(v);
+            }
+        };
+        std::unordered_map<TraceId, std::vector<Span*>, TidHash> by_trace;
+        for (Span& sp : synthetic) by_trace[sp.trace_id].push_back(&sp);
+        for (Span& sp : by_order) by_trace[sp.trace_id].push_back(&sp);
+        std::vector<TraceId> trace_order;
+        for (int s : steps) {
+            trace_order.push_back(step_trace[s]);
+            if (split) trace_order.push_back(detail_trace[s]);
+        }
+        trace_order.push_back(window_trace);
+        out.spans.reserve(synthetic.size() + by_order.size());
+        for (const TraceId& t : trace_order) {
+            auto it = by_trace.find(t);
+            if (it == by_trace.end()) continue;
+            for (Span* sp : it->second)
+                if (!sp->has_parent) out.spans.push_back(std::move(*sp));
+            for (Span* sp : it->second)
+                if (sp->has_parent) out.spans.push_back(std::move(*sp));
+        }
+    }
+    stats["spans"] = static_cast<int64_t>(out.spans.size());
+    stats["synthetic_spans"] = static_cast<int64_t>(synthetic.size());
+
+    // --- key_averages rows ---------------------------------------------------------------------------
+    {
+        std::vector<char> merged(n, 0);
+        for (int i = 0; i < n; ++i)
+            merged[i] = in_a[i] && a_parent[i] >= 0 && a_children[a_parent[i]] == 1 && ev[a_parent[i]].name == ev[i].name;
+        std::vector<int> sorted_a;
+        for (int i = 0; i < n; ++i)
+            if (in_a[i]) sorted_a.push_back(i);
+        std::sort(sorted_a.begin(), sorted_a.end(), [&](int a, int b) {
+            if (ev[a].start != ev[b].start) return ev[a].start < ev[b].start;
+            if (ev[a].end != ev[b].end) return ev[a].end > ev[b].end;
+            return ev[a].ordinal < ev[b].ordinal;
+        });
+        std::vector<int> survivor(n);
+        for (int i = 0; i < n; ++i) survivor[i] = i;
+        for (int i : sorted_a)
+            if (merged[i]) survivor[i] = survivor[a_parent[i]];
+        std::vector<int64_t> self_cpu(n, 0), self_device(n, 0), device_total(n, 0);
+        for (int i = 0; i < n; ++i) {
+            if (!in_a[i]) continue;
+            self_cpu[survivor[i]] += ev[i].dur() - child_dur[i];
+            self_device[survivor[i]] += self_dev[i];
+        }
+        for (auto it = sorted_a.rbegin(); it != sorted_a.rend(); ++it) {
+            int i = *it;
+            device_total[i] += self_dev[i];
+            if (a_parent[i] >= 0) device_total[a_parent[i]] += device_total[i];
+        }
+        std::unordered_map<std::string, size_t> row_index;
+        std::string key;
+        for (int i = 0; i < n; ++i) {
+            const Event& e = ev[i];
+            bool a_row = in_a[i] && !merged[i];
+            if (!a_row && !is_device_time(e.kind)) continue;
+            std::string_view name = e.name;
+            const char* kind = "device";
+            std::string shapes;
+            if (a_row) {
+                if (name.substr(0, 13) == "ProfilerStep#") name = "ProfilerStep*";
+                kind = e.kind == Kind::Annotation ? "annotation" : "op";
+                if (opts.group_by_input_shapes && e.args) {
+                    const JNode* dims = doc.get(*e.args, "Input Dims");
+                    if (!dims) dims = doc.get(*e.args, "Input dims");
+                    if (dims && dims->type != JType::Null) render_json(doc, *dims, shapes);
+                }
+            }
+            key.assign(name);
+            key.push_back('\0');
+            key.append(kind);
+            key.push_back('\0');
+            key.append(shapes);
+            auto [it, inserted] = row_index.emplace(key, out.ops.size());
+            if (inserted) out.ops.push_back(OpRow{std::string(name), kind, shapes});
+            OpRow& row = out.ops[it->second];
+            ++row.calls;
+            if (a_row) {
+                row.cpu_total_ns += e.dur();
+                row.self_cpu_ns += self_cpu[i];
+                row.device_total_ns += device_total[i];
+                row.self_device_ns += self_device[i];
+            } else {
+                row.device_total_ns += e.dur();
+                row.self_device_ns += e.dur();
+            }
+        }
+    }
+
+    // --- resource ----------------------------------------------------------------------------------
+    {
+        Attrs& res = out.resource;
+        std::unordered_set<std::string_view> keys;
+        for (const auto& [k, v] : opts.resource_attributes) {
+            res.emplace_back(k, AttrValue::str(v));
+            keys.insert(k);
+        }
+        if (!keys.count("service.name")) {
+            res.insert(res.begin(), Attr{"service.name", AttrValue::str("unknown_service")});
+            keys.insert("service.name");
+        }
+        Attrs computed;
+        computed.emplace_back("telemetry.sdk.name", AttrValue::str("otelprof"));
+        computed.emplace_back("telemetry.sdk.language", AttrValue::str("python"));
+        if (!opts.scope_version.empty()) computed.emplace_back("telemetry.sdk.version", AttrValue::str(opts.scope_version));
+        if (trace.host_name) computed.emplace_back("host.name", AttrValue::str(*trace.host_name));
+        else if (opts.host_name && !opts.host_name->empty()) computed.emplace_back("host.name", AttrValue::str(*opts.host_name));
+        if (rank) computed.emplace_back("pytorch.distributed.rank", AttrValue::integer(*rank));
+        if (world) computed.emplace_back("pytorch.distributed.world_size", AttrValue::integer(*world));
+        if (!trace.backend.empty()) computed.emplace_back("pytorch.distributed.backend", AttrValue::str(trace.backend));
+        if (!trace.gpu_models.empty()) {
+            computed.emplace_back("hw.gpu.model", AttrValue::str(trace.gpu_models[0]));
+            computed.emplace_back("hw.gpu.count", AttrValue::integer(static_cast<int64_t>(trace.gpu_models.size())));
+        }
+        computed.emplace_back("otelprof.run.id", AttrValue::str(keep_str(run_id)));
+        for (auto& a : computed)
+            if (!keys.count(a.first)) res.push_back(std::move(a));
+    }
+    for (const char* k : kStatKeys) out.stats.emplace_back(k, stats[k]);
+    return out;
+}
+
+}  // namespace otelprof

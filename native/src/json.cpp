@@ -1,0 +1,532 @@
+#include "otelprof/json.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+
+namespace otelprof {
+
+namespace {
+
+constexpr int kMaxDepth = 512;
+
+// Strict UTF-8 validation (no overlongs, no encoded surrogates, <= U+10FFFF), as Python's decoder.
+void validate_utf8(std::string_view text) {
+    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+    const size_t n = text.size();
+    size_t i = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t chunk;
+            std::memcpy(&chunk, p + i, 8);
+            if ((chunk & 0x8080808080808080ULL) == 0) {
+                i += 8;
+                continue;
+            }
+        }
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        size_t need;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) {
+            need = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
+        }
+        for (size_t k = 1; k <= need; ++k) {
+            if (i + k >= n) throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
+            unsigned char cc = p[i + k];
+            unsigned l = (k == 1) ? lo : 0x80, h = (k == 1) ? hi : 0xBF;
+            if (cc < l || cc > h) throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
+        }
+        i += need + 1;
+    }
+}
+
+void put_utf8(uint32_t cp, std::string& out) {
+    if (cp < 0x80) {
+        out.push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+        out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+        out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+        out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+        out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+        out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+}
+
+}  // namespace
+
+class Parser {
+  public:
+    Parser(Document& doc, std::string_view text) : doc_(doc), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
+
+    void run() {
+        validate_utf8(std::string_view(begin_, end_ - begin_));
+        skip_ws();
+        JNode root;
+        value(root, 0);
+        skip_ws();
+        if (p_ != end_) fail("Extra data");
+        doc_.nodes_.push_back(root);
+        doc_.root_ = static_cast<uint32_t>(doc_.nodes_.size() - 1);
+    }
+
+  private:
+    Document& doc_;
+    const char* p_;
+    const char* begin_;
+    const char* end_;
+    std::vector<JNode> scratch_;
+    std::string buf_;
+
+    [[noreturn]] void fail(const char* what) const {
+        // line/column like Python's JSONDecodeError
+        size_t line = 1, col = 1;
+        for (const char* q = begin_; q < p_ && q < end_; ++q) {
+            if (*q == '\n') {
+                ++line;
+                col = 1;
+            } else if ((static_cast<unsigned char>(*q) & 0xC0) != 0x80) {
+                ++col;
+            }
+        }
+        throw TraceError("invalid JSON at line " + std::to_string(line) + " column " + std::to_string(col) + ": " + what);
+    }
+
+    void skip_ws() {
+        while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+    }
+
+    void value(JNode& out, int depth) {
+        if (p_ >= end_) fail("Expecting value");
+        switch (*p_) {
+            case '{': object(out, depth + 1); return;
+            case '[': array(out, depth + 1); return;
+            case '"': {
+                std::string_view s = string();
+                out.type = JType::Str;
+                out.s = s.data();
+                out.len = static_cast<uint32_t>(s.size());
+                return;
+            }
+            case 't': literal("true", JType::True, out); return;
+            case 'f': literal("false", JType::False, out); return;
+            case 'n': literal("null", JType::Null, out); return;
+            default: number(out); return;
+        }
+    }
+
+    void literal(const char* word, JType type, JNode& out) {
+        size_t n = std::strlen(word);
+        if (static_cast<size_t>(end_ - p_) < n || std::memcmp(p_, word, n) != 0) fail("Expecting value");
+        p_ += n;
+        out.type = type;
+    }
+
+    void number(JNode& out) {
+        const char* start = p_;
+        bool neg = false;
+        if (p_ < end_ && *p_ == '-') {
+            neg = true;
+            ++p_;
+        }
+        if (p_ >= end_ || !(*p_ >= '0' && *p_ <= '9')) {
+            p_ = start;
+            fail("Expecting value");
+        }
+        bool integral = true;
+        if (*p_ == '0') {
+            ++p_;
+        } else {
+            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+        }
+        const char* int_end = p_;
+        if (p_ + 1 < end_ && *p_ == '.' && p_[1] >= '0' && p_[1] <= '9') {
+            integral = false;
+            p_ += 2;
+            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+        }
+        if (p_ < end_ && (*p_ == 'e' || *p_ == 'E')) {
+            const char* q = p_ + 1;
+            if (q < end_ && (*q == '+' || *q == '-')) ++q;
+            if (q < end_ && *q >= '0' && *q <= '9') {
+                integral = false;
+                while (q < end_ && *q >= '0' && *q <= '9') ++q;
+                p_ = q;
+            }
+        }
+        out.s = start;
+        out.len = static_cast<uint32_t>(p_ - start);
+        if (!integral) {
+            out.type = JType::Num;
+            return;
+        }
+        // integer literal: int64 when it fits
+        const char* d = start + (neg ? 1 : 0);
+        uint64_t acc = 0;
+        bool overflow = false;
+        for (const char* q = d; q < int_end; ++q) {
+            uint64_t digit = static_cast<uint64_t>(*q - '0');
+            if (acc > (UINT64_MAX - digit) / 10) {
+                overflow = true;
+                break;
+            }
+            acc = acc * 10 + digit;
+        }
+        if (!overflow && (neg ? acc <= (1ULL << 63) : acc <= static_cast<uint64_t>(INT64_MAX))) {
+            out.type = JType::Int;
+            out.i = neg ? static_cast<int64_t>(0 - acc) : static_cast<int64_t>(acc);
+        } else {
+            out.type = JType::BigInt;
+        }
+    }
+
+    static int hexval(char c) {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    }
+
+    uint32_t hex4() {
+        if (end_ - p_ < 4) fail("Invalid \\uXXXX escape");
+        uint32_t v = 0;
+        for (int k = 0; k < 4; ++k) {
+            int h = hexval(p_[k]);
+            if (h < 0) fail("Invalid \\uXXXX escape");
+            v = v * 16 + static_cast<uint32_t>(h);
+        }
+        p_ += 4;
+        return v;
+    }
+
+    // Parses a string at p_ (on the opening quote); returns a view valid for the document's life.
+    std::string_view string() {
+        ++p_;
+        const char* start = p_;
+        while (p_ < end_) {
+            unsigned char c = static_cast<unsigned char>(*p_);
+            if (c == '"') {
+                std::string_view s(start, static_cast<size_t>(p_ - start));
+                ++p_;
+                return s;
+            }
+            if (c == '\\') break;
+            if (c < 0x20) fail("Invalid control character");
+            ++p_;
+        }
+        if (p_ >= end_) fail("Unterminated string");
+        buf_.assign(start, static_cast<size_t>(p_ - start));
+        while (true) {
+            if (p_ >= end_) fail("Unterminated string");
+            unsigned char c = static_cast<unsigned char>(*p_);
+            if (c == '"') {
+                ++p_;
+                break;
+            }
+            if (c < 0x20) fail("Invalid control character");
+            if (c != '\\') {
+                buf_.push_back(static_cast<char>(c));
+                ++p_;
+                continue;
+            }
+            ++p_;
+            if (p_ >= end_) fail("Unterminated string");
+            char e = *p_++;
+            switch (e) {
+                case '"': buf_.push_back('"'); break;
+                case '\\': buf_.push_back('\\'); break;
+                case '/': buf_.push_back('/'); break;
+                case 'b': buf_.push_back('\b'); break;
+                case 'f': buf_.push_back('\f'); break;
+                case 'n': buf_.push_back('\n'); break;
+                case 'r': buf_.push_back('\r'); break;
+                case 't': buf_.push_back('\t'); break;
+                case 'u': {
+                    uint32_t cp = hex4();
+                    if (cp >= 0xD800 && cp <= 0xDBFF && end_ - p_ >= 6 && p_[0] == '\\' && p_[1] == 'u') {
+                        const char* save = p_;
+                        p_ += 2;
+                        uint32_t low = hex4();
+                        if (low >= 0xDC00 && low <= 0xDFFF) {
+                            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+                        } else {
+                            p_ = save;  // lone high surrogate; the next escape is its own character
+                        }
+                    }
+                    if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0xFFFD;  // lone surrogate -> U+FFFD
+                    put_utf8(cp, buf_);
+                    break;
+                }
+                default: --p_; fail("Invalid \\escape");
+            }
+        }
+        auto mem = std::make_unique<char[]>(buf_.size() + 1);
+        std::memcpy(mem.get(), buf_.data(), buf_.size());
+        const char* data = mem.get();
+        doc_.arena_.push_back(std::move(mem));
+        return {data, buf_.size()};
+    }
+
+    void close_container(JNode& out, JType type, size_t mark) {
+        out.type = type;
+        out.first = static_cast<uint32_t>(doc_.nodes_.size());
+        out.len = static_cast<uint32_t>(scratch_.size() - mark);
+        doc_.nodes_.insert(doc_.nodes_.end(), scratch_.begin() + static_cast<std::ptrdiff_t>(mark), scratch_.end());
+        scratch_.resize(mark);
+    }
+
+    void array(JNode& out, int depth) {
+        if (depth > kMaxDepth) fail("nested too deeply");
+        ++p_;
+        size_t mark = scratch_.size();
+        skip_ws();
+        if (p_ < end_ && *p_ == ']') {
+            ++p_;
+            close_container(out, JType::Arr, mark);
+            return;
+        }
+        while (true) {
+            skip_ws();
+            JNode item;
+            value(item, depth);
+            scratch_.push_back(item);
+            skip_ws();
+            if (p_ >= end_) fail("Expecting ',' delimiter");
+            if (*p_ == ',') {
+                ++p_;
+                continue;
+            }
+            if (*p_ == ']') {
+                ++p_;
+                break;
+            }
+            fail("Expecting ',' delimiter");
+        }
+        close_container(out, JType::Arr, mark);
+    }
+
+    void object(JNode& out, int depth) {
+        if (depth > kMaxDepth) fail("nested too deeply");
+        ++p_;
+        size_t mark = scratch_.size();
+        skip_ws();
+        if (p_ < end_ && *p_ == '}') {
+            ++p_;
+            close_container(out, JType::Obj, mark);
+            return;
+        }
+        while (true) {
+            skip_ws();
+            if (p_ >= end_ || *p_ != '"') fail("Expecting property name enclosed in double quotes");
+            std::string_view key = string();
+            skip_ws();
+            if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
+            ++p_;
+            skip_ws();
+            JNode item;
+            value(item, depth);
+            item.key = key.data();
+            item.key_len = static_cast<uint32_t>(key.size());
+            scratch_.push_back(item);
+            skip_ws();
+            if (p_ >= end_) fail("Expecting ',' delimiter");
+            if (*p_ == ',') {
+                ++p_;
+                continue;
+            }
+            if (*p_ == '}') {
+                ++p_;
+                break;
+            }
+            fail("Expecting ',' delimiter");
+        }
+        close_container(out, JType::Obj, mark);
+    }
+};
+
+Document::Document(std::string_view text) {
+    if (text.size() >= UINT32_MAX) throw TraceError("trace too large (over 4 GiB of JSON)");
+    nodes_.reserve(text.size() / 12 + 16);
+    Parser(*this, text).run();
+}
+
+const JNode* Document::get(const JNode& object, std::string_view key) const {
+    if (object.type != JType::Obj) return nullptr;
+    const JNode* found = nullptr;
+    const JNode* base = &nodes_[object.first];
+    for (uint32_t k = 0; k < object.len; ++k) {
+        if (base[k].key_len == key.size() && std::memcmp(base[k].key, key.data(), key.size()) == 0) found = &base[k];
+    }
+    return found;
+}
+
+void append_json_string(std::string_view s, std::string& out) {
+    static const char* hex = "0123456789abcdef";
+    out.push_back('"');
+    for (char ch : s) {
+        auto c = static_cast<unsigned char>(ch);
+        switch (c) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            case '\b': out += "\\b"; break;
+            case '\f': out += "\\f"; break;
+            default:
+                if (c < 0x20) {
+                    out += "\\u00";
+                    out.push_back(hex[c >> 4]);
+                    out.push_back(hex[c & 15]);
+                } else {
+                    out.push_back(ch);
+                }
+        }
+    }
+    out.push_back('"');
+}
+
+void render_json(const Document& doc, const JNode& node, std::string& out) {
+    switch (node.type) {
+        case JType::Null: out += "null"; return;
+        case JType::True: out += "true"; return;
+        case JType::False: out += "false"; return;
+        case JType::Int: out += std::to_string(node.i); return;
+        case JType::BigInt:
+        case JType::Num: out.append(node.s, node.len); return;
+        case JType::Str: append_json_string(node.str(), out); return;
+        case JType::Arr:
+            out.push_back('[');
+            for (uint32_t k = 0; k < node.len; ++k) {
+                if (k) out.push_back(',');
+                render_json(doc, *doc.child(node, k), out);
+            }
+            out.push_back(']');
+            return;
+        case JType::Obj: {
+            // Python dict semantics: first position of a key, last value.
+            out.push_back('{');
+            std::unordered_map<std::string_view, uint32_t> last;
+            for (uint32_t k = 0; k < node.len; ++k) last[doc.child(node, k)->key_view()] = k;
+            bool first = true;
+            for (uint32_t k = 0; k < node.len; ++k) {
+                const JNode* c = doc.child(node, k);
+                auto it = last.find(c->key_view());
+                if (it == last.end()) continue;  // key already emitted
+                if (!first) out.push_back(',');
+                first = false;
+                append_json_string(c->key_view(), out);
+                out.push_back(':');
+                render_json(doc, *doc.child(node, it->second), out);
+                last.erase(it);
+            }
+            out.push_back('}');
+            return;
+        }
+    }
+}
+
+bool as_double(const JNode* n, double& out) {
+    if (!n) return false;
+    if (n->type == JType::Int) {
+        out = static_cast<double>(n->i);
+        return true;
+    }
+    if (n->type != JType::Num && n->type != JType::BigInt) return false;
+    std::string text(n->s, n->len);
+    double v = std::strtod(text.c_str(), nullptr);
+    if (!std::isfinite(v)) return false;
+    if (n->type == JType::BigInt && std::fabs(v) > 1e308) return false;
+    out = v;
+    return true;
+}
+
+int64_t micros_to_ns(const JNode& n, const std::string& where) {
+    if (!n.is_number()) throw TraceError(where + ": expected a number, got " + type_name(&n));
+    if (n.type == JType::Int) {
+        __int128 v = static_cast<__int128>(n.i) * 1000;
+        if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where + ": " + std::to_string(n.i) + " microseconds is out of range");
+        return static_cast<int64_t>(v);
+    }
+    // digits D and exponent E with value = D * 10^E
+    const char* p = n.s;
+    const char* e = n.s + n.len;
+    bool neg = false;
+    if (*p == '-') {
+        neg = true;
+        ++p;
+    }
+    std::string digits;
+    int64_t exp10 = 0;
+    for (; p < e && *p >= '0' && *p <= '9'; ++p) digits.push_back(*p);
+    if (p < e && *p == '.') {
+        for (++p; p < e && *p >= '0' && *p <= '9'; ++p) {
+            digits.push_back(*p);
+            --exp10;
+        }
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        ++p;
+        bool eneg = false;
+        if (*p == '+' || *p == '-') eneg = (*p++ == '-');
+        int64_t x = 0;
+        for (; p < e; ++p) x = std::min<int64_t>(x * 10 + (*p - '0'), 1000000000LL);
+        exp10 += eneg ? -x : x;
+    }
+    size_t lead = digits.find_first_not_of('0');
+    if (lead == std::string::npos) return 0;
+    digits.erase(0, lead);
+    int64_t adjusted = static_cast<int64_t>(digits.size()) - 1 + exp10;
+    if (adjusted > 15) throw TraceError(where + ": " + std::string(n.s, n.len) + " microseconds is out of range");
+    if (adjusted < -30) return 0;
+    int64_t shift = exp10 + 3;  // value * 1000 = D * 10^shift
+    __int128 v = 0;
+    if (shift >= 0) {
+        for (char c : digits) v = v * 10 + (c - '0');
+        for (int64_t k = 0; k < shift; ++k) v *= 10;
+    } else {
+        int64_t keep = static_cast<int64_t>(digits.size()) + shift;
+        for (int64_t k = 0; k < keep; ++k) v = v * 10 + (digits[static_cast<size_t>(k)] - '0');
+        char first_dropped = keep >= 0 ? digits[static_cast<size_t>(keep)] : '0';
+        if (first_dropped >= '5') v += 1;
+    }
+    if (neg) v = -v;
+    if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where + ": " + std::string(n.s, n.len) + " microseconds is out of range");
+    return static_cast<int64_t>(v);
+}
+
+const char* type_name(const JNode* n) {
+    if (!n) return "null";
+    switch (n->type) {
+        case JType::Null: return "null";
+        case JType::True:
+        case JType::False: return "boolean";
+        case JType::Str: return "string";
+        case JType::Arr: return "array";
+        case JType::Obj: return "object";
+        default: return "number";
+    }
+}
+
+}  // namespace otelprof

@@ -1,0 +1,94 @@
+#include "otelprof/schema.hpp"
+
+#include <string_view>
+#include <unordered_map>
+
+namespace otelprof {
+
+Kind category_kind(std::string_view cat) {
+    static const std::unordered_map<std::string_view, Kind> table = {
+        {"cpu_op", Kind::CpuOp},
+        {"Operator", Kind::CpuOp},
+        {"user_annotation", Kind::Annotation},
+        {"python_function", Kind::Python},
+        {"cuda_runtime", Kind::Runtime},
+        {"Runtime", Kind::Runtime},
+        {"cuda_driver", Kind::Runtime},
+        {"xpu_runtime", Kind::Runtime},
+        {"xpu_driver", Kind::Runtime},
+        {"mtia_runtime", Kind::Runtime},
+        {"privateuse1_runtime", Kind::Runtime},
+        {"privateuse1_driver", Kind::Runtime},
+        {"Trace", Kind::TraceSpan},
+        {"kernel", Kind::Kernel},
+        {"Kernel", Kind::Kernel},
+        {"mtia_ccp_events", Kind::Kernel},
+        {"gpu_memcpy", Kind::Memcpy},
+        {"Memcpy", Kind::Memcpy},
+        {"gpu_memset", Kind::Memset},
+        {"Memset", Kind::Memset},
+        {"cuda_sync", Kind::Sync},
+        {"gpu_user_annotation", Kind::GpuAnnotation},
+    };
+    auto it = table.find(cat);
+    return it == table.end() ? Kind::Other : it->second;
+}
+
+bool is_filtered_name(std::string_view name) {
+    return name == "[memory]" || name == "[OutOfMemory]" || name == "profiler::_record_function_enter" ||
+           name == "profiler::_record_function_enter_new" || name == "profiler::_record_function_exit" ||
+           name == "aten::is_leaf" || name == "aten::output_nr" || name == "aten::_version";
+}
+
+bool is_correlation_flow(std::string_view cat) { return cat == "ac2g" || cat == "async" || cat == "async_cpu_to_gpu"; }
+
+const ArgAttribute kArgAttributes[] = {
+    {"External id", "pytorch.external_id", ArgType::Int},
+    {"external id", "pytorch.external_id", ArgType::Int},
+    {"Sequence number", "pytorch.op.sequence_number", ArgType::Int},
+    {"Fwd thread id", "pytorch.op.fwd_thread_id", ArgType::Int},
+    {"Input Dims", "pytorch.op.input_dims", ArgType::Json},
+    {"Input dims", "pytorch.op.input_dims", ArgType::Json},
+    {"Input type", "pytorch.op.input_types", ArgType::Json},
+    {"Input Strides", "pytorch.op.input_strides", ArgType::Json},
+    {"Concrete Inputs", "pytorch.op.concrete_inputs", ArgType::Json},
+    {"Module Hierarchy", "pytorch.op.module_hierarchy", ArgType::String},
+    {"Call stack", "code.stacktrace", ArgType::String},
+    {"flops", "pytorch.op.flops", ArgType::Int},
+    {"correlation", "pytorch.gpu.correlation_id", ArgType::Int},
+    {"cbid", "pytorch.gpu.cbid", ArgType::Int},
+    {"device", "pytorch.gpu.device", ArgType::Int},
+    {"stream", "pytorch.gpu.stream", ArgType::Int},
+    {"context", "pytorch.gpu.context", ArgType::Int},
+    {"grid", "pytorch.gpu.grid", ArgType::Json},
+    {"block", "pytorch.gpu.block", ArgType::Json},
+    {"registers per thread", "pytorch.gpu.registers_per_thread", ArgType::Int},
+    {"shared memory", "pytorch.gpu.shared_memory_bytes", ArgType::Int},
+    {"blocks per SM", "pytorch.gpu.blocks_per_sm", ArgType::Double},
+    {"warps per SM", "pytorch.gpu.warps_per_sm", ArgType::Double},
+    {"est. achieved occupancy %", "pytorch.gpu.achieved_occupancy_percent", ArgType::Double},
+    {"bytes", "pytorch.gpu.bytes", ArgType::Int},
+    {"memory bandwidth (GB/s)", "pytorch.gpu.memory_bandwidth_gbps", ArgType::Double},
+    {"kind", "pytorch.gpu.kind", ArgType::String},
+    {"cuda_sync_kind", "pytorch.gpu.sync_kind", ArgType::String},
+    {"wait_on_stream", "pytorch.gpu.wait_on_stream", ArgType::Int},
+    {"Collective name", "pytorch.collective.name", ArgType::String},
+    {"dtype", "pytorch.collective.dtype", ArgType::String},
+    {"In msg nelems", "pytorch.collective.in_nelems", ArgType::Int},
+    {"Out msg nelems", "pytorch.collective.out_nelems", ArgType::Int},
+    {"Group size", "pytorch.collective.group_size", ArgType::Int},
+    {"Process Group Name", "pytorch.collective.process_group_name", ArgType::String},
+};
+const int kArgAttributeCount = sizeof(kArgAttributes) / sizeof(kArgAttributes[0]);
+
+const std::string_view kMemoryAttributes[][2] = {
+    {"Bytes", "pytorch.memory.bytes"},
+    {"Total Allocated", "pytorch.memory.total_allocated_bytes"},
+    {"Total Reserved", "pytorch.memory.total_reserved_bytes"},
+    {"Device Type", "pytorch.memory.device_type"},
+    {"Device Id", "pytorch.memory.device_id"},
+    {"Addr", "pytorch.memory.addr"},
+};
+const int kMemoryAttributeCount = sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]);
+
+}  // namespace otelprof

@@ -1,0 +1,401 @@
+"""The ``otelprof`` command line.
+
+Exit codes: 0 success; 1 the input could not be converted or the output not written (one
+line on stderr says why); 2 usage error (bad arguments); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ._version import __version__
+from .converter import ConvertOptions, ConvertResult, OpStats, TraceFormatError, convert
+from .otlp_file import atomic_writer, write_delimited
+from .otlp_json import encode_jsonl
+from .resource import options_from_env
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+FORMATS = ("otlp-proto", "otlp-json")
+ENGINES = ("auto", "native", "reference")
+DEFAULT_DEMO_DIR = "otelprof-demo"
+DEMO_TRACE = "trace.json"
+DEMO_OUTPUT = "trace.otlp.jsonl"
+
+_log = logging.getLogger(__name__)
+
+_EXIT_CODES = """\
+exit codes:
+  0    success
+  1    a trace could not be converted or the output not written (one line on stderr)
+  2    usage error
+"""
+
+
+class CliError(Exception):
+    """A failure reported as one line on stderr with exit code 1."""
+
+
+# --- argument parsing --------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _request_bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1024:
+        raise argparse.ArgumentTypeError(f"must be at least 1024, not {value}")
+    return value
+
+
+def _microseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 9e12:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a non-negative number of microseconds, not {text}")
+    return value
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, top: bool) -> None:
+    # Accepted before and after the subcommand; a subcommand's default must not overwrite
+    # what was given before it, hence SUPPRESS there.
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="print only errors",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0 if top else argparse.SUPPRESS,
+        help="more log output (repeat for debug)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="otelprof",
+        description="PyTorch profiler (Kineto) traces as OpenTelemetry spans.",
+        epilog=_EXIT_CODES,
+        formatter_class=fmt,
+    )
+    parser.add_argument("--version", action="version", version=f"otelprof {__version__}")
+    _add_verbosity(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    conv = sub.add_parser(
+        "convert",
+        help="convert Kineto traces to OTLP files",
+        description=(
+            "Convert Kineto traces (.json or .json.gz, as torch.profiler writes them) into OTLP\n"
+            "ExportTraceServiceRequest messages, all traces into one OUT file. Resource attributes\n"
+            "come from OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; options default to the\n"
+            "OTELPROF_* environment variables, which the flags override."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=fmt,
+    )
+    _add_verbosity(conv, top=False)
+    conv.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace file (.json or .json.gz)")
+    conv.add_argument("-o", "--output", required=True, metavar="OUT", help="output file ('-' for stdout)")
+    conv.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="otlp-proto: length-delimited binary protobuf messages; otlp-json: one OTLP/JSON request "
+        "per line, as the Collector's otlpjsonfile receiver reads (default: otlp-json when OUT ends "
+        "in .json or .jsonl, else otlp-proto)",
+    )
+    conv.add_argument(
+        "--detail", choices=("full", "default"), help="full: every event becomes a span (default: $OTELPROF_DETAIL)"
+    )
+    conv.add_argument("--run-id", metavar="ID", help="run id that trace ids derive from (default: $OTELPROF_RUN_ID)")
+    conv.add_argument(
+        "--max-request-bytes",
+        type=_request_bytes,
+        metavar="N",
+        help="split requests larger than N bytes (default: $OTELPROF_MAX_REQUEST_BYTES or 3 MiB)",
+    )
+    conv.add_argument(
+        "--min-duration-us",
+        type=_microseconds,
+        metavar="US",
+        help="at default detail, shorter CPU events are not spans (default: $OTELPROF_MIN_DURATION_US or 10)",
+    )
+    conv.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="native C++ core, Python reference, or auto: native when built (default: auto)",
+    )
+    conv.set_defaults(func=_cmd_convert)
+
+    demo = sub.add_parser(
+        "demo",
+        help="profile a small CPU training run and convert its trace",
+        description=(
+            "Train a tiny transformer on random tokens for a few steps on the CPU under\n"
+            "torch.profiler (record_shapes, profile_memory), write DIR/trace.json, convert it to\n"
+            "DIR/trace.otlp.jsonl (OTLP/JSON) and print a summary. Needs torch."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=fmt,
+    )
+    _add_verbosity(demo, top=False)
+    demo.add_argument("--steps", type=_positive_int, default=3, metavar="N", help="profiled steps (default: 3)")
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=Path(DEFAULT_DEMO_DIR),
+        metavar="DIR",
+        help=f"output folder (default: {DEFAULT_DEMO_DIR})",
+    )
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+# --- shared pieces -----------------------------------------------------------------------
+
+
+class _LowerLevelFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"otelprof: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def _one_line(message: object) -> str:
+    return " ".join(str(message).splitlines()) or type(message).__name__
+
+
+def _os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
+
+
+def _write(stream: BinaryIO, fmt: str, requests: list[bytes]) -> int:
+    if fmt == "otlp-proto":
+        return write_delimited(stream, requests)
+    written = 0
+    for chunk in encode_jsonl(requests):
+        stream.write(chunk)
+        written += len(chunk)
+    return written
+
+
+def _convert_one(path: str, options: ConvertOptions, engine: str) -> tuple[ConvertResult, float]:
+    started = time.perf_counter()
+    try:
+        result = convert(path, options=options, engine=engine)
+    except TraceFormatError as exc:
+        message = str(exc)
+        raise CliError(message if message.startswith(path) else f"{path}: {message}") from None
+    except RuntimeError as exc:  # engine="native" without the compiled module
+        raise CliError(str(exc)) from None
+    return result, time.perf_counter() - started
+
+
+def _summary(path: str, result: ConvertResult, seconds: float) -> str:
+    nbytes = sum(len(r) for r in result.requests)
+    return (
+        f"{path}: {result.stats.get('spans', 0)} spans, {_plural(len(result.requests), 'request')}, "
+        f"{nbytes} bytes, {seconds:.2f} s, engine {result.engine}"
+    )
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+# --- convert -----------------------------------------------------------------------------
+
+
+def _convert_options(args: argparse.Namespace) -> ConvertOptions:
+    overrides: dict[str, Any] = {}
+    if args.detail is not None:
+        overrides["detail"] = args.detail
+    if args.run_id is not None:
+        overrides["run_id"] = args.run_id
+    if args.max_request_bytes is not None:
+        overrides["max_request_bytes"] = args.max_request_bytes
+    if args.min_duration_us is not None:
+        overrides["min_duration_ns"] = round(args.min_duration_us * 1000)
+    return options_from_env(os.environ, **overrides)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    options = _convert_options(args)
+    out: str = args.output
+    fmt: str = args.format or ("otlp-json" if out.endswith((".json", ".jsonl")) else "otlp-proto")
+
+    def run(stream: BinaryIO) -> tuple[int, int]:
+        written = requests = 0
+        for path in args.traces:
+            result, seconds = _convert_one(path, options, args.engine)
+            written += _write(stream, fmt, result.requests)
+            requests += len(result.requests)
+            _log.info("%s: stats %s", path, result.stats)
+            if not args.quiet:
+                print(_summary(path, result, seconds), file=sys.stderr)
+        return written, requests
+
+    if out == "-":
+        written, requests = run(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    else:
+        with atomic_writer(out) as stream:
+            written, requests = run(stream)
+    if not args.quiet and out != "-":
+        print(f"wrote {out}: {_plural(requests, 'request')}, {written} bytes, {fmt}", file=sys.stderr)
+    return EXIT_OK
+
+
+# --- demo --------------------------------------------------------------------------------
+
+
+def _record_demo_trace(trace_path: Path, steps: int) -> None:
+    """Train a tiny transformer on the CPU under torch.profiler; write its Kineto trace."""
+    import torch
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    torch.manual_seed(0)
+    vocab, seq_len, batch, width = 512, 32, 8, 64
+    model = nn.Sequential(
+        nn.Embedding(vocab, width),
+        nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=4 * width, dropout=0.0, batch_first=True),
+        nn.Linear(width, vocab),
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    tmp = trace_path.with_name(f".{trace_path.name}.tmp")
+
+    def on_trace_ready(prof: Any) -> None:
+        prof.export_chrome_trace(str(tmp))
+
+    wait, warmup = 1, 1
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
+        record_shapes=True,
+        profile_memory=True,
+        on_trace_ready=on_trace_ready,
+    ) as prof:
+        for _ in range(wait + warmup + steps):
+            with record_function("data"):
+                tokens = torch.randint(0, vocab, (batch, seq_len + 1))
+                inputs, targets = tokens[:, :-1], tokens[:, 1:]
+            with record_function("forward"):
+                logits = model(inputs)
+                loss = loss_fn(logits.reshape(-1, vocab), targets.reshape(-1))
+            with record_function("backward"):
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+            prof.step()
+    if not tmp.exists():
+        raise CliError("torch.profiler wrote no trace")
+    os.replace(tmp, trace_path)
+
+
+def _top_ops(ops: list[OpStats], n: int = 5) -> list[OpStats]:
+    return sorted((op for op in ops if op.kind == "op"), key=lambda op: (-op.self_cpu_ns, op.name))[:n]
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401  # only to report a missing install clearly
+    except ImportError:
+        raise CliError("the demo needs PyTorch, which is not installed: pip install torch") from None
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = out_dir / DEMO_TRACE
+    output = out_dir / DEMO_OUTPUT
+
+    started = time.perf_counter()
+    _record_demo_trace(trace_path, args.steps)
+    train_seconds = time.perf_counter() - started
+    result, seconds = _convert_one(str(trace_path), options_from_env(os.environ), "auto")
+    with atomic_writer(output) as stream:
+        written = _write(stream, "otlp-json", result.requests)
+    if args.quiet:
+        return EXIT_OK
+    print(f"otelprof demo: trained a tiny transformer on the CPU, {args.steps} profiled steps ({train_seconds:.1f} s)")
+    print(f"  Kineto trace:  {trace_path} ({trace_path.stat().st_size} bytes)")
+    print(
+        f"  OTLP/JSON:     {output} ({written} bytes): {result.stats.get('steps', 0)} steps, "
+        f"{result.stats.get('spans', 0)} spans, {_plural(len(result.requests), 'request')}, "
+        f"converted in {seconds:.2f} s by the {result.engine} engine"
+    )
+    print("  top 5 ops by self CPU time:")
+    print(f"    {'self CPU':>10}  {'CPU total':>10}  {'calls':>5}  op")
+    for op in _top_ops(result.ops):
+        print(f"    {op.self_cpu_ns / 1e6:>7.3f} ms  {op.cpu_total_ns / 1e6:>7.3f} ms  {op.calls:>5}  {op.name}")
+    return EXIT_OK
+
+
+# --- entry point -------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (``otelprof`` passes it to ``sys.exit``)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        print("otelprof: error: a command is required (convert or demo)", file=sys.stderr)
+        return EXIT_USAGE
+
+    logger = logging.getLogger("otelprof")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LowerLevelFormatter())
+    level = logging.ERROR if args.quiet else {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    saved_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        code: int = args.func(args)
+        return code
+    except CliError as exc:
+        print(f"otelprof: error: {_one_line(exc)}", file=sys.stderr)
+    except OSError as exc:
+        print(f"otelprof: error: {_one_line(_os_error(exc))}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("otelprof: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved_level)
+    return EXIT_ERROR
+
+
+__all__ = ["build_parser", "main"]
