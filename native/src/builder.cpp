@@ -15,6 +15,10 @@ namespace {
 
 constexpr int kUnset = -2;
 
+// Counters returned with every conversion (same names and order as the reference's STAT_KEYS).
+enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, kStatCount };
+const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests"};
+
 struct IdentPairHash {
     size_t operator()(const std::pair<Ident, Ident>& k) const {
         uint64_t h = static_cast<uint64_t>(k.first.value) * 0x9E3779B97F4A7C15ULL;
@@ -69,17 +73,13 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     auto& strings = out.strings;
     auto keep_str = [&](std::string s) -> std::string_view { return strings.emplace_back(std::move(s)); };
 
-    std::unordered_map<std::string, int64_t> stats;
-    static const char* kStatKeys[] = {
-        "events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events",
-        "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python",
-        "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests"};
-    stats["events_total"] = trace.total;
-    stats["complete_events"] = n;
-    stats["metadata_events"] = trace.metadata_events;
-    stats["ignored_events"] = trace.ignored_events;
-    stats["memory_events"] = static_cast<int64_t>(trace.memory.size());
-    stats["flow_events"] = static_cast<int64_t>(trace.flows.size());
+    int64_t stats[kStatCount] = {};
+    stats[EVENTS_TOTAL] = trace.total;
+    stats[COMPLETE_EVENTS] = n;
+    stats[METADATA_EVENTS] = trace.metadata_events;
+    stats[IGNORED_EVENTS] = trace.ignored_events;
+    stats[MEMORY_EVENTS] = static_cast<int64_t>(trace.memory.size());
+    stats[FLOW_EVENTS] = static_cast<int64_t>(trace.flows.size());
 
     std::optional<int64_t> rank = opts.rank ? opts.rank : trace.rank;
     std::optional<int64_t> world = opts.world_size ? opts.world_size : trace.world_size;
@@ -123,7 +123,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         step_index[steps[k]] = static_cast<int>(k);
         step_starts.push_back(ev[steps[k]].start);
     }
-    stats["steps"] = static_cast<int64_t>(steps.size());
+    stats[STEPS] = static_cast<int64_t>(steps.size());
     auto is_step = [&](int i) { return i >= 0 && step_num[i] >= 0; };
     auto step_at = [&](int64_t t) -> int {
         auto it = std::upper_bound(step_starts.begin(), step_starts.end(), t);
@@ -204,7 +204,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             if (it != launcher_by_corr.end()) p = it->second;
         }
         parent[i] = p;
-        if (p < 0) ++stats["device_events_unlinked"];
+        if (p < 0) ++stats[DEVICE_EVENTS_UNLINKED];
     }
 
     // --- owning step of every event ----------------------------------------------------------
@@ -345,13 +345,13 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                     sp.attrs.emplace_back("otelprof.aggregated_count", AttrValue::integer(static_cast<int64_t>(run.size())));
                     sp.attrs.emplace_back("otelprof.aggregated_duration_ns", AttrValue::integer(total));
                     by_order.push_back(std::move(sp));
-                    stats["aggregated_events"] += static_cast<int64_t>(run.size());
+                    stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
                 }
                 run.clear();
                 if (cand) run.push_back(c);
             }
         }
-        stats["aggregate_spans"] = static_cast<int64_t>(by_order.size());
+        stats[AGGREGATE_SPANS] = static_cast<int64_t>(by_order.size());
     }
 
     struct SidHash {
@@ -364,7 +364,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     std::unordered_map<SpanId, int64_t, SidHash> dropped_count;
     for (int i = 0; i < n; ++i) {
         if (keep[i] || aggregated[i]) continue;
-        ++stats[ev[i].kind == Kind::Python ? "dropped_python" : "dropped_short"];
+        ++stats[ev[i].kind == Kind::Python ? DROPPED_PYTHON : DROPPED_SHORT];
         int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
         OptSid target = k >= 0 ? parent_span(k) : std::nullopt;
         if (!target) target = level_target(owner[i]);
@@ -423,7 +423,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
         if (!target) target = level_target(s);
         if (!target) {
-            ++stats["memory_events_dropped"];
+            ++stats[MEMORY_EVENTS_DROPPED];
             continue;
         }
         span_events[*target].push_back(SpanEvent{m.ts, m.ordinal, std::move(attrs)});
@@ -522,7 +522,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     for (const auto& [fw, bw] : pairs) {
         int fk = nearest_kept(fw), bk = nearest_kept(bw);
         if (fk < 0 || bk < 0 || fk == bk) {
-            ++stats["links_dropped"];
+            ++stats[LINKS_DROPPED];
             continue;
         }
         auto& bucket = links[sid(ev[bk].ordinal)];
@@ -530,7 +530,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         bool dup = std::any_of(bucket.begin(), bucket.end(),
                                [&](const SpanLink& l) { return l.trace_id == target.trace_id && l.span_id == target.span_id; });
         if (dup) {
-            ++stats["links_dropped"];
+            ++stats[LINKS_DROPPED];
             continue;
         }
         bucket.push_back(target);
@@ -559,20 +559,41 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             sp.attrs.insert(sp.attrs.end() - 1, Attr{"otelprof.dropped_spans", AttrValue::integer(it->second)});
     }
     std::string rendered;
+    // arg key -> table index, bucketed by key length (no hashing on the hot path)
+    static const std::vector<std::vector<int>> by_length = [] {
+        std::vector<std::vector<int>> b(64);
+        for (int a = 0; a < kArgAttributeCount; ++a) b[kArgAttributes[a].key.size()].push_back(a);
+        return b;
+    }();
+    std::vector<const JNode*> found_storage(static_cast<size_t>(kArgAttributeCount));
+    const JNode** found = found_storage.data();
     for (int i = 0; i < n; ++i) {
         if (!keep[i]) continue;
         const Event& e = ev[i];
         Span sp;
         sp.order = e.ordinal;
-        sp.attrs.reserve(12);
+        sp.attrs.reserve(20);
         sp.attrs.emplace_back("pytorch.event.category", AttrValue::str(e.cat));
         if (!e.device() && !e.tid.is_str) sp.attrs.emplace_back("thread.id", AttrValue::integer(e.tid.value));
         if (e.args) {
+            // one pass over the args; the table decides order and aliases (first key present wins)
+            std::fill(found, found + kArgAttributeCount, nullptr);
+            for (uint32_t k = 0; k < e.args->len; ++k) {
+                const JNode* m = doc.child(*e.args, k);
+                std::string_view key = m->key_view();
+                if (key.size() >= by_length.size()) continue;
+                for (int a : by_length[key.size()])
+                    if (kArgAttributes[a].key == key) {
+                        found[a] = m;
+                        break;
+                    }
+            }
+            std::string_view last_attr;
             for (int a = 0; a < kArgAttributeCount; ++a) {
                 const ArgAttribute& spec = kArgAttributes[a];
-                if (a > 0 && kArgAttributes[a - 1].attr == spec.attr && !sp.attrs.empty() && sp.attrs.back().first == spec.attr) continue;
-                const JNode* v = doc.get(*e.args, spec.key);
-                if (!v) continue;
+                const JNode* v = found[a];
+                if (!v || spec.attr == last_attr) continue;
+                size_t before = sp.attrs.size();
                 switch (spec.type) {
                     case ArgType::Int: {
                         int64_t x;
@@ -593,6 +614,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                         sp.attrs.emplace_back(spec.attr, AttrValue::str(keep_str(rendered)));
                         break;
                 }
+                if (sp.attrs.size() != before) last_attr = spec.attr;
             }
         }
         if (in_a[i]) {
@@ -633,7 +655,11 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[i], detail_root_id(i), "rank_detail"});
         by_order.push_back(std::move(sp));
     }
-    std::stable_sort(by_order.begin(), by_order.end(), [](const Span& a, const Span& b) { return a.order < b.order; });
+    // by_order holds the aggregates, then kept events (already in ordinal order): sort indices, not spans
+    std::vector<uint32_t> by_order_idx(by_order.size());
+    for (uint32_t k = 0; k < by_order_idx.size(); ++k) by_order_idx[k] = k;
+    std::stable_sort(by_order_idx.begin(), by_order_idx.end(),
+                     [&](uint32_t a, uint32_t b) { return by_order[a].order < by_order[b].order; });
     const auto event_limit = static_cast<size_t>(opts.event_limit);
     const auto link_limit = static_cast<size_t>(opts.link_limit);
     int64_t fwdbwd_links = 0;
@@ -646,21 +672,21 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             });
             if (event_limit && evs.size() > event_limit) {
                 sp.dropped_events = static_cast<uint32_t>(evs.size() - event_limit);
-                stats["memory_events_dropped"] += sp.dropped_events;
+                stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
                 evs.resize(event_limit);
             }
             sp.events = std::move(evs);
         }
         if (link_limit && sp.links.size() > link_limit) {
             sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
-            stats["links_dropped"] += sp.dropped_links;
+            stats[LINKS_DROPPED] += sp.dropped_links;
             sp.links.resize(link_limit);
         }
         for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
     };
     for (Span& sp : synthetic) finish(sp);
     for (Span& sp : by_order) finish(sp);
-    stats["links"] = fwdbwd_links;
+    stats[LINKS] = fwdbwd_links;
 
     // --- order: traces in step order, then the window; roots first -----------------------------------
     {
@@ -671,27 +697,32 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 return static_cast<size_t>(v);
             }
         };
-        std::unordered_map<TraceId, std::vector<Span*>, TidHash> by_trace;
-        for (Span& sp : synthetic) by_trace[sp.trace_id].push_back(&sp);
-        for (Span& sp : by_order) by_trace[sp.trace_id].push_back(&sp);
+        // out.spans = synthetic then by_order (unsorted); out.order lists them trace by trace
+        const uint32_t n_syn = static_cast<uint32_t>(synthetic.size());
+        out.spans = std::move(synthetic);
+        out.spans.reserve(n_syn + by_order.size());
+        for (Span& sp : by_order) out.spans.push_back(std::move(sp));
+        std::unordered_map<TraceId, std::vector<uint32_t>, TidHash> by_trace;
+        for (uint32_t k = 0; k < n_syn; ++k) by_trace[out.spans[k].trace_id].push_back(k);
+        for (uint32_t k : by_order_idx) by_trace[out.spans[n_syn + k].trace_id].push_back(n_syn + k);
         std::vector<TraceId> trace_order;
         for (int s : steps) {
             trace_order.push_back(step_trace[s]);
             if (split) trace_order.push_back(detail_trace[s]);
         }
         trace_order.push_back(window_trace);
-        out.spans.reserve(synthetic.size() + by_order.size());
+        out.order.reserve(out.spans.size());
         for (const TraceId& t : trace_order) {
             auto it = by_trace.find(t);
             if (it == by_trace.end()) continue;
-            for (Span* sp : it->second)
-                if (!sp->has_parent) out.spans.push_back(std::move(*sp));
-            for (Span* sp : it->second)
-                if (sp->has_parent) out.spans.push_back(std::move(*sp));
+            for (uint32_t k : it->second)
+                if (!out.spans[k].has_parent) out.order.push_back(k);
+            for (uint32_t k : it->second)
+                if (out.spans[k].has_parent) out.order.push_back(k);
         }
+        stats[SYNTHETIC_SPANS] = n_syn;
     }
-    stats["spans"] = static_cast<int64_t>(out.spans.size());
-    stats["synthetic_spans"] = static_cast<int64_t>(synthetic.size());
+    stats[SPANS] = static_cast<int64_t>(out.order.size());
 
     // --- key_averages rows ---------------------------------------------------------------------------
     {
@@ -721,7 +752,9 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             device_total[i] += self_dev[i];
             if (a_parent[i] >= 0) device_total[a_parent[i]] += device_total[i];
         }
-        std::unordered_map<std::string, size_t> row_index;
+        // rows keyed by (name, kind[, shapes]); names are views into the document
+        std::unordered_map<std::string_view, size_t> row_index[3];
+        std::unordered_map<std::string, size_t> shaped_index;
         std::string key;
         for (int i = 0; i < n; ++i) {
             const Event& e = ev[i];
@@ -739,14 +772,25 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                     if (dims && dims->type != JType::Null) render_json(doc, *dims, shapes);
                 }
             }
-            key.assign(name);
-            key.push_back('\0');
-            key.append(kind);
-            key.push_back('\0');
-            key.append(shapes);
-            auto [it, inserted] = row_index.emplace(key, out.ops.size());
+            size_t row_at;
+            bool inserted;
+            if (opts.group_by_input_shapes && a_row) {
+                key.assign(name);
+                key.push_back('\0');
+                key.append(kind);
+                key.push_back('\0');
+                key.append(shapes);
+                auto res = shaped_index.emplace(key, out.ops.size());
+                row_at = res.first->second;
+                inserted = res.second;
+            } else {
+                int slot = kind[0] == 'd' ? 0 : kind[0] == 'a' ? 1 : 2;
+                auto res = row_index[slot].emplace(name, out.ops.size());
+                row_at = res.first->second;
+                inserted = res.second;
+            }
             if (inserted) out.ops.push_back(OpRow{std::string(name), kind, shapes});
-            OpRow& row = out.ops[it->second];
+            OpRow& row = out.ops[row_at];
             ++row.calls;
             if (a_row) {
                 row.cpu_total_ns += e.dur();
@@ -789,7 +833,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         for (auto& a : computed)
             if (!keys.count(a.first)) res.push_back(std::move(a));
     }
-    for (const char* k : kStatKeys) out.stats.emplace_back(k, stats[k]);
+    for (int k = 0; k < kStatCount; ++k) out.stats.emplace_back(kStatNames[k], stats[k]);
     return out;
 }
 

@@ -1,12 +1,14 @@
 #include "otelprof/encoder.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 namespace otelprof {
 
 namespace {
 
-// Field tags: (number << 3) | wire type. 0 varint, 1 fixed64, 2 length-delimited, 5 fixed32.
+// Field tags: (number << 3) | wire type. 0 varint, 1 fixed64, 2 length-delimited.
 constexpr uint8_t tag(int number, int wire) { return static_cast<uint8_t>((number << 3) | wire); }
 
 size_t varint_len(uint64_t v) {
@@ -18,128 +20,168 @@ size_t varint_len(uint64_t v) {
     return n;
 }
 
-void put_varint(std::string& out, uint64_t v) {
-    while (v >= 0x80) {
-        out.push_back(static_cast<char>((v & 0x7F) | 0x80));
-        v >>= 7;
+size_t field_len(size_t n) { return 1 + varint_len(n) + n; }
+
+// Append-only byte buffer with amortised growth and unchecked writes after ensure().
+class Buf {
+  public:
+    size_t size() const { return len_; }
+    void clear() { len_ = 0; }
+    std::string take() {
+        std::string out(data_.get(), len_);
+        len_ = 0;
+        return out;
     }
-    out.push_back(static_cast<char>(v));
-}
+    const char* data() const { return data_.get(); }
 
-void put_fixed64(std::string& out, uint64_t v) {
-    char b[8];
-    for (int k = 0; k < 8; ++k) b[k] = static_cast<char>((v >> (8 * k)) & 0xFF);
-    out.append(b, 8);
-}
+    // Room for n more bytes (uninitialised: every byte is written before it is read).
+    char* ensure(size_t n) {
+        if (len_ + n > cap_) {
+            size_t cap = std::max(cap_ * 2, len_ + n + 256);
+            std::unique_ptr<char[]> grown(new char[cap]);
+            if (len_) std::memcpy(grown.get(), data_.get(), len_);
+            data_ = std::move(grown);
+            cap_ = cap;
+        }
+        return data_.get() + len_;
+    }
+    void byte(uint8_t b) {
+        *ensure(1) = static_cast<char>(b);
+        ++len_;
+    }
+    void varint(uint64_t v) {
+        char* p = ensure(10);
+        char* start = p;
+        while (v >= 0x80) {
+            *p++ = static_cast<char>((v & 0x7F) | 0x80);
+            v >>= 7;
+        }
+        *p++ = static_cast<char>(v);
+        len_ += static_cast<size_t>(p - start);
+    }
+    void fixed64(int field, uint64_t v) {
+        char* p = ensure(9);
+        p[0] = static_cast<char>(tag(field, 1));
+        for (int k = 0; k < 8; ++k) p[1 + k] = static_cast<char>((v >> (8 * k)) & 0xFF);
+        len_ += 9;
+    }
+    void raw(const void* data, size_t n) {
+        std::memcpy(ensure(n), data, n);
+        len_ += n;
+    }
+    void bytes(int field, const void* data, size_t n) {
+        byte(tag(field, 2));
+        varint(n);
+        raw(data, n);
+    }
+    // A length-delimited field whose body `body` writes; the 1-byte length guess is widened if needed.
+    template <typename F>
+    void message(int field, F&& body) {
+        byte(tag(field, 2));
+        size_t len_pos = len_;
+        byte(0);
+        size_t start = len_;
+        body();
+        size_t n = len_ - start;
+        if (n < 0x80) {
+            data_[len_pos] = static_cast<char>(n);
+            return;
+        }
+        size_t need = varint_len(n);
+        ensure(need - 1);
+        std::memmove(&data_[start + need - 1], &data_[start], n);
+        len_ += need - 1;
+        char* p = &data_[len_pos];
+        uint64_t v = n;
+        while (v >= 0x80) {
+            *p++ = static_cast<char>((v & 0x7F) | 0x80);
+            v >>= 7;
+        }
+        *p = static_cast<char>(v);
+    }
 
-void put_bytes(std::string& out, int field, const void* data, size_t len) {
-    out.push_back(static_cast<char>(tag(field, 2)));
-    put_varint(out, len);
-    out.append(static_cast<const char*>(data), len);
-}
+  private:
+    std::unique_ptr<char[]> data_;
+    size_t cap_ = 0;
+    size_t len_ = 0;
+};
 
-// A length-delimited field whose body is written by `body` into `out` (length patched after).
-template <typename F>
-void put_message(std::string& out, int field, F&& body) {
-    out.push_back(static_cast<char>(tag(field, 2)));
-    size_t len_pos = out.size();
-    out.push_back('\0');  // 1-byte length placeholder
-    size_t start = out.size();
-    body();
-    size_t len = out.size() - start;
-    size_t need = varint_len(len);
-    if (need > 1) out.insert(len_pos + 1, need - 1, '\0');
-    std::string lenbuf;
-    put_varint(lenbuf, len);
-    std::memcpy(&out[len_pos], lenbuf.data(), need);
-}
-
-void put_any_value(std::string& out, const AttrValue& v) {
+void put_any_value(Buf& out, const AttrValue& v) {
     switch (v.type) {
-        case AttrValue::Type::Str: put_bytes(out, 1, v.s.data(), v.s.size()); break;
+        case AttrValue::Type::Str: out.bytes(1, v.s.data(), v.s.size()); break;
         case AttrValue::Type::Bool:
-            out.push_back(static_cast<char>(tag(2, 0)));
-            put_varint(out, v.i ? 1 : 0);
+            out.byte(tag(2, 0));
+            out.varint(v.i ? 1 : 0);
             break;
         case AttrValue::Type::Int:
-            out.push_back(static_cast<char>(tag(3, 0)));
-            put_varint(out, static_cast<uint64_t>(v.i));
+            out.byte(tag(3, 0));
+            out.varint(static_cast<uint64_t>(v.i));
             break;
         case AttrValue::Type::Double: {
-            out.push_back(static_cast<char>(tag(4, 1)));
             uint64_t bits;
             std::memcpy(&bits, &v.d, 8);
-            put_fixed64(out, bits);
+            out.fixed64(4, bits);
             break;
         }
     }
 }
 
-void put_attributes(std::string& out, int field, const Attrs& attrs) {
-    for (const auto& [key, value] : attrs) {
-        put_message(out, field, [&] {
-            if (!key.empty()) put_bytes(out, 1, key.data(), key.size());
-            put_message(out, 2, [&] { put_any_value(out, value); });
-        });
-    }
+void put_attribute(Buf& out, int field, std::string_view key, const AttrValue& value) {
+    out.message(field, [&] {
+        if (!key.empty()) out.bytes(1, key.data(), key.size());
+        out.message(2, [&] { put_any_value(out, value); });
+    });
 }
 
-void put_span(std::string& out, const Span& sp) {
-    put_bytes(out, 1, sp.trace_id.data(), 16);
-    put_bytes(out, 2, sp.span_id.data(), 8);
-    if (sp.has_parent) put_bytes(out, 4, sp.parent_id.data(), 8);
-    if (!sp.name.empty()) put_bytes(out, 5, sp.name.data(), sp.name.size());
-    out.push_back(static_cast<char>(tag(6, 0)));
-    out.push_back(1);  // SPAN_KIND_INTERNAL
-    if (sp.start) {
-        out.push_back(static_cast<char>(tag(7, 1)));
-        put_fixed64(out, static_cast<uint64_t>(sp.start));
-    }
-    if (sp.end) {
-        out.push_back(static_cast<char>(tag(8, 1)));
-        put_fixed64(out, static_cast<uint64_t>(sp.end));
-    }
+void put_attributes(Buf& out, int field, const Attrs& attrs) {
+    for (const auto& [key, value] : attrs) put_attribute(out, field, key, value);
+}
+
+void put_span(Buf& out, const Span& sp) {
+    out.bytes(1, sp.trace_id.data(), 16);
+    out.bytes(2, sp.span_id.data(), 8);
+    if (sp.has_parent) out.bytes(4, sp.parent_id.data(), 8);
+    if (!sp.name.empty()) out.bytes(5, sp.name.data(), sp.name.size());
+    out.byte(tag(6, 0));
+    out.byte(1);  // SPAN_KIND_INTERNAL
+    if (sp.start) out.fixed64(7, static_cast<uint64_t>(sp.start));
+    if (sp.end) out.fixed64(8, static_cast<uint64_t>(sp.end));
     put_attributes(out, 9, sp.attrs);
     for (const SpanEvent& e : sp.events) {
-        put_message(out, 11, [&] {
-            if (e.ts) {
-                out.push_back(static_cast<char>(tag(1, 1)));
-                put_fixed64(out, static_cast<uint64_t>(e.ts));
-            }
-            put_bytes(out, 2, "pytorch.memory", 14);
+        out.message(11, [&] {
+            if (e.ts) out.fixed64(1, static_cast<uint64_t>(e.ts));
+            out.bytes(2, "pytorch.memory", 14);
             put_attributes(out, 3, e.attrs);
         });
     }
     if (sp.dropped_events) {
-        out.push_back(static_cast<char>(tag(12, 0)));
-        put_varint(out, sp.dropped_events);
+        out.byte(tag(12, 0));
+        out.varint(sp.dropped_events);
     }
     for (const SpanLink& l : sp.links) {
-        put_message(out, 13, [&] {
-            put_bytes(out, 1, l.trace_id.data(), 16);
-            put_bytes(out, 2, l.span_id.data(), 8);
-            Attrs kind{{"otelprof.link.kind", AttrValue::str(l.kind)}};
-            put_attributes(out, 4, kind);
+        out.message(13, [&] {
+            out.bytes(1, l.trace_id.data(), 16);
+            out.bytes(2, l.span_id.data(), 8);
+            put_attribute(out, 4, "otelprof.link.kind", AttrValue::str(l.kind));
         });
     }
     if (sp.dropped_links) {
-        out.push_back(static_cast<char>(tag(14, 0)));
-        put_varint(out, sp.dropped_links);
+        out.byte(tag(14, 0));
+        out.varint(sp.dropped_links);
     }
 }
-
-size_t field_len(size_t n) { return 1 + varint_len(n) + n; }
 
 }  // namespace
 
 std::vector<std::string> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes) {
-    std::string resource, scope;
-    put_attributes(resource, 1, built.resource);
-    put_bytes(scope, 1, "otelprof", 8);
-    if (!scope_version.empty()) put_bytes(scope, 2, scope_version.data(), scope_version.size());
+    Buf resource_buf, scope_buf;
+    put_attributes(resource_buf, 1, built.resource);
+    scope_buf.bytes(1, "otelprof", 8);
+    if (!scope_version.empty()) scope_buf.bytes(2, scope_version.data(), scope_version.size());
+    const std::string resource = resource_buf.take(), scope = scope_buf.take();
 
     std::vector<std::string> requests;
-    std::string body;  // the ScopeSpans.spans fields of the current batch
+    Buf body;  // the ScopeSpans.spans fields of the current batch
     size_t count = 0;
     auto size_with = [&](size_t extra) {
         size_t scope_spans = field_len(scope.size()) + body.size() + extra;
@@ -147,28 +189,29 @@ std::vector<std::string> encode_requests(const Built& built, const std::string& 
         return field_len(resource_spans);
     };
     auto flush = [&] {
-        std::string req;
-        req.reserve(body.size() + resource.size() + scope.size() + 32);
-        put_message(req, 1, [&] {                                    // ResourceSpans
-            put_message(req, 1, [&] { req += resource; });           // Resource
-            put_message(req, 2, [&] {                                // ScopeSpans
-                put_message(req, 1, [&] { req += scope; });          // InstrumentationScope
-                req += body;
-            });
-        });
-        requests.push_back(std::move(req));
+        // lengths are known up front, so the body is copied once
+        size_t scope_spans = field_len(scope.size()) + body.size();
+        size_t resource_spans = field_len(resource.size()) + field_len(scope_spans);
+        Buf req;
+        req.ensure(field_len(resource_spans));
+        req.byte(tag(1, 2));  // ExportTraceServiceRequest.resource_spans
+        req.varint(resource_spans);
+        req.bytes(1, resource.data(), resource.size());  // ResourceSpans.resource
+        req.byte(tag(2, 2));                              // ResourceSpans.scope_spans
+        req.varint(scope_spans);
+        req.bytes(1, scope.data(), scope.size());  // ScopeSpans.scope
+        req.raw(body.data(), body.size());
+        requests.push_back(req.take());
         body.clear();
         count = 0;
     };
-    std::string span_buf;
-    for (const Span& sp : built.spans) {
+    Buf span_buf;
+    for (uint32_t idx : built.order) {
         span_buf.clear();
-        put_span(span_buf, sp);
+        put_span(span_buf, built.spans[idx]);
         size_t extra = field_len(span_buf.size());
         if (count && size_with(extra) > max_bytes) flush();
-        body.push_back(static_cast<char>(tag(2, 2)));
-        put_varint(body, span_buf.size());
-        body += span_buf;
+        body.bytes(2, span_buf.data(), span_buf.size());
         ++count;
     }
     if (count) flush();

@@ -114,7 +114,20 @@ class Parser {
     }
 
     void skip_ws() {
-        while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+        // single spaces between tokens are the common case; after a newline, skip indentation 8 at a time
+        constexpr uint64_t spaces = 0x2020202020202020ULL;
+        while (p_ < end_) {
+            char c = *p_;
+            if (c == ' ') {
+                ++p_;
+            } else if (c == '\n' || c == '\r' || c == '\t') {
+                ++p_;
+                uint64_t w;
+                while (end_ - p_ >= 8 && (std::memcpy(&w, p_, 8), w == spaces)) p_ += 8;
+            } else {
+                break;
+            }
+        }
     }
 
     void value(JNode& out, int depth) {
@@ -154,24 +167,30 @@ class Parser {
             p_ = start;
             fail("Expecting value");
         }
-        bool integral = true;
+        // integer part, accumulated while scanning (19 digits always fit in uint64)
+        const char* digits = p_;
+        uint64_t acc = 0;
         if (*p_ == '0') {
             ++p_;
         } else {
-            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+            while (p_ < end_ && static_cast<unsigned>(*p_ - '0') < 10) {
+                acc = acc * 10 + static_cast<unsigned>(*p_ - '0');
+                ++p_;
+            }
         }
-        const char* int_end = p_;
-        if (p_ + 1 < end_ && *p_ == '.' && p_[1] >= '0' && p_[1] <= '9') {
+        const size_t n_digits = static_cast<size_t>(p_ - digits);
+        bool integral = true;
+        if (p_ + 1 < end_ && *p_ == '.' && static_cast<unsigned>(p_[1] - '0') < 10) {
             integral = false;
             p_ += 2;
-            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+            while (p_ < end_ && static_cast<unsigned>(*p_ - '0') < 10) ++p_;
         }
         if (p_ < end_ && (*p_ == 'e' || *p_ == 'E')) {
             const char* q = p_ + 1;
             if (q < end_ && (*q == '+' || *q == '-')) ++q;
-            if (q < end_ && *q >= '0' && *q <= '9') {
+            if (q < end_ && static_cast<unsigned>(*q - '0') < 10) {
                 integral = false;
-                while (q < end_ && *q >= '0' && *q <= '9') ++q;
+                while (q < end_ && static_cast<unsigned>(*q - '0') < 10) ++q;
                 p_ = q;
             }
         }
@@ -181,19 +200,9 @@ class Parser {
             out.type = JType::Num;
             return;
         }
-        // integer literal: int64 when it fits
-        const char* d = start + (neg ? 1 : 0);
-        uint64_t acc = 0;
-        bool overflow = false;
-        for (const char* q = d; q < int_end; ++q) {
-            uint64_t digit = static_cast<uint64_t>(*q - '0');
-            if (acc > (UINT64_MAX - digit) / 10) {
-                overflow = true;
-                break;
-            }
-            acc = acc * 10 + digit;
-        }
-        if (!overflow && (neg ? acc <= (1ULL << 63) : acc <= static_cast<uint64_t>(INT64_MAX))) {
+        bool fits = n_digits < 19 || (n_digits == 19 && (neg ? acc <= (1ULL << 63) : acc <= static_cast<uint64_t>(INT64_MAX)));
+        if (n_digits == 19 && acc < 1000000000000000000ULL) fits = false;  // wrapped past uint64
+        if (fits) {
             out.type = JType::Int;
             out.i = neg ? static_cast<int64_t>(0 - acc) : static_cast<int64_t>(acc);
         } else {
@@ -224,6 +233,22 @@ class Parser {
     std::string_view string() {
         ++p_;
         const char* start = p_;
+        // SWAR: skip 8 bytes at a time while none is '"', '\\' or a control character
+        while (end_ - p_ >= 8) {
+            uint64_t w;
+            std::memcpy(&w, p_, 8);
+            constexpr uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+            uint64_t quote = w ^ (ones * '"'), slash = w ^ (ones * '\\');
+            uint64_t has_quote = (quote - ones) & ~quote & highs;
+            uint64_t has_slash = (slash - ones) & ~slash & highs;
+            uint64_t has_ctrl = (w - ones * 0x20) & ~w & highs;
+            uint64_t hit = has_quote | has_slash | has_ctrl;
+            if (hit) {
+                p_ += __builtin_ctzll(hit) >> 3;
+                break;
+            }
+            p_ += 8;
+        }
         while (p_ < end_) {
             unsigned char c = static_cast<unsigned char>(*p_);
             if (c == '"') {
@@ -462,11 +487,12 @@ bool as_double(const JNode* n, double& out) {
     return true;
 }
 
-int64_t micros_to_ns(const JNode& n, const std::string& where) {
-    if (!n.is_number()) throw TraceError(where + ": expected a number, got " + type_name(&n));
+int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal) {
+    auto where = [&] { return "traceEvents[" + std::to_string(ordinal) + "]." + field; };
+    if (!n.is_number()) throw TraceError(where() + ": expected a number, got " + type_name(&n));
     if (n.type == JType::Int) {
         __int128 v = static_cast<__int128>(n.i) * 1000;
-        if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where + ": " + std::to_string(n.i) + " microseconds is out of range");
+        if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where() + ": " + std::to_string(n.i) + " microseconds is out of range");
         return static_cast<int64_t>(v);
     }
     // digits D and exponent E with value = D * 10^E
@@ -498,7 +524,7 @@ int64_t micros_to_ns(const JNode& n, const std::string& where) {
     if (lead == std::string::npos) return 0;
     digits.erase(0, lead);
     int64_t adjusted = static_cast<int64_t>(digits.size()) - 1 + exp10;
-    if (adjusted > 15) throw TraceError(where + ": " + std::string(n.s, n.len) + " microseconds is out of range");
+    if (adjusted > 15) throw TraceError(where() + ": " + std::string(n.s, n.len) + " microseconds is out of range");
     if (adjusted < -30) return 0;
     int64_t shift = exp10 + 3;  // value * 1000 = D * 10^shift
     __int128 v = 0;
@@ -512,7 +538,7 @@ int64_t micros_to_ns(const JNode& n, const std::string& where) {
         if (first_dropped >= '5') v += 1;
     }
     if (neg) v = -v;
-    if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where + ": " + std::string(n.s, n.len) + " microseconds is out of range");
+    if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where() + ": " + std::string(n.s, n.len) + " microseconds is out of range");
     return static_cast<int64_t>(v);
 }
 

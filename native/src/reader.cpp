@@ -14,7 +14,8 @@ class Reader {
     Reader(const Document& doc, Trace& trace) : doc_(doc), trace_(trace) {}
 
     // pid/tid/flow id (mirrors `norm_ident`).
-    Ident ident(const JNode* n, const std::string& where) {
+    template <typename Where>
+    Ident ident(const JNode* n, Where&& where) {
         if (!n || n->type == JType::Null) return intern("");
         if (n->type == JType::Str) {
             int64_t v;
@@ -22,13 +23,14 @@ class Reader {
             return intern(n->str());
         }
         if (n->type == JType::Int) return Ident{false, n->i};
-        throw TraceError(where + ": expected an integer or string, got " + type_name(n));
+        throw TraceError(where() + ": expected an integer or string, got " + type_name(n));
     }
 
-    std::string_view opt_str(const JNode* n, const std::string& where) {
+    template <typename Where>
+    std::string_view opt_str(const JNode* n, Where&& where) {
         if (!n || n->type == JType::Null) return {};
         if (n->type == JType::Str) return n->str();
-        throw TraceError(where + ": expected a string, got " + type_name(n));
+        throw TraceError(where() + ": expected a string, got " + type_name(n));
     }
 
   private:
@@ -118,7 +120,31 @@ Trace read_trace(const Document& doc, std::optional<int64_t> base_override) {
         const JNode& raw = *doc.child(*events, ordinal);
         auto where = [&]() { return "traceEvents[" + std::to_string(ordinal) + "]"; };
         if (raw.type != JType::Obj) throw TraceError(where() + ": expected an object, got " + type_name(&raw));
-        const JNode* ph_node = doc.get(raw, "ph");
+        // One pass over the members (last duplicate wins, as in a Python dict).
+        const JNode *ph_node = nullptr, *name_node = nullptr, *cat_node = nullptr, *pid_node = nullptr,
+                    *tid_node = nullptr, *ts = nullptr, *dur_node = nullptr, *args = nullptr, *id_node = nullptr;
+        for (uint32_t k = 0; k < raw.len; ++k) {
+            const JNode* m = doc.child(raw, k);
+            std::string_view key = m->key_view();
+            switch (key.size()) {
+                case 2:
+                    if (key == "ph") ph_node = m;
+                    else if (key == "ts") ts = m;
+                    else if (key == "id") id_node = m;
+                    break;
+                case 3:
+                    if (key == "cat") cat_node = m;
+                    else if (key == "pid") pid_node = m;
+                    else if (key == "tid") tid_node = m;
+                    else if (key == "dur") dur_node = m;
+                    break;
+                case 4:
+                    if (key == "name") name_node = m;
+                    else if (key == "args") args = m;
+                    break;
+                default: break;
+            }
+        }
         if (!ph_node || ph_node->type != JType::Str)
             throw TraceError(where() + ".ph: expected a string, got " + type_name(ph_node));
         std::string_view ph = ph_node->str();
@@ -130,23 +156,20 @@ Trace read_trace(const Document& doc, std::optional<int64_t> base_override) {
             ++trace.ignored_events;
             continue;
         }
-        std::string_view name = reader.opt_str(doc.get(raw, "name"), where() + ".name");
-        std::string_view cat = reader.opt_str(doc.get(raw, "cat"), where() + ".cat");
-        Ident pid = reader.ident(doc.get(raw, "pid"), where() + ".pid");
-        Ident tid = reader.ident(doc.get(raw, "tid"), where() + ".tid");
-        const JNode* ts = doc.get(raw, "ts");
+        std::string_view name = reader.opt_str(name_node, [&] { return where() + ".name"; });
+        std::string_view cat = reader.opt_str(cat_node, [&] { return where() + ".cat"; });
+        Ident pid = reader.ident(pid_node, [&] { return where() + ".pid"; });
+        Ident tid = reader.ident(tid_node, [&] { return where() + ".tid"; });
         if (!ts) throw TraceError(where() + ": missing 'ts'");
-        __int128 start = static_cast<__int128>(base) + micros_to_ns(*ts, where() + ".ts");
+        __int128 start = static_cast<__int128>(base) + micros_to_ns(*ts, "ts", ordinal);
         if (start < 0 || start > INT64_MAX)
             throw TraceError(where() + ".ts: timestamp is outside 0..2^63-1");
-        const JNode* args = doc.get(raw, "args");
         if (args && args->type == JType::Null) args = nullptr;
         if (args && args->type != JType::Obj)
             throw TraceError(where() + ".args: expected an object, got " + type_name(args));
         if (ph == "X") {
-            const JNode* dur_node = doc.get(raw, "dur");
             if (!dur_node) throw TraceError(where() + ": complete event without 'dur'");
-            int64_t dur = micros_to_ns(*dur_node, where() + ".dur");
+            int64_t dur = micros_to_ns(*dur_node, "dur", ordinal);
             if (dur < 0) throw TraceError(where() + ".dur: negative duration");
             if (start + dur > INT64_MAX) throw TraceError(where() + ".dur: end time is outside 0..2^63-1");
             Event e;
@@ -169,7 +192,7 @@ Trace read_trace(const Document& doc, std::optional<int64_t> base_override) {
         } else {
             bool fwdbwd = cat == "fwdbwd";
             if (fwdbwd || is_correlation_flow(cat)) {
-                Ident id = reader.ident(doc.get(raw, "id"), where() + ".id");
+                Ident id = reader.ident(id_node, [&] { return where() + ".id"; });
                 trace.flows.push_back(Flow{ordinal, fwdbwd, ph[0], id, pid, tid, static_cast<int64_t>(start)});
             } else {
                 ++trace.ignored_events;

@@ -1,37 +1,39 @@
 #include "otelprof/schema.hpp"
 
 #include <string_view>
-#include <unordered_map>
+#include <utility>
 
 namespace otelprof {
 
 Kind category_kind(std::string_view cat) {
-    static const std::unordered_map<std::string_view, Kind> table = {
+    // a linear table beats hashing here: the common categories come first
+    static constexpr std::pair<std::string_view, Kind> table[] = {
         {"cpu_op", Kind::CpuOp},
-        {"Operator", Kind::CpuOp},
-        {"user_annotation", Kind::Annotation},
-        {"python_function", Kind::Python},
         {"cuda_runtime", Kind::Runtime},
+        {"kernel", Kind::Kernel},
+        {"python_function", Kind::Python},
+        {"user_annotation", Kind::Annotation},
+        {"gpu_memcpy", Kind::Memcpy},
+        {"gpu_memset", Kind::Memset},
+        {"Operator", Kind::CpuOp},
         {"Runtime", Kind::Runtime},
+        {"Kernel", Kind::Kernel},
+        {"Memcpy", Kind::Memcpy},
+        {"Memset", Kind::Memset},
         {"cuda_driver", Kind::Runtime},
+        {"cuda_sync", Kind::Sync},
+        {"gpu_user_annotation", Kind::GpuAnnotation},
+        {"Trace", Kind::TraceSpan},
         {"xpu_runtime", Kind::Runtime},
         {"xpu_driver", Kind::Runtime},
         {"mtia_runtime", Kind::Runtime},
+        {"mtia_ccp_events", Kind::Kernel},
         {"privateuse1_runtime", Kind::Runtime},
         {"privateuse1_driver", Kind::Runtime},
-        {"Trace", Kind::TraceSpan},
-        {"kernel", Kind::Kernel},
-        {"Kernel", Kind::Kernel},
-        {"mtia_ccp_events", Kind::Kernel},
-        {"gpu_memcpy", Kind::Memcpy},
-        {"Memcpy", Kind::Memcpy},
-        {"gpu_memset", Kind::Memset},
-        {"Memset", Kind::Memset},
-        {"cuda_sync", Kind::Sync},
-        {"gpu_user_annotation", Kind::GpuAnnotation},
     };
-    auto it = table.find(cat);
-    return it == table.end() ? Kind::Other : it->second;
+    for (const auto& [name, kind] : table)
+        if (name.size() == cat.size() && name == cat) return kind;
+    return Kind::Other;
 }
 
 bool is_filtered_name(std::string_view name) {

@@ -68,7 +68,8 @@ inline bool as_int64(const JNode* n, int64_t& out) {
 // Finite double of a number node, or false (mirrors `as_double`).
 bool as_double(const JNode* n, double& out);
 // Exact round_half_away(value * 1000) of a JSON number of microseconds (mirrors `micros_to_ns`).
-int64_t micros_to_ns(const JNode& n, const std::string& where);
+// `where` is called only to build an error message.
+int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal);
 const char* type_name(const JNode* n);
 
 }  // namespace otelprof

@@ -82,6 +82,7 @@ using Stats = std::vector<std::pair<std::string, int64_t>>;
 struct Built {
     std::deque<std::string> strings;  // owns strings that attribute views point at
     std::vector<Span> spans;
+    std::vector<uint32_t> order;  // indices into spans, in output order
     std::vector<OpRow> ops;
     Attrs resource;
     Stats stats;
