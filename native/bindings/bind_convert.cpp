@@ -49,6 +49,8 @@ py::tuple convert(const py::bytes& data, const py::dict& options) {
         py::gil_scoped_release release;
         out = otelprof::convert_trace(json, opts);
     }
+    py::dict phases;
+    for (const auto& [k, v] : out.phase_ns) phases[py::str(k)] = v;
     py::list requests;
     for (auto& r : out.requests) requests.append(py::bytes(r));
     py::list ops;
@@ -57,7 +59,7 @@ py::tuple convert(const py::bytes& data, const py::dict& options) {
                                   row.device_total_ns, row.self_device_ns));
     py::dict stats;
     for (const auto& [k, v] : out.stats) stats[py::str(k)] = v;
-    return py::make_tuple(requests, ops, stats);
+    return py::make_tuple(requests, ops, stats, phases);
 }
 
 py::dict schema() {

@@ -71,7 +71,26 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     const bool full = opts.full;
     Built out;
     auto& strings = out.strings;
-    auto keep_str = [&](std::string s) -> std::string_view { return strings.emplace_back(std::move(s)); };
+    // Rendered strings go into large chunks that never reallocate, so views stay valid.
+    auto keep_str = [&](std::string_view s) -> std::string_view {
+        constexpr size_t kChunk = 1 << 20;
+        if (strings.empty() || strings.back().capacity() - strings.back().size() < s.size()) {
+            strings.emplace_back();
+            strings.back().reserve(std::max(kChunk, s.size()));
+        }
+        std::string& chunk = strings.back();
+        size_t at = chunk.size();
+        chunk.append(s);
+        return std::string_view(chunk.data() + at, s.size());
+    };
+    Attrs& pool = out.attrs;
+    pool.reserve(static_cast<size_t>(n) * 8 + 64);
+    // Appends an attribute to `sp`, whose range must be the last one in the pool.
+    auto add = [&pool](Span& sp, std::string_view key, AttrValue value) {
+        if (sp.attrs.count == 0) sp.attrs.begin = static_cast<uint32_t>(pool.size());
+        pool.emplace_back(key, value);
+        ++sp.attrs.count;
+    };
 
     int64_t stats[kStatCount] = {};
     stats[EVENTS_TOTAL] = trace.total;
@@ -154,11 +173,14 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
     std::vector<int> probe_owner(static_cast<size_t>(n_mem) + fwd_flows.size(), -1);
     std::vector<int> stack;
+    std::vector<int> sweep_order;  // CPU-side events, thread by thread, parents before children
+    sweep_order.reserve(static_cast<size_t>(n));
     for (auto& [key, items] : groups) {
-        std::sort(items.begin(), items.end());
+        if (!std::is_sorted(items.begin(), items.end())) std::sort(items.begin(), items.end());
         stack.clear();
         for (const Item& item : items) {
             if (item.idx >= 0) {
+                sweep_order.push_back(item.idx);
                 const Event& e = ev[item.idx];
                 while (!stack.empty()) {
                     const Event& top = ev[stack.back()];
@@ -182,6 +204,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- device events under their launch ---------------------------------------------------
     std::unordered_map<int64_t, int> launcher_by_corr, annotation_by_ext;
+    launcher_by_corr.reserve(static_cast<size_t>(n) / 2);
     for (int i = 0; i < n; ++i) {
         int64_t v;
         if (ev[i].kind == Kind::Runtime) {
@@ -293,7 +316,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             sp.name = "otelprof.window";
             sp.start = win_min;
             sp.end = win_max;
-            sp.attrs = {{"pytorch.event.category", AttrValue::str("otelprof")}, {"otelprof.synthetic", AttrValue::boolean(true)}};
+            // attributes are added at assembly, once dropped counts are known
             synthetic.push_back(std::move(sp));
         }
     }
@@ -310,6 +333,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     // --- aggregation of runs of identical tiny siblings -----------------------------------------
     std::vector<char> aggregated(n, 0);
     std::vector<Span> by_order;
+    by_order.reserve(static_cast<size_t>(n));
     if (!full) {
         std::vector<int> run;
         for (int p = 0; p < n; ++p) {
@@ -340,10 +364,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                     sp.name = first.name;
                     sp.start = first.start;
                     sp.end = end;
-                    sp.attrs.emplace_back("pytorch.event.category", AttrValue::str(first.cat));
-                    if (!first.tid.is_str) sp.attrs.emplace_back("thread.id", AttrValue::integer(first.tid.value));
-                    sp.attrs.emplace_back("otelprof.aggregated_count", AttrValue::integer(static_cast<int64_t>(run.size())));
-                    sp.attrs.emplace_back("otelprof.aggregated_duration_ns", AttrValue::integer(total));
+                    add(sp, "pytorch.event.category", AttrValue::str(first.cat));
+                    if (!first.tid.is_str) add(sp, "thread.id", AttrValue::integer(first.tid.value));
+                    add(sp, "otelprof.aggregated_count", AttrValue::integer(static_cast<int64_t>(run.size())));
+                    add(sp, "otelprof.aggregated_duration_ns", AttrValue::integer(total));
                     by_order.push_back(std::move(sp));
                     stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
                 }
@@ -353,6 +377,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
         stats[AGGREGATE_SPANS] = static_cast<int64_t>(by_order.size());
     }
+    const size_t n_aggregates = by_order.size();
 
     struct SidHash {
         size_t operator()(const SpanId& s) const {
@@ -490,15 +515,12 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             }
         };
         std::unordered_map<std::pair<Ident, int64_t>, int, SeqKeyHash, SeqKeyEq> fwd_by_seq, bwd_by_seq;
-        std::vector<int> order;
+        std::vector<Item> order;  // (start, -end, ordinal) inline: no indirection while sorting
         for (int i = 0; i < n; ++i)
-            if (ev[i].kind == Kind::CpuOp) order.push_back(i);
-        std::sort(order.begin(), order.end(), [&](int a, int b) {
-            if (ev[a].start != ev[b].start) return ev[a].start < ev[b].start;
-            if (ev[a].end != ev[b].end) return ev[a].end > ev[b].end;
-            return ev[a].ordinal < ev[b].ordinal;
-        });
-        for (int i : order) {
+            if (ev[i].kind == Kind::CpuOp) order.push_back(Item{ev[i].start, 0, -ev[i].end, ev[i].ordinal, i});
+        if (!std::is_sorted(order.begin(), order.end())) std::sort(order.begin(), order.end());
+        for (const Item& item : order) {
+            const int i = item.idx;
             int64_t seq;
             if (!as_int64(arg(doc, ev[i].args, "Sequence number"), seq) || seq < 0) continue;
             std::pair<Ident, int64_t> key{ev[i].pid, seq};
@@ -537,6 +559,15 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
 
     // --- assemble spans ----------------------------------------------------------------------------
+    auto dropped_of = [&](const SpanId& id) -> int64_t {
+        auto it = dropped_count.find(id);
+        return it == dropped_count.end() ? 0 : it->second;
+    };
+    for (Span& sp : synthetic) {  // the window root, when synthetic
+        add(sp, "pytorch.event.category", AttrValue::str("otelprof"));
+        if (int64_t d = dropped_of(sp.span_id)) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
+        add(sp, "otelprof.synthetic", AttrValue::boolean(true));
+    }
     if (split) {
         for (int s : steps) {
             Span sp;
@@ -545,18 +576,14 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             sp.name = ev[s].name;
             sp.start = ev[s].start;
             sp.end = ev[s].end;
-            sp.attrs.emplace_back("pytorch.event.category", AttrValue::str("otelprof"));
-            sp.attrs.emplace_back("pytorch.step", AttrValue::integer(step_num[s]));
-            if (rank) sp.attrs.emplace_back("pytorch.distributed.rank", AttrValue::integer(*rank));
-            sp.attrs.emplace_back("otelprof.synthetic", AttrValue::boolean(true));
+            add(sp, "pytorch.event.category", AttrValue::str("otelprof"));
+            add(sp, "pytorch.step", AttrValue::integer(step_num[s]));
+            if (rank) add(sp, "pytorch.distributed.rank", AttrValue::integer(*rank));
+            if (int64_t d = dropped_of(sp.span_id)) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
+            add(sp, "otelprof.synthetic", AttrValue::boolean(true));
             sp.links.push_back(SpanLink{step_trace[s], sid(ev[s].ordinal), "step"});
             synthetic.push_back(std::move(sp));
         }
-    }
-    for (Span& sp : synthetic) {
-        auto it = dropped_count.find(sp.span_id);
-        if (it != dropped_count.end())
-            sp.attrs.insert(sp.attrs.end() - 1, Attr{"otelprof.dropped_spans", AttrValue::integer(it->second)});
     }
     std::string rendered;
     // arg key -> table index, bucketed by key length (no hashing on the hot path)
@@ -572,18 +599,16 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         const Event& e = ev[i];
         Span sp;
         sp.order = e.ordinal;
-        sp.attrs.reserve(20);
-        sp.attrs.emplace_back("pytorch.event.category", AttrValue::str(e.cat));
-        if (!e.device() && !e.tid.is_str) sp.attrs.emplace_back("thread.id", AttrValue::integer(e.tid.value));
+        add(sp, "pytorch.event.category", AttrValue::str(e.cat));
+        if (!e.device() && !e.tid.is_str) add(sp, "thread.id", AttrValue::integer(e.tid.value));
         if (e.args) {
             // one pass over the args; the table decides order and aliases (first key present wins)
             std::fill(found, found + kArgAttributeCount, nullptr);
-            for (uint32_t k = 0; k < e.args->len; ++k) {
-                const JNode* m = doc.child(*e.args, k);
+            for (const JNode* m = doc.first(*e.args); m; m = doc.next(m)) {
                 std::string_view key = m->key_view();
                 if (key.size() >= by_length.size()) continue;
                 for (int a : by_length[key.size()])
-                    if (kArgAttributes[a].key == key) {
+                    if (same(kArgAttributes[a].key, key)) {
                         found[a] = m;
                         break;
                     }
@@ -593,42 +618,42 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 const ArgAttribute& spec = kArgAttributes[a];
                 const JNode* v = found[a];
                 if (!v || spec.attr == last_attr) continue;
-                size_t before = sp.attrs.size();
+                uint32_t before = sp.attrs.count;
                 switch (spec.type) {
                     case ArgType::Int: {
                         int64_t x;
-                        if (as_int64(v, x)) sp.attrs.emplace_back(spec.attr, AttrValue::integer(x));
+                        if (as_int64(v, x)) add(sp, spec.attr, AttrValue::integer(x));
                         break;
                     }
                     case ArgType::Double: {
                         double x;
-                        if (as_double(v, x)) sp.attrs.emplace_back(spec.attr, AttrValue::dbl(x));
+                        if (as_double(v, x)) add(sp, spec.attr, AttrValue::dbl(x));
                         break;
                     }
                     case ArgType::String:
-                        if (v->type == JType::Str && v->len) sp.attrs.emplace_back(spec.attr, AttrValue::str(v->str()));
+                        if (v->type == JType::Str && v->len) add(sp, spec.attr, AttrValue::str(v->str()));
                         break;
                     case ArgType::Json:
                         rendered.clear();
                         render_json(doc, *v, rendered);
-                        sp.attrs.emplace_back(spec.attr, AttrValue::str(keep_str(rendered)));
+                        add(sp, spec.attr, AttrValue::str(keep_str(rendered)));
                         break;
                 }
-                if (sp.attrs.size() != before) last_attr = spec.attr;
+                if (sp.attrs.count != before) last_attr = spec.attr;
             }
         }
         if (in_a[i]) {
-            sp.attrs.emplace_back("pytorch.op.self_cpu_time_ns", AttrValue::integer(e.dur() - child_dur[i]));
-            sp.attrs.emplace_back("pytorch.op.self_device_time_ns", AttrValue::integer(self_dev[i]));
+            add(sp, "pytorch.op.self_cpu_time_ns", AttrValue::integer(e.dur() - child_dur[i]));
+            add(sp, "pytorch.op.self_device_time_ns", AttrValue::integer(self_dev[i]));
         }
         if (is_step(i)) {
-            sp.attrs.emplace_back("pytorch.step", AttrValue::integer(step_num[i]));
+            add(sp, "pytorch.step", AttrValue::integer(step_num[i]));
             int64_t peak = acc_peak[i] >= 0 ? acc_peak[i] : cpu_peak[i];
-            if (peak >= 0) sp.attrs.emplace_back("pytorch.memory.peak_allocated_bytes", AttrValue::integer(peak));
+            if (peak >= 0) add(sp, "pytorch.memory.peak_allocated_bytes", AttrValue::integer(peak));
         }
         SpanId my_id = sid(e.ordinal);
         auto dc = dropped_count.find(my_id);
-        if (dc != dropped_count.end()) sp.attrs.emplace_back("otelprof.dropped_spans", AttrValue::integer(dc->second));
+        if (dc != dropped_count.end()) add(sp, "otelprof.dropped_spans", AttrValue::integer(dc->second));
         OptSid pid;
         if (is_step(i) || i == window_root_ev) {
             pid = std::nullopt;
@@ -658,8 +683,12 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     // by_order holds the aggregates, then kept events (already in ordinal order): sort indices, not spans
     std::vector<uint32_t> by_order_idx(by_order.size());
     for (uint32_t k = 0; k < by_order_idx.size(); ++k) by_order_idx[k] = k;
-    std::stable_sort(by_order_idx.begin(), by_order_idx.end(),
-                     [&](uint32_t a, uint32_t b) { return by_order[a].order < by_order[b].order; });
+    {
+        auto by_ordinal = [&](uint32_t a, uint32_t b) { return by_order[a].order < by_order[b].order; };
+        auto mid = by_order_idx.begin() + static_cast<std::ptrdiff_t>(n_aggregates);
+        std::sort(by_order_idx.begin(), mid, by_ordinal);
+        std::inplace_merge(by_order_idx.begin(), mid, by_order_idx.end(), by_ordinal);
+    }
     const auto event_limit = static_cast<size_t>(opts.event_limit);
     const auto link_limit = static_cast<size_t>(opts.link_limit);
     int64_t fwdbwd_links = 0;
@@ -702,22 +731,32 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         out.spans = std::move(synthetic);
         out.spans.reserve(n_syn + by_order.size());
         for (Span& sp : by_order) out.spans.push_back(std::move(sp));
-        std::unordered_map<TraceId, std::vector<uint32_t>, TidHash> by_trace;
-        for (uint32_t k = 0; k < n_syn; ++k) by_trace[out.spans[k].trace_id].push_back(k);
-        for (uint32_t k : by_order_idx) by_trace[out.spans[n_syn + k].trace_id].push_back(n_syn + k);
-        std::vector<TraceId> trace_order;
+        // trace slots in output order: each step's trace (then its detail trace), then the window
+        std::unordered_map<TraceId, size_t, TidHash> slot_of;
+        size_t n_slots = 0;
         for (int s : steps) {
-            trace_order.push_back(step_trace[s]);
-            if (split) trace_order.push_back(detail_trace[s]);
+            slot_of.emplace(step_trace[s], n_slots++);
+            if (split) slot_of.emplace(detail_trace[s], n_slots++);
         }
-        trace_order.push_back(window_trace);
+        slot_of.emplace(window_trace, n_slots++);
+        std::vector<std::vector<uint32_t>> by_slot(n_slots);
+        const TraceId* last_trace = nullptr;
+        size_t last_slot = 0;
+        auto add = [&](uint32_t k) {
+            const TraceId& t = out.spans[k].trace_id;
+            if (!last_trace || *last_trace != t) {  // spans of one trace come in runs
+                last_slot = slot_of.at(t);
+                last_trace = &t;
+            }
+            by_slot[last_slot].push_back(k);
+        };
+        for (uint32_t k = 0; k < n_syn; ++k) add(k);
+        for (uint32_t k : by_order_idx) add(n_syn + k);
         out.order.reserve(out.spans.size());
-        for (const TraceId& t : trace_order) {
-            auto it = by_trace.find(t);
-            if (it == by_trace.end()) continue;
-            for (uint32_t k : it->second)
+        for (const auto& members : by_slot) {
+            for (uint32_t k : members)
                 if (!out.spans[k].has_parent) out.order.push_back(k);
-            for (uint32_t k : it->second)
+            for (uint32_t k : members)
                 if (out.spans[k].has_parent) out.order.push_back(k);
         }
         stats[SYNTHETIC_SPANS] = n_syn;
@@ -729,14 +768,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         std::vector<char> merged(n, 0);
         for (int i = 0; i < n; ++i)
             merged[i] = in_a[i] && a_parent[i] >= 0 && a_children[a_parent[i]] == 1 && ev[a_parent[i]].name == ev[i].name;
+        // the sweep order puts every parent before its children (a parent is on the child's thread)
         std::vector<int> sorted_a;
-        for (int i = 0; i < n; ++i)
+        for (int i : sweep_order)
             if (in_a[i]) sorted_a.push_back(i);
-        std::sort(sorted_a.begin(), sorted_a.end(), [&](int a, int b) {
-            if (ev[a].start != ev[b].start) return ev[a].start < ev[b].start;
-            if (ev[a].end != ev[b].end) return ev[a].end > ev[b].end;
-            return ev[a].ordinal < ev[b].ordinal;
-        });
         std::vector<int> survivor(n);
         for (int i = 0; i < n; ++i) survivor[i] = i;
         for (int i : sorted_a)

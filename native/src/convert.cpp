@@ -1,5 +1,7 @@
 #include "otelprof/convert.hpp"
 
+#include <chrono>
+
 #include "otelprof/builder.hpp"
 #include "otelprof/encoder.hpp"
 #include "otelprof/trace.hpp"
@@ -7,11 +9,21 @@
 namespace otelprof {
 
 ConvertOutput convert_trace(std::string_view json, const Options& options) {
+    using clock = std::chrono::steady_clock;
+    auto ns = [](clock::time_point a, clock::time_point b) {
+        return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+    };
+    auto t0 = clock::now();
     Document doc(json);
+    auto t1 = clock::now();
     Trace trace = read_trace(doc, options.base_time_ns);
+    auto t2 = clock::now();
     Built built = build_spans(doc, trace, options);
+    auto t3 = clock::now();
     ConvertOutput out;
     out.requests = encode_requests(built, options.scope_version, static_cast<size_t>(options.max_request_bytes));
+    auto t4 = clock::now();
+    out.phase_ns = {{"parse", ns(t0, t1)}, {"read", ns(t1, t2)}, {"build", ns(t2, t3)}, {"encode", ns(t3, t4)}};
     out.ops = std::move(built.ops);
     out.stats = std::move(built.stats);
     for (auto& [key, value] : out.stats)

@@ -137,7 +137,7 @@ void put_attributes(Buf& out, int field, const Attrs& attrs) {
     for (const auto& [key, value] : attrs) put_attribute(out, field, key, value);
 }
 
-void put_span(Buf& out, const Span& sp) {
+void put_span(Buf& out, const Span& sp, const Attrs& pool) {
     out.bytes(1, sp.trace_id.data(), 16);
     out.bytes(2, sp.span_id.data(), 8);
     if (sp.has_parent) out.bytes(4, sp.parent_id.data(), 8);
@@ -146,7 +146,10 @@ void put_span(Buf& out, const Span& sp) {
     out.byte(1);  // SPAN_KIND_INTERNAL
     if (sp.start) out.fixed64(7, static_cast<uint64_t>(sp.start));
     if (sp.end) out.fixed64(8, static_cast<uint64_t>(sp.end));
-    put_attributes(out, 9, sp.attrs);
+    for (uint32_t k = 0; k < sp.attrs.count; ++k) {
+        const Attr& a = pool[sp.attrs.begin + k];
+        put_attribute(out, 9, a.first, a.second);
+    }
     for (const SpanEvent& e : sp.events) {
         out.message(11, [&] {
             if (e.ts) out.fixed64(1, static_cast<uint64_t>(e.ts));
@@ -208,7 +211,7 @@ std::vector<std::string> encode_requests(const Built& built, const std::string& 
     Buf span_buf;
     for (uint32_t idx : built.order) {
         span_buf.clear();
-        put_span(span_buf, built.spans[idx]);
+        put_span(span_buf, built.spans[idx], built.attrs);
         size_t extra = field_len(span_buf.size());
         if (count && size_with(extra) > max_bytes) flush();
         body.bytes(2, span_buf.data(), span_buf.size());

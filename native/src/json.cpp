@@ -83,12 +83,9 @@ class Parser {
     void run() {
         validate_utf8(std::string_view(begin_, end_ - begin_));
         skip_ws();
-        JNode root;
-        value(root, 0);
+        doc_.root_ = value(0);
         skip_ws();
         if (p_ != end_) fail("Extra data");
-        doc_.nodes_.push_back(root);
-        doc_.root_ = static_cast<uint32_t>(doc_.nodes_.size() - 1);
     }
 
   private:
@@ -96,8 +93,13 @@ class Parser {
     const char* p_;
     const char* begin_;
     const char* end_;
-    std::vector<JNode> scratch_;
     std::string buf_;
+
+    uint32_t push(JType type) {
+        doc_.nodes_.emplace_back();
+        doc_.nodes_.back().type = type;
+        return static_cast<uint32_t>(doc_.nodes_.size() - 1);
+    }
 
     [[noreturn]] void fail(const char* what) const {
         // line/column like Python's JSONDecodeError
@@ -130,30 +132,36 @@ class Parser {
         }
     }
 
-    void value(JNode& out, int depth) {
+    // Parses one value at p_, appends its node (and its children after it); returns its index.
+    uint32_t value(int depth) {
         if (p_ >= end_) fail("Expecting value");
         switch (*p_) {
-            case '{': object(out, depth + 1); return;
-            case '[': array(out, depth + 1); return;
+            case '{': return object(depth + 1);
+            case '[': return array(depth + 1);
             case '"': {
                 std::string_view s = string();
-                out.type = JType::Str;
+                uint32_t idx = push(JType::Str);
+                JNode& out = doc_.nodes_[idx];
                 out.s = s.data();
                 out.len = static_cast<uint32_t>(s.size());
-                return;
+                return idx;
             }
-            case 't': literal("true", JType::True, out); return;
-            case 'f': literal("false", JType::False, out); return;
-            case 'n': literal("null", JType::Null, out); return;
-            default: number(out); return;
+            case 't': return literal("true", JType::True);
+            case 'f': return literal("false", JType::False);
+            case 'n': return literal("null", JType::Null);
+            default: {
+                uint32_t idx = push(JType::Null);
+                number(doc_.nodes_[idx]);
+                return idx;
+            }
         }
     }
 
-    void literal(const char* word, JType type, JNode& out) {
+    uint32_t literal(const char* word, JType type) {
         size_t n = std::strlen(word);
         if (static_cast<size_t>(end_ - p_) < n || std::memcmp(p_, word, n) != 0) fail("Expecting value");
         p_ += n;
-        out.type = type;
+        return push(type);
     }
 
     void number(JNode& out) {
@@ -313,29 +321,26 @@ class Parser {
         return {data, buf_.size()};
     }
 
-    void close_container(JNode& out, JType type, size_t mark) {
-        out.type = type;
-        out.first = static_cast<uint32_t>(doc_.nodes_.size());
-        out.len = static_cast<uint32_t>(scratch_.size() - mark);
-        doc_.nodes_.insert(doc_.nodes_.end(), scratch_.begin() + static_cast<std::ptrdiff_t>(mark), scratch_.end());
-        scratch_.resize(mark);
+    // Links `child` after `prev` (or as the first child) of container `idx`.
+    void link(uint32_t idx, uint32_t& prev, uint32_t child) {
+        if (prev == kNoNode) doc_.nodes_[idx].first = child;
+        else doc_.nodes_[prev].next = child;
+        prev = child;
+        ++doc_.nodes_[idx].len;
     }
 
-    void array(JNode& out, int depth) {
+    uint32_t array(int depth) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
-        size_t mark = scratch_.size();
+        uint32_t idx = push(JType::Arr), prev = kNoNode;
         skip_ws();
         if (p_ < end_ && *p_ == ']') {
             ++p_;
-            close_container(out, JType::Arr, mark);
-            return;
+            return idx;
         }
         while (true) {
             skip_ws();
-            JNode item;
-            value(item, depth);
-            scratch_.push_back(item);
+            link(idx, prev, value(depth));
             skip_ws();
             if (p_ >= end_) fail("Expecting ',' delimiter");
             if (*p_ == ',') {
@@ -344,22 +349,20 @@ class Parser {
             }
             if (*p_ == ']') {
                 ++p_;
-                break;
+                return idx;
             }
             fail("Expecting ',' delimiter");
         }
-        close_container(out, JType::Arr, mark);
     }
 
-    void object(JNode& out, int depth) {
+    uint32_t object(int depth) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
-        size_t mark = scratch_.size();
+        uint32_t idx = push(JType::Obj), prev = kNoNode;
         skip_ws();
         if (p_ < end_ && *p_ == '}') {
             ++p_;
-            close_container(out, JType::Obj, mark);
-            return;
+            return idx;
         }
         while (true) {
             skip_ws();
@@ -369,11 +372,11 @@ class Parser {
             if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
             ++p_;
             skip_ws();
-            JNode item;
-            value(item, depth);
+            uint32_t child = value(depth);
+            JNode& item = doc_.nodes_[child];
             item.key = key.data();
             item.key_len = static_cast<uint32_t>(key.size());
-            scratch_.push_back(item);
+            link(idx, prev, child);
             skip_ws();
             if (p_ >= end_) fail("Expecting ',' delimiter");
             if (*p_ == ',') {
@@ -382,11 +385,10 @@ class Parser {
             }
             if (*p_ == '}') {
                 ++p_;
-                break;
+                return idx;
             }
             fail("Expecting ',' delimiter");
         }
-        close_container(out, JType::Obj, mark);
     }
 };
 
@@ -399,10 +401,8 @@ Document::Document(std::string_view text) {
 const JNode* Document::get(const JNode& object, std::string_view key) const {
     if (object.type != JType::Obj) return nullptr;
     const JNode* found = nullptr;
-    const JNode* base = &nodes_[object.first];
-    for (uint32_t k = 0; k < object.len; ++k) {
-        if (base[k].key_len == key.size() && std::memcmp(base[k].key, key.data(), key.size()) == 0) found = &base[k];
-    }
+    for (const JNode* c = first(object); c; c = next(c))
+        if (same(c->key_view(), key)) found = c;
     return found;
 }
 
@@ -443,27 +443,26 @@ void render_json(const Document& doc, const JNode& node, std::string& out) {
         case JType::Str: append_json_string(node.str(), out); return;
         case JType::Arr:
             out.push_back('[');
-            for (uint32_t k = 0; k < node.len; ++k) {
-                if (k) out.push_back(',');
-                render_json(doc, *doc.child(node, k), out);
+            for (const JNode* c = doc.first(node); c; c = doc.next(c)) {
+                if (c != doc.first(node)) out.push_back(',');
+                render_json(doc, *c, out);
             }
             out.push_back(']');
             return;
         case JType::Obj: {
             // Python dict semantics: first position of a key, last value.
             out.push_back('{');
-            std::unordered_map<std::string_view, uint32_t> last;
-            for (uint32_t k = 0; k < node.len; ++k) last[doc.child(node, k)->key_view()] = k;
+            std::unordered_map<std::string_view, const JNode*> last;
+            for (const JNode* c = doc.first(node); c; c = doc.next(c)) last[c->key_view()] = c;
             bool first = true;
-            for (uint32_t k = 0; k < node.len; ++k) {
-                const JNode* c = doc.child(node, k);
+            for (const JNode* c = doc.first(node); c; c = doc.next(c)) {
                 auto it = last.find(c->key_view());
                 if (it == last.end()) continue;  // key already emitted
                 if (!first) out.push_back(',');
                 first = false;
                 append_json_string(c->key_view(), out);
                 out.push_back(':');
-                render_json(doc, *doc.child(node, it->second), out);
+                render_json(doc, *it->second, out);
                 last.erase(it);
             }
             out.push_back('}');

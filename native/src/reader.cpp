@@ -81,8 +81,8 @@ void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::op
     }
     const JNode* props = doc.get(root, "deviceProperties");
     if (props && props->type == JType::Arr) {
-        for (uint32_t k = 0; k < props->len; ++k) {
-            const JNode* name = doc.get(*doc.child(*props, k), "name");
+        for (const JNode* prop = doc.first(*props); prop; prop = doc.next(prop)) {
+            const JNode* name = doc.get(*prop, "name");
             if (name && name->type == JType::Str) trace.gpu_models.push_back(name->str());
         }
     }
@@ -116,31 +116,31 @@ Trace read_trace(const Document& doc, std::optional<int64_t> base_override) {
     trace.events.reserve(events->len);
     Reader reader(doc, trace);
     const int64_t base = trace.base_ns;
-    for (uint32_t ordinal = 0; ordinal < events->len; ++ordinal) {
-        const JNode& raw = *doc.child(*events, ordinal);
+    uint32_t ordinal = 0;
+    for (const JNode* raw_ptr = doc.first(*events); raw_ptr; raw_ptr = doc.next(raw_ptr), ++ordinal) {
+        const JNode& raw = *raw_ptr;
         auto where = [&]() { return "traceEvents[" + std::to_string(ordinal) + "]"; };
         if (raw.type != JType::Obj) throw TraceError(where() + ": expected an object, got " + type_name(&raw));
         // One pass over the members (last duplicate wins, as in a Python dict).
         const JNode *ph_node = nullptr, *name_node = nullptr, *cat_node = nullptr, *pid_node = nullptr,
                     *tid_node = nullptr, *ts = nullptr, *dur_node = nullptr, *args = nullptr, *id_node = nullptr;
-        for (uint32_t k = 0; k < raw.len; ++k) {
-            const JNode* m = doc.child(raw, k);
+        for (const JNode* m = doc.first(raw); m; m = doc.next(m)) {
             std::string_view key = m->key_view();
             switch (key.size()) {
                 case 2:
-                    if (key == "ph") ph_node = m;
-                    else if (key == "ts") ts = m;
-                    else if (key == "id") id_node = m;
+                    if (same(key, "ph")) ph_node = m;
+                    else if (same(key, "ts")) ts = m;
+                    else if (same(key, "id")) id_node = m;
                     break;
                 case 3:
-                    if (key == "cat") cat_node = m;
-                    else if (key == "pid") pid_node = m;
-                    else if (key == "tid") tid_node = m;
-                    else if (key == "dur") dur_node = m;
+                    if (same(key, "cat")) cat_node = m;
+                    else if (same(key, "pid")) pid_node = m;
+                    else if (same(key, "tid")) tid_node = m;
+                    else if (same(key, "dur")) dur_node = m;
                     break;
                 case 4:
-                    if (key == "name") name_node = m;
-                    else if (key == "args") args = m;
+                    if (same(key, "name")) name_node = m;
+                    else if (same(key, "args")) args = m;
                     break;
                 default: break;
             }

@@ -32,7 +32,7 @@ Kind category_kind(std::string_view cat) {
         {"privateuse1_driver", Kind::Runtime},
     };
     for (const auto& [name, kind] : table)
-        if (name.size() == cat.size() && name == cat) return kind;
+        if (name.size() == cat.size() && !cat.empty() && name[0] == cat[0] && name == cat) return kind;
     return Kind::Other;
 }
 

@@ -64,7 +64,7 @@ def convert_bytes(data: bytes, options: ConvertOptions, engine: str = "auto") ->
     if engine == "native" and _native is None:
         raise RuntimeError(f"otelprof._native is not available: {_native_error}")
     if engine != "reference" and _native is not None:
-        requests, rows, stats = _native.convert(data, options.as_native())
+        requests, rows, stats, _phases = _native.convert(data, options.as_native())
         return ConvertResult(list(requests), [OpStats(*row) for row in rows], dict(stats), "native")
     if engine == "auto":
         _fallback_warning()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ._text import clean
+
 Detail = Literal["full", "default"]
 
 #: Collector's default gRPC receive limit is 4 MiB; stay well under it.
@@ -79,7 +81,7 @@ class ConvertOptions:
     def as_native(self) -> dict[str, object]:
         """The flat dict the native core takes (same keys as the fields)."""
         return {
-            "run_id": self.run_id,
+            "run_id": None if self.run_id is None else clean(self.run_id),
             "rank": -1 if self.rank is None else self.rank,
             "world_size": -1 if self.world_size is None else self.world_size,
             "full": self.full,
@@ -88,9 +90,9 @@ class ConvertOptions:
             "link_limit": self.span_link_limit,
             "split_world_size": self.split_world_size,
             "max_request_bytes": self.max_request_bytes,
-            "resource_attributes": list(self.resource_attributes),
-            "host_name": self.host_name,
+            "resource_attributes": [(clean(k), clean(v)) for k, v in self.resource_attributes],
+            "host_name": None if self.host_name is None else clean(self.host_name),
             "base_time_ns": -1 if self.base_time_ns is None else self.base_time_ns,
             "group_by_input_shapes": self.group_by_input_shapes,
-            "scope_version": self.scope_version,
+            "scope_version": clean(self.scope_version),
         }

@@ -13,6 +13,7 @@ struct ConvertOutput {
     std::vector<std::string> requests;
     std::vector<OpRow> ops;
     Stats stats;
+    Stats phase_ns;  // wall time of parse / read / build / encode, for benchmarks
 };
 
 // Throws TraceError for input that is not a readable trace.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -17,17 +18,27 @@ struct TraceError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// String equality that rejects on length and first byte before calling memcmp (hot in key lookups).
+inline bool same(std::string_view a, std::string_view b) {
+    return a.size() == b.size() && (a.empty() || (a[0] == b[0] && std::memcmp(a.data(), b.data(), a.size()) == 0));
+}
+
 enum class JType : uint8_t { Null, False, True, Int, BigInt, Num, Str, Arr, Obj };
 
+constexpr uint32_t kNoNode = UINT32_MAX;
+
+// Nodes are stored in pre-order; a container's children are linked through `next`, so the
+// parser writes each node once, where it stays.
 struct JNode {
     JType type = JType::Null;
     uint32_t len = 0;         // string/number text length, or child count
     uint32_t key_len = 0;     // member key length when inside an object
+    uint32_t next = kNoNode;  // next sibling
     const char* key = nullptr;
     union {
         int64_t i;            // Int
         const char* s;        // Str / Num / BigInt text
-        uint32_t first;       // Arr / Obj: index of the first child in Document::nodes
+        uint32_t first;       // Arr / Obj: index of the first child
     };
     JNode() : i(0) {}
 
@@ -42,7 +53,9 @@ class Document {
     explicit Document(std::string_view text);
 
     const JNode& root() const { return nodes_[root_]; }
-    const JNode* child(const JNode& container, uint32_t k) const { return &nodes_[container.first + k]; }
+    // Children in order: for (auto* c = doc.first(node); c; c = doc.next(c)) ...
+    const JNode* first(const JNode& container) const { return container.len ? &nodes_[container.first] : nullptr; }
+    const JNode* next(const JNode* node) const { return node->next == kNoNode ? nullptr : &nodes_[node->next]; }
     // Object member lookup with Python dict semantics: the last duplicate wins.
     const JNode* get(const JNode& object, std::string_view key) const;
 

@@ -19,8 +19,10 @@ using SpanId = std::array<uint8_t, 8>;
 struct AttrValue {
     enum class Type : uint8_t { Str, Int, Double, Bool } type = Type::Str;
     std::string_view s;
-    int64_t i = 0;
-    double d = 0;
+    union {
+        int64_t i = 0;
+        double d;
+    };
     static AttrValue str(std::string_view v) { AttrValue a; a.type = Type::Str; a.s = v; return a; }
     static AttrValue integer(int64_t v) { AttrValue a; a.type = Type::Int; a.i = v; return a; }
     static AttrValue dbl(double v) { AttrValue a; a.type = Type::Double; a.d = v; return a; }
@@ -42,6 +44,11 @@ struct SpanLink {
     const char* kind;  // otelprof.link.kind
 };
 
+// A span's attributes: a contiguous range of Built::attrs (one pool, not a vector per span).
+struct AttrRange {
+    uint32_t begin = 0, count = 0;
+};
+
 struct Span {
     int64_t order = -1;  // event ordinal; -1 for synthetic roots
     TraceId trace_id{};
@@ -50,7 +57,7 @@ struct Span {
     bool has_parent = false;
     std::string_view name;
     int64_t start = 0, end = 0;
-    Attrs attrs;
+    AttrRange attrs;
     std::vector<SpanEvent> events;
     uint32_t dropped_events = 0;
     std::vector<SpanLink> links;
@@ -81,6 +88,7 @@ using Stats = std::vector<std::pair<std::string, int64_t>>;
 
 struct Built {
     std::deque<std::string> strings;  // owns strings that attribute views point at
+    Attrs attrs;                      // every span's attributes, range by range
     std::vector<Span> spans;
     std::vector<uint32_t> order;  // indices into spans, in output order
     std::vector<OpRow> ops;

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._options import ConvertOptions
 from . import ids
+from .._text import clean
 from .jsonload import as_int64, render
 from .reader import Event, Trace
 from .schema import (
@@ -110,7 +111,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
     world = opts.world_size if opts.world_size is not None else trace.world_size
     rank_s = "" if rank is None else str(rank)
     min_start = min((e.start for e in ev), default=0)
-    run_id = opts.run_id if opts.run_id is not None else trace.trace_id
+    run_id = clean(opts.run_id) if opts.run_id is not None else trace.trace_id
     if run_id is None:
         run_id = f"auto|{trace.trace_name}|{min_start}"
     split = opts.split_world_size > 0 and (world or 1) >= opts.split_world_size
@@ -595,7 +596,7 @@ def _aggregate_ops(
 
 
 def _resource(trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None, world: int | None) -> Attrs:
-    attrs: Attrs = list(opts.resource_attributes)
+    attrs: Attrs = [(clean(k), clean(v)) for k, v in opts.resource_attributes]
     keys = {k for k, _ in attrs}
     if "service.name" not in keys:
         attrs.insert(0, ("service.name", "unknown_service"))
@@ -603,7 +604,7 @@ def _resource(trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None,
     computed: Attrs = [("telemetry.sdk.name", "otelprof"), ("telemetry.sdk.language", "python")]
     if opts.scope_version:
         computed.append(("telemetry.sdk.version", opts.scope_version))
-    host = trace.host_name or opts.host_name
+    host = trace.host_name or (clean(opts.host_name) if opts.host_name else None)
     if host:
         computed.append(("host.name", host))
     if rank is not None:

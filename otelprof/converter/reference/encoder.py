@@ -11,7 +11,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from .builder import Attrs, Span
-from .jsonload import clean
+from .._text import clean
 
 SCOPE_NAME = "otelprof"
 
@@ -65,7 +65,7 @@ def _field_len(n: int) -> int:
 
 def encode(spans: list[Span], resource: Attrs, scope_version: str, max_bytes: int) -> list[bytes]:
     res = Resource(attributes=_attrs(resource))
-    scope = InstrumentationScope(name=SCOPE_NAME, version=scope_version)
+    scope = InstrumentationScope(name=SCOPE_NAME, version=clean(scope_version))
     requests: list[bytes] = []
     batch: list[PbSpan] = []
     body = 0  # bytes of the spans fields inside ScopeSpans

@@ -11,6 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
 from .._errors import TraceFormatError
+from .._text import clean
 
 _I64_MAX = 2**63 - 1
 
@@ -95,15 +96,6 @@ def _type_name(value: Any) -> str:
 
 
 type_name = _type_name
-
-
-def clean(text: str) -> str:
-    """Replace lone surrogates (from ``\\ud800``-style escapes) with U+FFFD."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
 
 
 def render(value: Any) -> str:

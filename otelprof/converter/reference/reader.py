@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import TraceFormatError
-from .jsonload import RawNumber, as_int64, clean, loads, micros_to_ns, type_name
+from .._text import clean
+from .jsonload import RawNumber, as_int64, loads, micros_to_ns, type_name
 from .schema import (
     CATEGORY_KIND,
     DEVICE_KINDS,
