@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,6 +40,7 @@ exit codes:
   0    success
   1    a trace could not be converted or the output not written (one line on stderr)
   2    usage error
+  130  interrupted
 """
 
 
@@ -299,26 +301,33 @@ def _record_demo_trace(trace_path: Path, steps: int) -> None:
         prof.export_chrome_trace(str(tmp))
 
     wait, warmup = 1, 1
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
-        record_shapes=True,
-        profile_memory=True,
-        on_trace_ready=on_trace_ready,
-    ) as prof:
-        for _ in range(wait + warmup + steps):
-            with record_function("data"):
-                tokens = torch.randint(0, vocab, (batch, seq_len + 1))
-                inputs, targets = tokens[:, :-1], tokens[:, 1:]
-            with record_function("forward"):
-                logits = model(inputs)
-                loss = loss_fn(logits.reshape(-1, vocab), targets.reshape(-1))
-            with record_function("backward"):
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-            with record_function("optimizer"):
-                optimizer.step()
-            prof.step()
+    # One intra-op thread: the model is too small to gain from more, and OpenMP threads
+    # competing for a busy machine's cores would make the recorded times mostly waiting.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
+            record_shapes=True,
+            profile_memory=True,
+            on_trace_ready=on_trace_ready,
+        ) as prof:
+            for _ in range(wait + warmup + steps):
+                with record_function("data"):
+                    tokens = torch.randint(0, vocab, (batch, seq_len + 1))
+                    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+                with record_function("forward"):
+                    logits = model(inputs)
+                    loss = loss_fn(logits.reshape(-1, vocab), targets.reshape(-1))
+                with record_function("backward"):
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                with record_function("optimizer"):
+                    optimizer.step()
+                prof.step()
+    finally:
+        torch.set_num_threads(threads)
     if not tmp.exists():
         raise CliError("torch.profiler wrote no trace")
     os.replace(tmp, trace_path)
@@ -330,7 +339,9 @@ def _top_ops(ops: list[OpStats], n: int = 5) -> list[OpStats]:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     try:
-        import torch  # noqa: F401  # only to report a missing install clearly
+        with warnings.catch_warnings():  # torch without numpy warns on import; the demo needs no numpy
+            warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+            import torch  # noqa: F401  # imported here to report a missing install clearly
     except ImportError:
         raise CliError("the demo needs PyTorch, which is not installed: pip install torch") from None
     out_dir: Path = args.out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
 from types import ModuleType
@@ -15,7 +16,7 @@ _native: ModuleType | None = None
 _native_error: str | None = None
 
 try:
-    from otelprof import _native  # type: ignore[attr-defined,no-redef]
+    _native = importlib.import_module("otelprof._native")
 except ImportError as exc:  # pragma: no cover - exercised only on a broken build
     _native_error = str(exc)
 _warned = False
@@ -72,7 +73,9 @@ def convert_bytes(data: bytes, options: ConvertOptions, engine: str = "auto") ->
 
     requests, ref_rows, stats = reference.convert(data, options)
     ops = [
-        OpStats(r.name, r.kind, r.input_shapes, r.calls, r.cpu_total_ns, r.self_cpu_ns, r.device_total_ns, r.self_device_ns)
+        OpStats(
+            r.name, r.kind, r.input_shapes, r.calls, r.cpu_total_ns, r.self_cpu_ns, r.device_total_ns, r.self_device_ns
+        )
         for r in ref_rows
     ]
     return ConvertResult(requests, ops, stats, "reference")

@@ -57,7 +57,9 @@ class ConvertOptions:
             raise ValueError(f"max_request_bytes must be an integer >= 1024, not {self.max_request_bytes!r}")
         for name in ("rank", "world_size", "base_time_ns"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT64_MAX):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT64_MAX
+            ):
                 raise ValueError(f"{name} must be a non-negative integer or None, not {value!r}")
         if self.run_id is not None and not isinstance(self.run_id, str):
             raise ValueError(f"run_id must be a string or None, not {self.run_id!r}")

@@ -7,7 +7,7 @@ from .builder import Built, OpRow, build
 from .encoder import encode
 from .reader import read
 
-__all__ = ["convert", "OpRow"]
+__all__ = ["OpRow", "convert"]
 
 
 def convert(data: bytes, opts: ConvertOptions) -> tuple[list[bytes], list[OpRow], dict[str, int]]:

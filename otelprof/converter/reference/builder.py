@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._options import ConvertOptions
-from . import ids
 from .._text import clean
-from .jsonload import as_int64, render
+from . import ids
+from .jsonload import as_double, as_int64, render
 from .reader import Event, Trace
 from .schema import (
     AGGREGATE_KINDS,
@@ -24,12 +24,10 @@ from .schema import (
     DOUBLE,
     FILTERED_NAMES,
     INT,
-    JSON,
     MEMORY_ATTRIBUTES,
     STRING,
     Kind,
 )
-from .jsonload import as_double
 
 _STEP_RE = re.compile(r"ProfilerStep#([0-9]{1,18})\Z")
 AttrValue = str | int | float | bool
@@ -95,7 +93,7 @@ def _arg_attributes(args: dict[str, Any]) -> Attrs:
     return out
 
 
-def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass per concern, in order
+def build(trace: Trace, opts: ConvertOptions) -> Built:
     ev = trace.events
     n = len(ev)
     full = opts.full
@@ -136,20 +134,16 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
     # --- CPU-side nesting per thread (torch's _populate_cpu_children), with probes ------
     parent = [-1] * n
     children: list[list[int]] = [[] for _ in range(n)]
-    groups: dict[tuple[Any, Any], list[tuple[Any, ...]]] = {}
+    groups: dict[tuple[Any, ...], list[tuple[int, int, int, int, int]]] = {}
     for i, e in enumerate(ev):
         if not e.device:
-            groups.setdefault((type(e.pid) is str, e.pid, type(e.tid) is str, e.tid), []).append(
-                (e.start, 0, -e.end, e.ordinal, i)
-            )
+            groups.setdefault(_thread(e.pid, e.tid), []).append((e.start, 0, -e.end, e.ordinal, i))
     n_mem = len(trace.memory)
-    for k, m in enumerate(trace.memory):
-        key = (type(m.pid) is str, m.pid, type(m.tid) is str, m.tid)
-        groups.setdefault(key, []).append((m.ts, 1, 0, m.ordinal, -1 - k))
+    for k, mem in enumerate(trace.memory):
+        groups.setdefault(_thread(mem.pid, mem.tid), []).append((mem.ts, 1, 0, mem.ordinal, -1 - k))
     fwd_flows = [f for f in trace.flows if f.fwdbwd]
     for k, f in enumerate(fwd_flows):
-        key = (type(f.pid) is str, f.pid, type(f.tid) is str, f.tid)
-        groups.setdefault(key, []).append((f.ts, 1, 0, f.ordinal, -1 - n_mem - k))
+        groups.setdefault(_thread(f.pid, f.tid), []).append((f.ts, 1, 0, f.ordinal, -1 - n_mem - k))
     probe_owner = [-1] * (n_mem + len(fwd_flows))
     for items in groups.values():
         items.sort()
@@ -189,11 +183,11 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
     for i, e in enumerate(ev):
         if e.device:
             if e.kind == Kind.GPU_ANNOTATION:
-                key = as_int64(e.args.get("External id"))
-                p = annotation_by_ext.get(key, -1) if key is not None else -1
+                ext_id = as_int64(e.args.get("External id"))
+                p = annotation_by_ext.get(ext_id, -1) if ext_id is not None else -1
             else:
-                key = as_int64(e.args.get("correlation"))
-                p = launcher_by_corr.get(key, -1) if key is not None else -1
+                corr_id = as_int64(e.args.get("correlation"))
+                p = launcher_by_corr.get(corr_id, -1) if corr_id is not None else -1
             parent[i] = p
             if p < 0:
                 stats["device_events_unlinked"] += 1
@@ -219,7 +213,10 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
 
     # --- volume control: which events stay spans ----------------------------------------
     keep = [
-        full or e.device or i in step_num or (e.kind != Kind.PYTHON and (e.kind == Kind.TRACE or e.dur >= opts.min_duration_ns))
+        full
+        or e.device
+        or i in step_num
+        or (e.kind != Kind.PYTHON and (e.kind == Kind.TRACE or e.dur >= opts.min_duration_ns))
         for i, e in enumerate(ev)
     ]
     nearest: list[int] = [unset] * n
@@ -253,7 +250,9 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
         return ids.span_id(base, ordinal)
 
     window_members = [i for i in range(n) if keep[i] and owner[i] == -1]
-    window_root_ev = min((i for i in window_members if ev[i].kind == Kind.TRACE), default=-1, key=lambda i: ev[i].ordinal)
+    window_root_ev = min(
+        (i for i in window_members if ev[i].kind == Kind.TRACE), default=-1, key=lambda i: ev[i].ordinal
+    )
     window_root_id = b""
     synthetic: list[Span] = []
     detail_root_id = {s: sid(n_total + step_index[s]) for s in steps} if split else {}
@@ -264,9 +263,16 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
             ordinal = n_total + len(steps)
             window_root_id = sid(ordinal)
             synthetic.append(
-                Span(-1, window_trace, window_root_id, b"", "otelprof.window",
-                     min(ev[i].start for i in window_members), max(ev[i].end for i in window_members),
-                     [("pytorch.event.category", "otelprof"), ("otelprof.synthetic", True)])
+                Span(
+                    -1,
+                    window_trace,
+                    window_root_id,
+                    b"",
+                    "otelprof.window",
+                    min(ev[i].start for i in window_members),
+                    max(ev[i].end for i in window_members),
+                    [("pytorch.event.category", "otelprof"), ("otelprof.synthetic", True)],
+                )
             )
 
     def level_target(o: int) -> bytes:
@@ -305,8 +311,16 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
                     attrs.append(("otelprof.aggregated_duration_ns", sum(ev[r].dur for r in run)))
                     pid_ = level_target(owner[p]) if (split and p in step_num) else sid(ev[p].ordinal)
                     agg_spans.append(
-                        Span(first.ordinal, trace_of(run[0]), sid(first.ordinal), pid_, first.name,
-                             first.start, max(ev[r].end for r in run), attrs)
+                        Span(
+                            first.ordinal,
+                            trace_of(run[0]),
+                            sid(first.ordinal),
+                            pid_,
+                            first.name,
+                            first.start,
+                            max(ev[r].end for r in run),
+                            attrs,
+                        )
                     )
                     stats["aggregated_events"] += len(run)
                 run = [c] if cand else []
@@ -356,12 +370,14 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
     # --- span events (memory) and step peaks --------------------------------------------
     span_events: dict[bytes, list[tuple[int, int, Attrs]]] = {}
     peaks: dict[int, tuple[int, int]] = {}
-    for k, m in enumerate(trace.memory):
-        attrs = [(attr, v) for key, attr in MEMORY_ATTRIBUTES if (v := as_int64(m.args.get(key))) is not None]
-        s = step_at(m.ts)
-        total = as_int64(m.args.get("Total Allocated"))
+    for k, mem in enumerate(trace.memory):
+        mem_attrs: Attrs = [
+            (attr, v) for arg_key, attr in MEMORY_ATTRIBUTES if (v := as_int64(mem.args.get(arg_key))) is not None
+        ]
+        s = step_at(mem.ts)
+        total = as_int64(mem.args.get("Total Allocated"))
         if s >= 0 and total is not None:
-            accel = (as_int64(m.args.get("Device Type")) or 0) != 0
+            accel = (as_int64(mem.args.get("Device Type")) or 0) != 0
             cpu_peak, acc_peak = peaks.get(s, (-1, -1))
             peaks[s] = (cpu_peak, max(acc_peak, total)) if accel else (max(cpu_peak, total), acc_peak)
         o = probe_owner[k]
@@ -374,7 +390,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
         if not target:
             stats["memory_events_dropped"] += 1
             continue
-        span_events.setdefault(target, []).append((m.ts, m.ordinal, attrs))
+        span_events.setdefault(target, []).append((mem.ts, mem.ordinal, mem_attrs))
 
     # --- forward -> backward links -------------------------------------------------------
     links: dict[bytes, list[tuple[bytes, bytes]]] = {}
@@ -385,7 +401,9 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
             for item in items:
                 if item[4] >= 0:
                     e = ev[item[4]]
-                    exact.setdefault((type(e.pid) is str, e.pid, type(e.tid) is str, e.tid, e.start), []).append(item[4])
+                    exact.setdefault((type(e.pid) is str, e.pid, type(e.tid) is str, e.tid, e.start), []).append(
+                        item[4]
+                    )
 
         def bind(k: int) -> int:
             f = fwd_flows[k]
@@ -412,42 +430,49 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
         fwd_by_seq: dict[tuple[Any, ...], int] = {}
         bwd_by_seq: dict[tuple[Any, ...], int] = {}
         order = sorted(
-            (i for i, e in enumerate(ev) if e.kind == Kind.CPU_OP), key=lambda i: (ev[i].start, -ev[i].end, ev[i].ordinal)
+            (i for i, e in enumerate(ev) if e.kind == Kind.CPU_OP),
+            key=lambda i: (ev[i].start, -ev[i].end, ev[i].ordinal),
         )
         for i in order:
             e = ev[i]
             seq = as_int64(e.args.get("Sequence number"))
             if seq is None or seq < 0:
                 continue
-            key = (type(e.pid) is str, e.pid, seq)
+            seq_key = (type(e.pid) is str, e.pid, seq)
             fwd_tid = as_int64(e.args.get("Fwd thread id"))
             if fwd_tid:
-                bwd_by_seq.setdefault(key, i)
+                bwd_by_seq.setdefault(seq_key, i)
             elif "Fwd thread id" not in e.args or fwd_tid == 0:
-                fwd_by_seq[key] = i
-        for key, bw in sorted(bwd_by_seq.items(), key=lambda kv: ev[kv[1]].ordinal):
-            if key in fwd_by_seq:
-                pairs.append((fwd_by_seq[key], bw))
+                fwd_by_seq[seq_key] = i
+        for seq_key, bw in sorted(bwd_by_seq.items(), key=lambda kv: ev[kv[1]].ordinal):
+            if seq_key in fwd_by_seq:
+                pairs.append((fwd_by_seq[seq_key], bw))
     for fw, bw in pairs:
         fk, bk = nearest_kept(fw), nearest_kept(bw)
         if fk < 0 or bk < 0 or fk == bk:
             stats["links_dropped"] += 1
             continue
         bucket = links.setdefault(sid(ev[bk].ordinal), [])
-        target = (trace_of(fk), sid(ev[fk].ordinal))
-        if target in bucket:
+        link_target = (trace_of(fk), sid(ev[fk].ordinal))
+        if link_target in bucket:
             stats["links_dropped"] += 1
             continue
-        bucket.append(target)
+        bucket.append(link_target)
 
     # --- assemble spans ------------------------------------------------------------------
     for s in steps if split else ():
         synthetic.append(
-            Span(-1, detail_trace[s], detail_root_id[s], b"", ev[s].name, ev[s].start, ev[s].end,
-                 [("pytorch.event.category", "otelprof"), ("pytorch.step", step_num[s])]
-                 + ([("pytorch.distributed.rank", rank)] if rank is not None else [])
-                 + [("otelprof.synthetic", True)],
-                 links=[(step_trace[s], sid(ev[s].ordinal), [("otelprof.link.kind", "step")])])
+            Span(
+                -1,
+                detail_trace[s],
+                detail_root_id[s],
+                b"",
+                ev[s].name,
+                ev[s].start,
+                ev[s].end,
+                _detail_root_attrs(step_num[s], rank),
+                links=[(step_trace[s], sid(ev[s].ordinal), [("otelprof.link.kind", "step")])],
+            )
         )
     for sp in synthetic:  # "otelprof.synthetic" stays last
         if sp.span_id in dropped_count:
@@ -504,6 +529,19 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:  # noqa: C901 - one pass
     ops = _aggregate_ops(ev, in_a, a_parent, a_children, child_dur, self_dev, opts.group_by_input_shapes)
     resource = _resource(trace, opts, run_id, rank, world)
     return Built(ordered, ops, resource, stats)
+
+
+def _detail_root_attrs(step: int, rank: int | None) -> Attrs:
+    attrs: Attrs = [("pytorch.event.category", "otelprof"), ("pytorch.step", step)]
+    if rank is not None:
+        attrs.append(("pytorch.distributed.rank", rank))
+    attrs.append(("otelprof.synthetic", True))
+    return attrs
+
+
+def _thread(pid: object, tid: object) -> tuple[Any, ...]:
+    """Grouping key of a (pid, tid): ints and strings never collide."""
+    return (type(pid) is str, pid, type(tid) is str, tid)
 
 
 STAT_KEYS = (
@@ -568,7 +606,9 @@ def _aggregate_ops(
             self_cpu[survivor[i]] += ev[i].dur - child_dur[i]
             self_device[survivor[i]] += self_dev[i]
     # device totals: subtree sums over the (unmerged) tree, children before parents
-    for i in sorted((i for i in range(n) if in_a[i]), key=lambda i: (ev[i].start, -ev[i].end, ev[i].ordinal), reverse=True):
+    for i in sorted(
+        (i for i in range(n) if in_a[i]), key=lambda i: (ev[i].start, -ev[i].end, ev[i].ordinal), reverse=True
+    ):
         device_total[i] += self_dev[i]
         if a_parent[i] >= 0:
             device_total[a_parent[i]] += device_total[i]

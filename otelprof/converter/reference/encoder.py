@@ -10,8 +10,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from .builder import Attrs, Span
 from .._text import clean
+from .builder import Attrs, Span
 
 SCOPE_NAME = "otelprof"
 

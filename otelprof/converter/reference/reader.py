@@ -34,10 +34,10 @@ def norm_ident(value: Any, where: str) -> Ident:
             if -_I64_MAX - 1 <= number <= _I64_MAX:
                 return number
         return clean(value)
-    number = as_int64(value)
-    if number is None:
+    integer = as_int64(value)
+    if integer is None:
         raise TraceFormatError(f"{where}: expected an integer or string, got {type_name(value)} {value!r}")
-    return number
+    return integer
 
 
 @dataclass(slots=True)

@@ -1,0 +1,19 @@
+"""Type stubs for the compiled core (native/bindings)."""
+
+from typing import Any
+
+class TraceError(ValueError):
+    """Input that cannot be read as a Kineto trace."""
+
+OpRowTuple = tuple[str, str, str, int, int, int, int, int]
+
+def convert(
+    data: bytes, options: dict[str, Any]
+) -> tuple[list[bytes], list[OpRowTuple], dict[str, int], dict[str, int]]:
+    """Kineto JSON bytes -> (requests, op rows, stats, phase wall times in ns). Releases the GIL."""
+
+def schema() -> dict[str, list[tuple[str, ...]]]:
+    """The argument and memory attribute tables, for consistency tests."""
+
+def category_kind(category: str) -> int:
+    """The Kind a Kineto category maps to (same numbering as reference.schema.Kind)."""
