@@ -83,7 +83,7 @@ int category_kind(const std::string& cat) { return static_cast<int>(otelprof::ca
 }  // namespace
 
 void bind_convert(py::module_& m) {
-    static py::exception<otelprof::TraceError> trace_error(m, "TraceError", PyExc_ValueError);
+    py::register_exception<otelprof::TraceError>(m, "TraceError", PyExc_ValueError);
     m.def("convert", &convert, py::arg("data"), py::arg("options"),
           "Convert Kineto JSON bytes into (requests, op rows, stats). Raises TraceError (ValueError).");
     m.def("schema", &schema, "The category and argument tables, for consistency tests.");

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from ._errors import TraceFormatError
 from ._load import TraceInput, load_bytes
 from ._options import ConvertOptions
 
@@ -65,7 +66,10 @@ def convert_bytes(data: bytes, options: ConvertOptions, engine: str = "auto") ->
     if engine == "native" and _native is None:
         raise RuntimeError(f"otelprof._native is not available: {_native_error}")
     if engine != "reference" and _native is not None:
-        requests, rows, stats, _phases = _native.convert(data, options.as_native())
+        try:
+            requests, rows, stats, _phases = _native.convert(data, options.as_native())
+        except _native.TraceError as exc:
+            raise TraceFormatError(str(exc)) from None
         return ConvertResult(list(requests), [OpStats(*row) for row in rows], dict(stats), "native")
     if engine == "auto":
         _fallback_warning()
