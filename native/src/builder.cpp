@@ -47,6 +47,24 @@ struct Item {
     }
 };
 
+// Sorts items that mostly arrive as a few ascending runs (events in file order, then probes):
+// merging the runs is linear per run where a full sort is not. The order is total, so the result
+// is the same as std::sort's.
+void sort_items(std::vector<Item>& items) {
+    constexpr size_t kMaxRuns = 8;
+    std::vector<size_t> run_starts;
+    for (size_t k = 1; k < items.size() && run_starts.size() < kMaxRuns; ++k)
+        if (items[k] < items[k - 1]) run_starts.push_back(k);
+    if (run_starts.size() >= kMaxRuns) {
+        std::sort(items.begin(), items.end());
+        return;
+    }
+    run_starts.push_back(items.size());
+    for (size_t r = 0; r + 1 < run_starts.size(); ++r)
+        std::inplace_merge(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(run_starts[r]),
+                           items.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 1]));
+}
+
 bool step_number(std::string_view name, int64_t& out) {
     constexpr std::string_view prefix = "ProfilerStep#";
     if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.substr(0, prefix.size()) != prefix) return false;
@@ -59,8 +77,45 @@ bool step_number(std::string_view name, int64_t& out) {
     return true;
 }
 
+// Per-slot lists where few slots have any: an index per slot, the lists allocated on demand.
+template <typename T>
+class SparseLists {
+  public:
+    explicit SparseLists(size_t slots) : index_(slots, kNone) {}
+    std::vector<T>& at(size_t slot) {
+        uint32_t& k = index_[slot];
+        if (k == kNone) {
+            k = static_cast<uint32_t>(lists_.size());
+            lists_.emplace_back();
+        }
+        return lists_[k];
+    }
+    std::vector<T>* find(size_t slot) { return index_[slot] == kNone ? nullptr : &lists_[index_[slot]]; }
+
+  private:
+    static constexpr uint32_t kNone = UINT32_MAX;
+    std::vector<uint32_t> index_;
+    std::vector<std::vector<T>> lists_;
+};
+
 const JNode* arg(const Document& doc, const JNode* args, std::string_view key) {
     return args ? doc.get(*args, key) : nullptr;
+}
+
+// found[k] = the member of `args` named keys[k][0] (last duplicate wins), in one pass over args.
+void find_args(const Document& doc, const JNode* args, const std::string_view (*keys)[2], int count, const JNode** found) {
+    std::fill(found, found + count, nullptr);
+    if (!args) return;
+    for (const JNode* m = doc.first(*args); m; m = doc.next(m))
+        for (int k = 0; k < count; ++k)
+            if (same(keys[k][0], m->key_view())) found[k] = m;
+}
+
+// Index of the memory attribute read from arg `key`.
+int memory_arg(std::string_view key) {
+    for (int a = 0; a < kMemoryAttributeCount; ++a)
+        if (kMemoryAttributes[a][0] == key) return a;
+    return -1;
 }
 
 }  // namespace
@@ -176,7 +231,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     std::vector<int> sweep_order;  // CPU-side events, thread by thread, parents before children
     sweep_order.reserve(static_cast<size_t>(n));
     for (auto& [key, items] : groups) {
-        if (!std::is_sorted(items.begin(), items.end())) std::sort(items.begin(), items.end());
+        sort_items(items);
         stack.clear();
         for (const Item& item : items) {
             if (item.idx >= 0) {
@@ -301,18 +356,22 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         win_max = std::max(win_max, ev[i].end);
         if (ev[i].kind == Kind::TraceSpan && (window_root_ev < 0 || ev[i].ordinal < ev[window_root_ev].ordinal)) window_root_ev = i;
     }
-    // span ids are optional: nullopt means "none"
-    using OptSid = std::optional<SpanId>;
-    OptSid window_root_id;
+    // Spans that can receive children, drops, memory events or links are "slots": event i is
+    // slot i, step k's detail root slot n + k, the synthetic window root slot n + steps.size();
+    // slot n + j has span id sid(n_total + j). -1 means "none".
+    const int window_slot = n + static_cast<int>(steps.size());
+    const size_t n_slots = static_cast<size_t>(window_slot) + 1;
+    auto slot_id = [&](int slot) { return slot < n ? sid(ev[slot].ordinal) : sid(n_total + static_cast<uint64_t>(slot - n)); };
+    int window_root = -1;
     std::vector<Span> synthetic;
     if (has_window) {
         if (window_root_ev >= 0) {
-            window_root_id = sid(ev[window_root_ev].ordinal);
+            window_root = window_root_ev;
         } else {
-            window_root_id = sid(n_total + steps.size());
+            window_root = window_slot;
             Span sp;
             sp.trace_id = window_trace;
-            sp.span_id = *window_root_id;
+            sp.span_id = slot_id(window_slot);
             sp.name = "otelprof.window";
             sp.start = win_min;
             sp.end = win_max;
@@ -320,20 +379,18 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             synthetic.push_back(std::move(sp));
         }
     }
-    auto detail_root_id = [&](int s) { return sid(n_total + static_cast<uint64_t>(step_index[s])); };
-    auto level_target = [&](int o) -> OptSid {
-        if (o < 0) return window_root_id;
-        return split ? detail_root_id(o) : sid(ev[o].ordinal);
+    auto detail_root = [&](int s) { return n + step_index[s]; };
+    auto level_target = [&](int o) -> int {
+        if (o < 0) return window_root;
+        return split ? detail_root(o) : o;
     };
-    auto parent_span = [&](int k) -> OptSid {
-        if (k >= 0 && !(split && is_step(k))) return sid(ev[k].ordinal);
-        return std::nullopt;
-    };
+    auto parent_span = [&](int k) -> int { return k >= 0 && !(split && is_step(k)) ? k : -1; };
 
     // --- aggregation of runs of identical tiny siblings -----------------------------------------
     std::vector<char> aggregated(n, 0);
-    std::vector<Span> by_order;
-    by_order.reserve(static_cast<size_t>(n));
+    // aggregates, then kept events, built in place in the output; synthetic spans go after them
+    std::vector<Span>& by_order = out.spans;
+    by_order.reserve(static_cast<size_t>(n) + steps.size() + 1);
     if (!full) {
         std::vector<int> run;
         for (int p = 0; p < n; ++p) {
@@ -359,7 +416,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                     sp.order = first.ordinal;
                     sp.trace_id = trace_of(run[0]);
                     sp.span_id = sid(first.ordinal);
-                    sp.parent_id = (split && is_step(p)) ? *level_target(owner[p]) : sid(ev[p].ordinal);
+                    sp.parent_id = slot_id((split && is_step(p)) ? level_target(owner[p]) : p);
                     sp.has_parent = true;
                     sp.name = first.name;
                     sp.start = first.start;
@@ -379,21 +436,14 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
     const size_t n_aggregates = by_order.size();
 
-    struct SidHash {
-        size_t operator()(const SpanId& s) const {
-            uint64_t v;
-            std::memcpy(&v, s.data(), 8);
-            return static_cast<size_t>(v);
-        }
-    };
-    std::unordered_map<SpanId, int64_t, SidHash> dropped_count;
+    std::vector<int64_t> dropped_count(n_slots, 0);
     for (int i = 0; i < n; ++i) {
         if (keep[i] || aggregated[i]) continue;
         ++stats[ev[i].kind == Kind::Python ? DROPPED_PYTHON : DROPPED_SHORT];
         int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
-        OptSid target = k >= 0 ? parent_span(k) : std::nullopt;
-        if (!target) target = level_target(owner[i]);
-        if (target) ++dropped_count[*target];
+        int target = parent_span(k);
+        if (target < 0) target = level_target(owner[i]);
+        if (target >= 0) ++dropped_count[static_cast<size_t>(target)];
     }
 
     // --- key_averages tree: self CPU / device time ---------------------------------------------
@@ -423,35 +473,38 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
 
     // --- span events (memory) and step peaks ------------------------------------------------------
-    std::unordered_map<SpanId, std::vector<SpanEvent>, SidHash> span_events;
+    SparseLists<SpanEvent> span_events(n_slots);
     std::vector<int64_t> cpu_peak(n, -1), acc_peak(n, -1);
+    static const int total_allocated = memory_arg("Total Allocated"), device_type = memory_arg("Device Type");
+    std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
+        find_args(doc, m.args, kMemoryAttributes, kMemoryAttributeCount, mem_args.data());
         Attrs attrs;
         for (int a = 0; a < kMemoryAttributeCount; ++a) {
             int64_t v;
-            if (as_int64(arg(doc, m.args, kMemoryAttributes[a][0]), v)) attrs.emplace_back(kMemoryAttributes[a][1], AttrValue::integer(v));
+            if (as_int64(mem_args[a], v)) attrs.emplace_back(kMemoryAttributes[a][1], AttrValue::integer(v));
         }
         int s = step_at(m.ts);
         int64_t total;
-        if (s >= 0 && as_int64(arg(doc, m.args, "Total Allocated"), total)) {
+        if (s >= 0 && as_int64(mem_args[total_allocated], total)) {
             int64_t dtype = 0;
-            bool accel = as_int64(arg(doc, m.args, "Device Type"), dtype) && dtype != 0;
+            bool accel = as_int64(mem_args[device_type], dtype) && dtype != 0;
             if (accel) acc_peak[s] = std::max(acc_peak[s], total);
             else cpu_peak[s] = std::max(cpu_peak[s], total);
         }
         int o = probe_owner[k];
-        OptSid target;
+        int target = -1;
         if (o >= 0) {
             int kk = nearest_kept(o);
             target = kk >= 0 ? parent_span(kk) : level_target(owner[o]);
         }
-        if (!target) target = level_target(s);
-        if (!target) {
+        if (target < 0) target = level_target(s);
+        if (target < 0) {
             ++stats[MEMORY_EVENTS_DROPPED];
             continue;
         }
-        span_events[*target].push_back(SpanEvent{m.ts, m.ordinal, std::move(attrs)});
+        span_events.at(static_cast<size_t>(target)).push_back(SpanEvent{m.ts, m.ordinal, std::move(attrs)});
     }
 
     // --- forward -> backward links -----------------------------------------------------------------
@@ -518,7 +571,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         std::vector<Item> order;  // (start, -end, ordinal) inline: no indirection while sorting
         for (int i = 0; i < n; ++i)
             if (ev[i].kind == Kind::CpuOp) order.push_back(Item{ev[i].start, 0, -ev[i].end, ev[i].ordinal, i});
-        if (!std::is_sorted(order.begin(), order.end())) std::sort(order.begin(), order.end());
+        sort_items(order);
         for (const Item& item : order) {
             const int i = item.idx;
             int64_t seq;
@@ -540,14 +593,14 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             if (it != fwd_by_seq.end()) pairs.emplace_back(it->second, bw);
         }
     }
-    std::unordered_map<SpanId, std::vector<SpanLink>, SidHash> links;
+    SparseLists<SpanLink> links(static_cast<size_t>(n));
     for (const auto& [fw, bw] : pairs) {
         int fk = nearest_kept(fw), bk = nearest_kept(bw);
         if (fk < 0 || bk < 0 || fk == bk) {
             ++stats[LINKS_DROPPED];
             continue;
         }
-        auto& bucket = links[sid(ev[bk].ordinal)];
+        auto& bucket = links.at(static_cast<size_t>(bk));
         SpanLink target{trace_of(fk), sid(ev[fk].ordinal), "fwdbwd"};
         bool dup = std::any_of(bucket.begin(), bucket.end(),
                                [&](const SpanLink& l) { return l.trace_id == target.trace_id && l.span_id == target.span_id; });
@@ -559,29 +612,51 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
 
     // --- assemble spans ----------------------------------------------------------------------------
-    auto dropped_of = [&](const SpanId& id) -> int64_t {
-        auto it = dropped_count.find(id);
-        return it == dropped_count.end() ? 0 : it->second;
+    const auto event_limit = static_cast<size_t>(opts.event_limit);
+    const auto link_limit = static_cast<size_t>(opts.link_limit);
+    int64_t fwdbwd_links = 0;
+    // Attaches the memory events of `slot` to `sp`, and applies the event and link limits.
+    auto finish = [&](Span& sp, int slot) {
+        if (auto* found = span_events.find(static_cast<size_t>(slot))) {
+            auto& evs = *found;
+            std::sort(evs.begin(), evs.end(), [](const SpanEvent& a, const SpanEvent& b) {
+                return a.ts != b.ts ? a.ts < b.ts : a.ordinal < b.ordinal;
+            });
+            if (event_limit && evs.size() > event_limit) {
+                sp.dropped_events = static_cast<uint32_t>(evs.size() - event_limit);
+                stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
+                evs.resize(event_limit);
+            }
+            sp.events = std::move(evs);
+        }
+        if (link_limit && sp.links.size() > link_limit) {
+            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
+            stats[LINKS_DROPPED] += sp.dropped_links;
+            sp.links.resize(link_limit);
+        }
+        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
     };
     for (Span& sp : synthetic) {  // the window root, when synthetic
         add(sp, "pytorch.event.category", AttrValue::str("otelprof"));
-        if (int64_t d = dropped_of(sp.span_id)) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
+        if (int64_t d = dropped_count[static_cast<size_t>(window_slot)]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
         add(sp, "otelprof.synthetic", AttrValue::boolean(true));
+        finish(sp, window_slot);
     }
     if (split) {
         for (int s : steps) {
             Span sp;
             sp.trace_id = detail_trace[s];
-            sp.span_id = detail_root_id(s);
+            sp.span_id = slot_id(detail_root(s));
             sp.name = ev[s].name;
             sp.start = ev[s].start;
             sp.end = ev[s].end;
             add(sp, "pytorch.event.category", AttrValue::str("otelprof"));
             add(sp, "pytorch.step", AttrValue::integer(step_num[s]));
             if (rank) add(sp, "pytorch.distributed.rank", AttrValue::integer(*rank));
-            if (int64_t d = dropped_of(sp.span_id)) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
+            if (int64_t d = dropped_count[static_cast<size_t>(detail_root(s))]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
             add(sp, "otelprof.synthetic", AttrValue::boolean(true));
             sp.links.push_back(SpanLink{step_trace[s], sid(ev[s].ordinal), "step"});
+            finish(sp, detail_root(s));
             synthetic.push_back(std::move(sp));
         }
     }
@@ -651,33 +726,25 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             int64_t peak = acc_peak[i] >= 0 ? acc_peak[i] : cpu_peak[i];
             if (peak >= 0) add(sp, "pytorch.memory.peak_allocated_bytes", AttrValue::integer(peak));
         }
-        SpanId my_id = sid(e.ordinal);
-        auto dc = dropped_count.find(my_id);
-        if (dc != dropped_count.end()) add(sp, "otelprof.dropped_spans", AttrValue::integer(dc->second));
-        OptSid pid;
-        if (is_step(i) || i == window_root_ev) {
-            pid = std::nullopt;
-        } else {
+        if (int64_t d = dropped_count[static_cast<size_t>(i)]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
+        int parent_slot = -1;
+        if (!is_step(i) && i != window_root_ev) {
             int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
-            if (k >= 0) {
-                pid = parent_span(k);
-                if (!pid) pid = level_target(owner[i]);
-            } else {
-                pid = level_target(owner[i]);
-            }
+            parent_slot = parent_span(k);
+            if (parent_slot < 0) parent_slot = level_target(owner[i]);
         }
         sp.trace_id = trace_of(i);
-        sp.span_id = my_id;
-        if (pid) {
-            sp.parent_id = *pid;
+        sp.span_id = sid(e.ordinal);
+        if (parent_slot >= 0) {
+            sp.parent_id = slot_id(parent_slot);
             sp.has_parent = true;
         }
         sp.name = e.name;
         sp.start = e.start;
         sp.end = e.end;
-        auto lk = links.find(my_id);
-        if (lk != links.end()) sp.links = lk->second;
-        if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[i], detail_root_id(i), "rank_detail"});
+        if (auto* found = links.find(static_cast<size_t>(i))) sp.links = std::move(*found);
+        if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[i], slot_id(detail_root(i)), "rank_detail"});
+        finish(sp, i);
         by_order.push_back(std::move(sp));
     }
     // by_order holds the aggregates, then kept events (already in ordinal order): sort indices, not spans
@@ -689,32 +756,6 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         std::sort(by_order_idx.begin(), mid, by_ordinal);
         std::inplace_merge(by_order_idx.begin(), mid, by_order_idx.end(), by_ordinal);
     }
-    const auto event_limit = static_cast<size_t>(opts.event_limit);
-    const auto link_limit = static_cast<size_t>(opts.link_limit);
-    int64_t fwdbwd_links = 0;
-    auto finish = [&](Span& sp) {
-        auto it = span_events.find(sp.span_id);
-        if (it != span_events.end()) {
-            auto& evs = it->second;
-            std::sort(evs.begin(), evs.end(), [](const SpanEvent& a, const SpanEvent& b) {
-                return a.ts != b.ts ? a.ts < b.ts : a.ordinal < b.ordinal;
-            });
-            if (event_limit && evs.size() > event_limit) {
-                sp.dropped_events = static_cast<uint32_t>(evs.size() - event_limit);
-                stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
-                evs.resize(event_limit);
-            }
-            sp.events = std::move(evs);
-        }
-        if (link_limit && sp.links.size() > link_limit) {
-            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
-            stats[LINKS_DROPPED] += sp.dropped_links;
-            sp.links.resize(link_limit);
-        }
-        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
-    };
-    for (Span& sp : synthetic) finish(sp);
-    for (Span& sp : by_order) finish(sp);
     stats[LINKS] = fwdbwd_links;
 
     // --- order: traces in step order, then the window; roots first -----------------------------------
@@ -726,11 +767,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 return static_cast<size_t>(v);
             }
         };
-        // out.spans = synthetic then by_order (unsorted); out.order lists them trace by trace
+        // out.spans = by_order then synthetic (unsorted); out.order lists them trace by trace
         const uint32_t n_syn = static_cast<uint32_t>(synthetic.size());
-        out.spans = std::move(synthetic);
-        out.spans.reserve(n_syn + by_order.size());
-        for (Span& sp : by_order) out.spans.push_back(std::move(sp));
+        const uint32_t n_events = static_cast<uint32_t>(by_order.size());
+        for (Span& sp : synthetic) out.spans.push_back(std::move(sp));
         // trace slots in output order: each step's trace (then its detail trace), then the window
         std::unordered_map<TraceId, size_t, TidHash> slot_of;
         size_t n_slots = 0;
@@ -750,8 +790,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             }
             by_slot[last_slot].push_back(k);
         };
-        for (uint32_t k = 0; k < n_syn; ++k) add(k);
-        for (uint32_t k : by_order_idx) add(n_syn + k);
+        for (uint32_t k = 0; k < n_syn; ++k) add(n_events + k);
+        for (uint32_t k : by_order_idx) add(k);
         out.order.reserve(out.spans.size());
         for (const auto& members : by_slot) {
             for (uint32_t k : members)

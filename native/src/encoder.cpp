@@ -26,7 +26,6 @@ size_t field_len(size_t n) { return 1 + varint_len(n) + n; }
 class Buf {
   public:
     size_t size() const { return len_; }
-    void clear() { len_ = 0; }
     std::string take() {
         std::string out(data_.get(), len_);
         len_ = 0;
@@ -74,23 +73,23 @@ class Buf {
         varint(n);
         raw(data, n);
     }
-    // A length-delimited field whose body `body` writes; the 1-byte length guess is widened if needed.
+    // A length-delimited field whose body `body` writes. Its length is first given `guess` bytes
+    // (1 for small messages, 2 for spans) and the body is moved only when the guess was wrong.
     template <typename F>
-    void message(int field, F&& body) {
+    void message(int field, F&& body, size_t guess = 1) {
         byte(tag(field, 2));
         size_t len_pos = len_;
-        byte(0);
+        ensure(guess);
+        len_ += guess;
         size_t start = len_;
         body();
         size_t n = len_ - start;
-        if (n < 0x80) {
-            data_[len_pos] = static_cast<char>(n);
-            return;
-        }
         size_t need = varint_len(n);
-        ensure(need - 1);
-        std::memmove(&data_[start + need - 1], &data_[start], n);
-        len_ += need - 1;
+        if (need != guess) {
+            ensure(need);  // room to shift right (shifting left needs none)
+            std::memmove(&data_[len_pos + need], &data_[start], n);
+            len_ = len_pos + need + n;
+        }
         char* p = &data_[len_pos];
         uint64_t v = n;
         while (v >= 0x80) {
@@ -98,6 +97,11 @@ class Buf {
             v >>= 7;
         }
         *p = static_cast<char>(v);
+    }
+    // Moves bytes [from, size()) to the front (the start of the next batch).
+    void keep_tail(size_t from) {
+        std::memmove(data_.get(), data_.get() + from, len_ - from);
+        len_ -= from;
     }
 
   private:
@@ -108,7 +112,7 @@ class Buf {
 
 void put_any_value(Buf& out, const AttrValue& v) {
     switch (v.type) {
-        case AttrValue::Type::Str: out.bytes(1, v.s.data(), v.s.size()); break;
+        case AttrValue::Type::Str: out.bytes(1, v.s, v.len); break;
         case AttrValue::Type::Bool:
             out.byte(tag(2, 0));
             out.varint(v.i ? 1 : 0);
@@ -184,40 +188,43 @@ std::vector<std::string> encode_requests(const Built& built, const std::string& 
     const std::string resource = resource_buf.take(), scope = scope_buf.take();
 
     std::vector<std::string> requests;
-    Buf body;  // the ScopeSpans.spans fields of the current batch
+    Buf body;  // the ScopeSpans.spans fields of the current batch, written in place
     size_t count = 0;
-    auto size_with = [&](size_t extra) {
-        size_t scope_spans = field_len(scope.size()) + body.size() + extra;
-        size_t resource_spans = field_len(resource.size()) + field_len(scope_spans);
+    auto request_size = [&](size_t body_size, size_t& scope_spans, size_t& resource_spans) {
+        scope_spans = field_len(scope.size()) + body_size;
+        resource_spans = field_len(resource.size()) + field_len(scope_spans);
         return field_len(resource_spans);
     };
-    auto flush = [&] {
-        // lengths are known up front, so the body is copied once
-        size_t scope_spans = field_len(scope.size()) + body.size();
-        size_t resource_spans = field_len(resource.size()) + field_len(scope_spans);
-        Buf req;
-        req.ensure(field_len(resource_spans));
-        req.byte(tag(1, 2));  // ExportTraceServiceRequest.resource_spans
-        req.varint(resource_spans);
-        req.bytes(1, resource.data(), resource.size());  // ResourceSpans.resource
-        req.byte(tag(2, 2));                              // ResourceSpans.scope_spans
-        req.varint(scope_spans);
-        req.bytes(1, scope.data(), scope.size());  // ScopeSpans.scope
-        req.raw(body.data(), body.size());
-        requests.push_back(req.take());
-        body.clear();
-        count = 0;
+    // Emits the first `n` body bytes as one request; the lengths are known up front, so the
+    // request string is allocated once and the body copied once.
+    auto flush = [&](size_t n) {
+        size_t scope_spans, resource_spans;
+        size_t total = request_size(n, scope_spans, resource_spans);
+        Buf head;
+        head.byte(tag(1, 2));  // ExportTraceServiceRequest.resource_spans
+        head.varint(resource_spans);
+        head.bytes(1, resource.data(), resource.size());  // ResourceSpans.resource
+        head.byte(tag(2, 2));                              // ResourceSpans.scope_spans
+        head.varint(scope_spans);
+        head.bytes(1, scope.data(), scope.size());  // ScopeSpans.scope
+        std::string req;
+        req.reserve(total);
+        req.append(head.data(), head.size());
+        req.append(body.data(), n);
+        requests.push_back(std::move(req));
+        body.keep_tail(n);
     };
-    Buf span_buf;
     for (uint32_t idx : built.order) {
-        span_buf.clear();
-        put_span(span_buf, built.spans[idx], built.attrs);
-        size_t extra = field_len(span_buf.size());
-        if (count && size_with(extra) > max_bytes) flush();
-        body.bytes(2, span_buf.data(), span_buf.size());
+        const size_t before = body.size();
+        body.message(2, [&] { put_span(body, built.spans[idx], built.attrs); }, 2);
+        size_t scope_spans, resource_spans;
+        if (count && request_size(body.size(), scope_spans, resource_spans) > max_bytes) {
+            flush(before);  // this span opens the next batch
+            count = 0;
+        }
         ++count;
     }
-    if (count) flush();
+    if (count) flush(body.size());
     return requests;
 }
 

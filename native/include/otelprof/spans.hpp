@@ -16,14 +16,16 @@ using TraceId = std::array<uint8_t, 16>;
 using SpanId = std::array<uint8_t, 8>;
 
 // Strings are views: into the parsed document, static tables, or Built::strings.
+// 24 bytes: the string's pointer shares the union (a million of these per large trace).
 struct AttrValue {
     enum class Type : uint8_t { Str, Int, Double, Bool } type = Type::Str;
-    std::string_view s;
+    size_t len = 0;  // Str only
     union {
-        int64_t i = 0;
+        const char* s = "";
+        int64_t i;
         double d;
     };
-    static AttrValue str(std::string_view v) { AttrValue a; a.type = Type::Str; a.s = v; return a; }
+    static AttrValue str(std::string_view v) { AttrValue a; a.type = Type::Str; a.s = v.data(); a.len = v.size(); return a; }
     static AttrValue integer(int64_t v) { AttrValue a; a.type = Type::Int; a.i = v; return a; }
     static AttrValue dbl(double v) { AttrValue a; a.type = Type::Double; a.d = v; return a; }
     static AttrValue boolean(bool v) { AttrValue a; a.type = Type::Bool; a.i = v ? 1 : 0; return a; }
