@@ -26,19 +26,37 @@ def _reject_constant(name: str) -> Any:
     raise TraceFormatError(f"invalid JSON: {name} is not a JSON number")
 
 
+#: Containers nested deeper than this are rejected (the native parser's limit).
+MAX_DEPTH = 512
+
+
+def _check_depth(doc: Any) -> None:
+    """Iteratively: a recursive walk would itself hit Python's recursion limit."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            if depth > MAX_DEPTH:
+                raise TraceFormatError(f"invalid JSON: nested too deeply (over {MAX_DEPTH} levels)")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+
+
 def loads(text: bytes) -> Any:
     try:
         decoded = text.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TraceFormatError(f"trace is not valid UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(decoded, parse_float=RawNumber, parse_constant=_reject_constant)
+        doc = json.loads(decoded, parse_float=RawNumber, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise TraceFormatError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise TraceFormatError("invalid JSON: nested too deeply") from None
     except ValueError as exc:  # e.g. integer literals beyond Python's digit limit
         raise TraceFormatError(f"invalid JSON: {exc}") from None
+    _check_depth(doc)
+    return doc
 
 
 def is_number(value: Any) -> bool:
@@ -98,8 +116,7 @@ def _type_name(value: Any) -> str:
 type_name = _type_name
 
 
-def render(value: Any) -> str:
-    """Canonical compact JSON text of a parsed value (mirrors the native renderer)."""
+def _render_scalar(value: Any) -> str:
     if value is None:
         return "null"
     if value is True:
@@ -110,8 +127,42 @@ def render(value: Any) -> str:
         return str.__str__(value)
     if isinstance(value, int):
         return str(value)
-    if isinstance(value, str):
-        return json.dumps(clean(value), ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ",".join(render(v) for v in value) + "]"
-    return "{" + ",".join(json.dumps(clean(k), ensure_ascii=False) + ":" + render(v) for k, v in value.items()) + "}"
+    return json.dumps(clean(value), ensure_ascii=False)
+
+
+def render(value: Any) -> str:
+    """Canonical compact JSON text of a parsed value (mirrors the native renderer).
+
+    Iterative, so values nested up to ``MAX_DEPTH`` render without recursion limits.
+    """
+    out: list[str] = []
+    stack: list[Any] = [value]  # values to render, or literal text (as _Text) to emit
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Text):
+            out.append(item.text)
+        elif isinstance(item, list):
+            parts: list[Any] = [_Text("[")]
+            for k, child in enumerate(item):
+                if k:
+                    parts.append(_Text(","))
+                parts.append(child)
+            parts.append(_Text("]"))
+            stack.extend(reversed(parts))
+        elif isinstance(item, dict):
+            parts = [_Text("{")]
+            for k, (key, child) in enumerate(item.items()):
+                parts.append(_Text(("," if k else "") + json.dumps(clean(key), ensure_ascii=False) + ":"))
+                parts.append(child)
+            parts.append(_Text("}"))
+            stack.extend(reversed(parts))
+        else:
+            out.append(_render_scalar(item))
+    return "".join(out)
+
+
+class _Text:
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text

@@ -1,0 +1,114 @@
+"""The native core and the Python reference produce the same OTLP messages, ops and stats.
+
+Runs only when ``otelprof._native`` is built (and fails instead of skipping when
+``OTELPROF_REQUIRE_NATIVE`` is set).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from converter_helpers import (
+    KINETO_TRACES,
+    all_spans_pb,
+    convert_cached,
+    decode_requests,
+    reference_skips_default,
+    shared_trace,
+    skip_unless_native,
+    trace_id_for,
+)
+
+from otelprof.converter import ConvertResult, convert
+
+pytestmark = pytest.mark.native
+
+_BIG_FILE_BYTES = 500_000
+
+
+@pytest.fixture(autouse=True)
+def _need_native() -> None:
+    skip_unless_native()
+
+
+def _describe_difference(native: ConvertResult, reference: ConvertResult) -> str:
+    """A readable account of the first difference (the full messages are too big to print)."""
+    a, b = decode_requests(native.requests), decode_requests(reference.requests)
+    if len(a) != len(b):
+        return f"{len(a)} native requests vs {len(b)} reference"
+    for k, (ma, mb) in enumerate(zip(a, b, strict=True)):
+        ra, rb = ma.resource_spans[0], mb.resource_spans[0]
+        if ra.resource != rb.resource:
+            return f"request {k}: resource differs:\n{ra.resource}\nvs\n{rb.resource}"
+        if ra.scope_spans[0].scope != rb.scope_spans[0].scope:
+            return f"request {k}: scope differs"
+    sa, sb = all_spans_pb(native.requests), all_spans_pb(reference.requests)
+    if len(sa) != len(sb):
+        return f"{len(sa)} native spans vs {len(sb)} reference"
+    for k, (x, y) in enumerate(zip(sa, sb, strict=True)):
+        if x != y:
+            return f"span {k} ({y.name!r}) differs:\nnative:\n{x}\nreference:\n{y}"
+    return "requests differ only in how spans are split between them"
+
+
+def _assert_same(native: ConvertResult, reference: ConvertResult) -> None:
+    assert native.engine == "native" and reference.engine == "reference"
+    same = decode_requests(native.requests) == decode_requests(reference.requests)
+    assert same, _describe_difference(native, reference)
+    assert native.requests == reference.requests, "equal messages but different bytes (field order/encoding)"
+    assert native.stats == reference.stats
+    assert native.ops == reference.ops
+
+
+def _params() -> list[Any]:
+    out = []
+    for p in KINETO_TRACES:
+        big = p.stat().st_size > _BIG_FILE_BYTES
+        for detail in ("full", "default"):
+            marks = [pytest.mark.slow] if big else []
+            out.append(pytest.param(p, detail, id=f"{trace_id_for(p)}-{detail}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("path,detail", _params())
+def test_shared_trace_matches_reference(path: Path, detail: str) -> None:
+    if detail == "default" and reference_skips_default(path):
+        pytest.skip("this big trace runs through the reference once, at full detail")
+    native = convert_cached(path, "native", detail=detail)
+    reference = convert_cached(path, "reference", detail=detail)
+    _assert_same(native, reference)
+
+
+OPTION_SETS: list[dict[str, Any]] = [
+    {"detail": "default", "max_request_bytes": 16 * 1024},
+    {"detail": "full", "run_id": "run-7", "rank": 3, "world_size": 16},
+    {"detail": "full", "split_world_size": 0, "world_size": 1024},
+    {"detail": "default", "min_duration_ns": 0},
+    {"detail": "default", "min_duration_ns": 1_000_000, "event_limit": 2, "link_limit": 1},
+    {"detail": "default", "event_limit": 0, "link_limit": 0},
+    {"detail": "full", "group_by_input_shapes": True},
+    {
+        "detail": "default",
+        "resource_attributes": (("service.name", "trainer"), ("deployment.environment", "ci"), ("ünï", "cödé")),
+        "host_name": "node-1",
+        "scope_version": "9.9.9",
+    },
+    {"detail": "full", "base_time_ns": 1_700_000_000_000_000_000},
+]
+OPTION_TRACES = ["amd_trace__mi250", "cpu_only__rank-34", "dlrm_kineto__worker1", "h100__gaunernst"]
+
+
+@pytest.mark.parametrize("fragment", OPTION_TRACES)
+@pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(sorted(o)))
+def test_options_match_reference(fragment: str, options: dict[str, Any]) -> None:
+    path = shared_trace(fragment)
+    _assert_same(convert(path, engine="native", **options), convert(path, engine="reference", **options))
+
+
+def test_auto_engine_is_native() -> None:
+    path = shared_trace("cpu_only__rank-34")
+    result = convert(path, detail="full")
+    assert result.engine == "native"
+    assert result.requests == convert_cached(path, "reference", detail="full").requests

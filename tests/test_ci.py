@@ -1,0 +1,33 @@
+"""The README's opening commands and the CI script stay in step."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_commands() -> list[str]:
+    readme = (REPO_ROOT / "README.md").read_text("utf-8")
+    match = re.match(r"```[a-z]*\n(.*?)\n```\n", readme, re.DOTALL)
+    assert match, "README.md must open with a code block"
+    return match.group(1).splitlines()
+
+
+def test_readme_opens_with_two_commands() -> None:
+    commands = _readme_commands()
+    assert len(commands) == 2
+    setup_and_run, setup_and_test = commands
+    assert setup_and_run.startswith("python3 -m venv .venv && ")
+    assert setup_and_run.endswith(" && otelprof demo")
+    assert setup_and_test.startswith("python3 -m venv .venv && ")
+    assert "pip install torch==2.13.0 && " in setup_and_test, "torch must be pinned before anything pulls it in"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    script = (REPO_ROOT / ".ci" / "run").read_text("utf-8")
+    assert script.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in script
+    commands = [line for line in script.splitlines() if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert commands == [_readme_commands()[1]]
