@@ -98,17 +98,57 @@ class SparseLists {
     std::vector<std::vector<T>> lists_;
 };
 
-const JNode* arg(const Document& doc, const JNode* args, std::string_view key) {
+// int64 -> event index where the first insertion of a key wins (as unordered_map::try_emplace),
+// with open addressing: one probe array instead of a heap node per entry.
+class EventByInt {
+  public:
+    explicit EventByInt(size_t expected) {
+        size_t cap = 16;
+        while (cap < expected * 2) cap *= 2;
+        slots_.assign(cap, Slot{0, -1});
+    }
+    void try_emplace(int64_t key, int event) {
+        const size_t at = slot_of(key);
+        if (slots_[at].event >= 0) return;
+        slots_[at] = Slot{key, event};
+        if (++size_ * 2 > slots_.size()) grow();
+    }
+    int find(int64_t key) const { return slots_[slot_of(key)].event; }  // -1 if absent
+
+  private:
+    struct Slot {
+        int64_t key;
+        int event;  // -1: empty
+    };
+    std::vector<Slot> slots_;
+    size_t size_ = 0;
+
+    // The slot holding `key`, or the empty slot where it belongs.
+    size_t slot_of(int64_t key) const {
+        const size_t mask = slots_.size() - 1;
+        size_t at = static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+        while (slots_[at].event >= 0 && slots_[at].key != key) at = (at + 1) & mask;
+        return at;
+    }
+    void grow() {
+        std::vector<Slot> old(slots_.size() * 2, Slot{0, -1});
+        old.swap(slots_);
+        for (const Slot& s : old)
+            if (s.event >= 0) slots_[slot_of(s.key)] = s;
+    }
+};
+
+const JNode* arg(const Document& doc, const JNode* args, KeyId key) {
     return args ? doc.get(*args, key) : nullptr;
 }
 
-// found[k] = the member of `args` named keys[k][0] (last duplicate wins), in one pass over args.
-void find_args(const Document& doc, const JNode* args, const std::string_view (*keys)[2], int count, const JNode** found) {
+// found[k] = the member of `args` whose key has table index k in `index` (see key_table; last
+// duplicate wins), in one pass over args.
+void find_args(const Document& doc, const JNode* args, const std::vector<int>& index, int count, const JNode** found) {
     std::fill(found, found + count, nullptr);
     if (!args) return;
     for (const JNode* m = doc.first(*args); m; m = doc.next(m))
-        for (int k = 0; k < count; ++k)
-            if (same(keys[k][0], m->key_view())) found[k] = m;
+        if (int k = index[m->key]; k >= 0) found[k] = m;
 }
 
 // Index of the memory attribute read from arg `key`.
@@ -258,14 +298,14 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
 
     // --- device events under their launch ---------------------------------------------------
-    std::unordered_map<int64_t, int> launcher_by_corr, annotation_by_ext;
-    launcher_by_corr.reserve(static_cast<size_t>(n) / 2);
+    const KeyId correlation_key = doc.key_id("correlation"), external_id_key = doc.key_id("External id");
+    EventByInt launcher_by_corr(static_cast<size_t>(n) / 2), annotation_by_ext(64);
     for (int i = 0; i < n; ++i) {
         int64_t v;
         if (ev[i].kind == Kind::Runtime) {
-            if (as_int64(arg(doc, ev[i].args, "correlation"), v)) launcher_by_corr.emplace(v, i);
+            if (as_int64(arg(doc, ev[i].args, correlation_key), v)) launcher_by_corr.try_emplace(v, i);
         } else if (ev[i].kind == Kind::Annotation) {
-            if (as_int64(arg(doc, ev[i].args, "External id"), v)) annotation_by_ext.emplace(v, i);
+            if (as_int64(arg(doc, ev[i].args, external_id_key), v)) annotation_by_ext.try_emplace(v, i);
         }
     }
     for (int i = 0; i < n; ++i) {
@@ -273,13 +313,9 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         int64_t v;
         int p = -1;
         if (ev[i].kind == Kind::GpuAnnotation) {
-            if (as_int64(arg(doc, ev[i].args, "External id"), v)) {
-                auto it = annotation_by_ext.find(v);
-                if (it != annotation_by_ext.end()) p = it->second;
-            }
-        } else if (as_int64(arg(doc, ev[i].args, "correlation"), v)) {
-            auto it = launcher_by_corr.find(v);
-            if (it != launcher_by_corr.end()) p = it->second;
+            if (as_int64(arg(doc, ev[i].args, external_id_key), v)) p = annotation_by_ext.find(v);
+        } else if (as_int64(arg(doc, ev[i].args, correlation_key), v)) {
+            p = launcher_by_corr.find(v);
         }
         parent[i] = p;
         if (p < 0) ++stats[DEVICE_EVENTS_UNLINKED];
@@ -389,7 +425,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     // --- aggregation of runs of identical tiny siblings -----------------------------------------
     std::vector<char> aggregated(n, 0);
     // aggregates, then kept events, built in place in the output; synthetic spans go after them
-    std::vector<Span>& by_order = out.spans;
+    BigVector<Span>& by_order = out.spans;
     by_order.reserve(static_cast<size_t>(n) + steps.size() + 1);
     if (!full) {
         std::vector<int> run;
@@ -477,9 +513,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     std::vector<int64_t> cpu_peak(n, -1), acc_peak(n, -1);
     static const int total_allocated = memory_arg("Total Allocated"), device_type = memory_arg("Device Type");
     std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
+    const std::vector<int> memory_attribute = key_table(doc, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
-        find_args(doc, m.args, kMemoryAttributes, kMemoryAttributeCount, mem_args.data());
+        find_args(doc, m.args, memory_attribute, kMemoryAttributeCount, mem_args.data());
         Attrs attrs;
         for (int a = 0; a < kMemoryAttributeCount; ++a) {
             int64_t v;
@@ -508,6 +545,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
 
     // --- forward -> backward links -----------------------------------------------------------------
+    const KeyId sequence_key = doc.key_id("Sequence number"), fwd_thread_key = doc.key_id("Fwd thread id");
     std::vector<std::pair<int, int>> pairs;
     if (!fwd_flows.empty()) {
         struct ExactKey {
@@ -533,7 +571,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             if (it != exact.end() && !it->second.empty()) {
                 int last_seq = -1;
                 for (int c : it->second)
-                    if (arg(doc, ev[c].args, "Sequence number")) last_seq = c;
+                    if (arg(doc, ev[c].args, sequence_key)) last_seq = c;
                 return last_seq >= 0 ? last_seq : it->second.back();
             }
             return probe_owner[static_cast<size_t>(n_mem) + k];
@@ -544,8 +582,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         std::unordered_map<Ident, size_t, FlowKeyHash> starts, ends;
         for (size_t k = 0; k < fwd_flows.size(); ++k) {
             const Flow& f = *fwd_flows[k];
-            if (f.ph == 's') starts.emplace(f.id, k);
-            else if (f.ph == 'f') ends.emplace(f.id, k);
+            if (f.ph == 's') starts.try_emplace(f.id, k);
+            else if (f.ph == 'f') ends.try_emplace(f.id, k);
         }
         std::vector<std::pair<Ident, size_t>> ends_sorted(ends.begin(), ends.end());
         std::sort(ends_sorted.begin(), ends_sorted.end(),
@@ -575,13 +613,13 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         for (const Item& item : order) {
             const int i = item.idx;
             int64_t seq;
-            if (!as_int64(arg(doc, ev[i].args, "Sequence number"), seq) || seq < 0) continue;
+            if (!as_int64(arg(doc, ev[i].args, sequence_key), seq) || seq < 0) continue;
             std::pair<Ident, int64_t> key{ev[i].pid, seq};
-            const JNode* fwd_node = arg(doc, ev[i].args, "Fwd thread id");
+            const JNode* fwd_node = arg(doc, ev[i].args, fwd_thread_key);
             int64_t fwd_tid = 0;
             bool fwd_is_int = as_int64(fwd_node, fwd_tid);
             if (fwd_is_int && fwd_tid != 0) {
-                bwd_by_seq.emplace(key, i);
+                bwd_by_seq.try_emplace(key, i);
             } else if (!fwd_node || (fwd_is_int && fwd_tid == 0)) {
                 fwd_by_seq[key] = i;
             }
@@ -661,12 +699,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
     }
     std::string rendered;
-    // arg key -> table index, bucketed by key length (no hashing on the hot path)
-    static const std::vector<std::vector<int>> by_length = [] {
-        std::vector<std::vector<int>> b(64);
-        for (int a = 0; a < kArgAttributeCount; ++a) b[kArgAttributes[a].key.size()].push_back(a);
-        return b;
-    }();
+    const std::vector<int> arg_attribute = key_table(doc, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; });
     std::vector<const JNode*> found_storage(static_cast<size_t>(kArgAttributeCount));
     const JNode** found = found_storage.data();
     for (int i = 0; i < n; ++i) {
@@ -678,16 +711,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         if (!e.device() && !e.tid.is_str) add(sp, "thread.id", AttrValue::integer(e.tid.value));
         if (e.args) {
             // one pass over the args; the table decides order and aliases (first key present wins)
-            std::fill(found, found + kArgAttributeCount, nullptr);
-            for (const JNode* m = doc.first(*e.args); m; m = doc.next(m)) {
-                std::string_view key = m->key_view();
-                if (key.size() >= by_length.size()) continue;
-                for (int a : by_length[key.size()])
-                    if (same(kArgAttributes[a].key, key)) {
-                        found[a] = m;
-                        break;
-                    }
-            }
+            find_args(doc, e.args, arg_attribute, kArgAttributeCount, found);
             std::string_view last_attr;
             for (int a = 0; a < kArgAttributeCount; ++a) {
                 const ArgAttribute& spec = kArgAttributes[a];
@@ -855,12 +879,12 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 key.append(kind);
                 key.push_back('\0');
                 key.append(shapes);
-                auto res = shaped_index.emplace(key, out.ops.size());
+                auto res = shaped_index.try_emplace(key, out.ops.size());
                 row_at = res.first->second;
                 inserted = res.second;
             } else {
                 int slot = kind[0] == 'd' ? 0 : kind[0] == 'a' ? 1 : 2;
-                auto res = row_index[slot].emplace(name, out.ops.size());
+                auto res = row_index[slot].try_emplace(name, out.ops.size());
                 row_at = res.first->second;
                 inserted = res.second;
             }

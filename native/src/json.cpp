@@ -1,9 +1,12 @@
 #include "otelprof/json.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <unordered_map>
 
 namespace otelprof {
@@ -56,6 +59,20 @@ void validate_utf8(std::string_view text) {
     }
 }
 
+// Keys are short: mix them a word at a time. The seed is random per document, so a crafted
+// trace cannot make its keys collide in the open-addressing table (which would turn the
+// parse quadratic); ids never depend on it.
+uint64_t key_hash(std::string_view key, uint64_t seed) {
+    uint64_t h = seed ^ (key.size() * 0x9E3779B97F4A7C15ULL);
+    for (size_t at = 0; at < key.size(); at += 8) {
+        uint64_t w = 0;
+        std::memcpy(&w, key.data() + at, std::min<size_t>(8, key.size() - at));
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 31;
+    }
+    return h;
+}
+
 void put_utf8(uint32_t cp, std::string& out) {
     if (cp < 0x80) {
         out.push_back(static_cast<char>(cp));
@@ -94,6 +111,7 @@ class Parser {
     const char* begin_;
     const char* end_;
     std::string buf_;
+    std::vector<KeyId> successor_;  // [0]: the last first key of an object; [k + 1]: the last key after key k
 
     uint32_t push(JType type) {
         doc_.nodes_.emplace_back();
@@ -321,6 +339,21 @@ class Parser {
         return {data, buf_.size()};
     }
 
+    // Interns the member key at p_, which follows `prev` (kNoKey: the object's first key). Objects
+    // of one kind repeat their keys in one order, so last time's successor is tried before hashing.
+    KeyId member_key(KeyId prev) {
+        std::string_view key = string();
+        const size_t at = prev == kNoKey ? 0 : size_t{prev} + 1;
+        if (at < successor_.size()) {
+            KeyId guess = successor_[at];
+            if (guess != kNoKey && same(doc_.keys_[guess], key)) return guess;
+        }
+        KeyId id = doc_.intern(key);
+        if (at >= successor_.size()) successor_.resize(doc_.keys_.size() + 1, kNoKey);
+        successor_[at] = id;
+        return id;
+    }
+
     // Links `child` after `prev` (or as the first child) of container `idx`.
     void link(uint32_t idx, uint32_t& prev, uint32_t child) {
         if (prev == kNoNode) doc_.nodes_[idx].first = child;
@@ -359,6 +392,7 @@ class Parser {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
         uint32_t idx = push(JType::Obj), prev = kNoNode;
+        KeyId prev_key = kNoKey;
         skip_ws();
         if (p_ < end_ && *p_ == '}') {
             ++p_;
@@ -367,15 +401,13 @@ class Parser {
         while (true) {
             skip_ws();
             if (p_ >= end_ || *p_ != '"') fail("Expecting property name enclosed in double quotes");
-            std::string_view key = string();
+            KeyId key = prev_key = member_key(prev_key);
             skip_ws();
             if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
             ++p_;
             skip_ws();
             uint32_t child = value(depth);
-            JNode& item = doc_.nodes_[child];
-            item.key = key.data();
-            item.key_len = static_cast<uint32_t>(key.size());
+            doc_.nodes_[child].key = key;
             link(idx, prev, child);
             skip_ws();
             if (p_ >= end_) fail("Expecting ',' delimiter");
@@ -395,15 +427,52 @@ class Parser {
 Document::Document(std::string_view text) {
     if (text.size() >= UINT32_MAX) throw TraceError("trace too large (over 4 GiB of JSON)");
     nodes_.reserve(text.size() / 12 + 16);
+    key_slots_.assign(64, kNoKey);
     Parser(*this, text).run();
 }
 
-const JNode* Document::get(const JNode& object, std::string_view key) const {
-    if (object.type != JType::Obj) return nullptr;
+const JNode* Document::get(const JNode& object, KeyId key) const {
+    if (object.type != JType::Obj || key == kNoKey) return nullptr;
     const JNode* found = nullptr;
     for (const JNode* c = first(object); c; c = next(c))
-        if (same(c->key_view(), key)) found = c;
+        if (c->key == key) found = c;
     return found;
+}
+
+// The id of `key` if interned; otherwise kNoKey, with `slot` the free slot where it belongs.
+KeyId Document::find_key(std::string_view key, uint64_t hash, size_t& slot) const {
+    const size_t mask = key_slots_.size() - 1;
+    for (slot = hash & mask;; slot = (slot + 1) & mask) {
+        KeyId id = key_slots_[slot];
+        if (id == kNoKey || (key_hashes_[id] == hash && same(keys_[id], key))) return id;
+    }
+}
+
+KeyId Document::key_id(std::string_view key) const {
+    size_t slot;
+    return find_key(key, key_hash(key, hash_seed_), slot);
+}
+
+KeyId Document::intern(std::string_view key) {
+    const uint64_t hash = key_hash(key, hash_seed_);
+    size_t slot;
+    KeyId id = find_key(key, hash, slot);
+    if (id != kNoKey) return id;
+    id = static_cast<KeyId>(keys_.size());
+    keys_.push_back(key);
+    key_hashes_.push_back(hash);
+    key_slots_[slot] = id;
+    if (keys_.size() * 2 > key_slots_.size()) {  // keep the load under a half: rehash into twice the slots
+        std::vector<KeyId> grown(key_slots_.size() * 2, kNoKey);
+        const size_t mask = grown.size() - 1;
+        for (KeyId k = 0; k < keys_.size(); ++k) {
+            size_t at = key_hashes_[k] & mask;
+            while (grown[at] != kNoKey) at = (at + 1) & mask;
+            grown[at] = k;
+        }
+        key_slots_ = std::move(grown);
+    }
+    return id;
 }
 
 void append_json_string(std::string_view s, std::string& out) {
@@ -437,7 +506,11 @@ void render_json(const Document& doc, const JNode& node, std::string& out) {
         case JType::Null: out += "null"; return;
         case JType::True: out += "true"; return;
         case JType::False: out += "false"; return;
-        case JType::Int: out += std::to_string(node.i); return;
+        case JType::Int: {
+            char digits[24];
+            out.append(digits, std::to_chars(digits, digits + sizeof digits, node.i).ptr);
+            return;
+        }
         case JType::BigInt:
         case JType::Num: out.append(node.s, node.len); return;
         case JType::Str: append_json_string(node.str(), out); return;
@@ -452,15 +525,15 @@ void render_json(const Document& doc, const JNode& node, std::string& out) {
         case JType::Obj: {
             // Python dict semantics: first position of a key, last value.
             out.push_back('{');
-            std::unordered_map<std::string_view, const JNode*> last;
-            for (const JNode* c = doc.first(node); c; c = doc.next(c)) last[c->key_view()] = c;
+            std::unordered_map<KeyId, const JNode*> last;
+            for (const JNode* c = doc.first(node); c; c = doc.next(c)) last[c->key] = c;
             bool first = true;
             for (const JNode* c = doc.first(node); c; c = doc.next(c)) {
-                auto it = last.find(c->key_view());
+                auto it = last.find(c->key);
                 if (it == last.end()) continue;  // key already emitted
                 if (!first) out.push_back(',');
                 first = false;
-                append_json_string(c->key_view(), out);
+                append_json_string(doc.key(*c), out);
                 out.push_back(':');
                 render_json(doc, *it->second, out);
                 last.erase(it);
@@ -478,8 +551,11 @@ bool as_double(const JNode* n, double& out) {
         return true;
     }
     if (n->type != JType::Num && n->type != JType::BigInt) return false;
-    std::string text(n->s, n->len);
-    double v = std::strtod(text.c_str(), nullptr);
+    // from_chars rounds as strtod does; out-of-range text (overflow, underflow) takes strtod's
+    // path so that its results (infinity, denormals, zero) decide as before
+    double v;
+    auto [end, err] = std::from_chars(n->s, n->s + n->len, v);
+    if (err != std::errc() || end != n->s + n->len) v = std::strtod(std::string(n->s, n->len).c_str(), nullptr);
     if (!std::isfinite(v)) return false;
     if (n->type == JType::BigInt && std::fabs(v) > 1e308) return false;
     out = v;

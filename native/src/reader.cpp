@@ -9,6 +9,10 @@ namespace {
 
 constexpr std::string_view kMemoryEventName = "[memory]";
 
+// The event members the reader looks at.
+enum EventField { PH, NAME, CAT, PID, TID, TS, DUR, ARGS, ID, kFieldCount };
+constexpr std::string_view kFieldKeys[kFieldCount] = {"ph", "name", "cat", "pid", "tid", "ts", "dur", "args", "id"};
+
 class Reader {
   public:
     Reader(const Document& doc, Trace& trace) : doc_(doc), trace_(trace) {}
@@ -116,35 +120,18 @@ Trace read_trace(const Document& doc, std::optional<int64_t> base_override) {
     trace.events.reserve(events->len);
     Reader reader(doc, trace);
     const int64_t base = trace.base_ns;
+    const std::vector<int> field_of = key_table(doc, kFieldCount, [](int f) { return kFieldKeys[f]; });
     uint32_t ordinal = 0;
     for (const JNode* raw_ptr = doc.first(*events); raw_ptr; raw_ptr = doc.next(raw_ptr), ++ordinal) {
         const JNode& raw = *raw_ptr;
         auto where = [&]() { return "traceEvents[" + std::to_string(ordinal) + "]"; };
         if (raw.type != JType::Obj) throw TraceError(where() + ": expected an object, got " + type_name(&raw));
         // One pass over the members (last duplicate wins, as in a Python dict).
-        const JNode *ph_node = nullptr, *name_node = nullptr, *cat_node = nullptr, *pid_node = nullptr,
-                    *tid_node = nullptr, *ts = nullptr, *dur_node = nullptr, *args = nullptr, *id_node = nullptr;
-        for (const JNode* m = doc.first(raw); m; m = doc.next(m)) {
-            std::string_view key = m->key_view();
-            switch (key.size()) {
-                case 2:
-                    if (same(key, "ph")) ph_node = m;
-                    else if (same(key, "ts")) ts = m;
-                    else if (same(key, "id")) id_node = m;
-                    break;
-                case 3:
-                    if (same(key, "cat")) cat_node = m;
-                    else if (same(key, "pid")) pid_node = m;
-                    else if (same(key, "tid")) tid_node = m;
-                    else if (same(key, "dur")) dur_node = m;
-                    break;
-                case 4:
-                    if (same(key, "name")) name_node = m;
-                    else if (same(key, "args")) args = m;
-                    break;
-                default: break;
-            }
-        }
+        const JNode* field[kFieldCount] = {};
+        for (const JNode* m = doc.first(raw); m; m = doc.next(m))
+            if (int f = field_of[m->key]; f >= 0) field[f] = m;
+        const JNode *ph_node = field[PH], *name_node = field[NAME], *cat_node = field[CAT], *pid_node = field[PID],
+                    *tid_node = field[TID], *ts = field[TS], *dur_node = field[DUR], *args = field[ARGS], *id_node = field[ID];
         if (!ph_node || ph_node->type != JType::Str)
             throw TraceError(where() + ".ph: expected a string, got " + type_name(ph_node));
         std::string_view ph = ph_node->str();

@@ -5,11 +5,14 @@
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "otelprof/hugepages.hpp"
 
 namespace otelprof {
 
@@ -27,14 +30,18 @@ enum class JType : uint8_t { Null, False, True, Int, BigInt, Num, Str, Arr, Obj 
 
 constexpr uint32_t kNoNode = UINT32_MAX;
 
+// Member keys are interned per document: lookups compare 32-bit ids instead of re-reading key
+// text scattered over the input (a cache miss per member), and nodes stay at 24 bytes.
+using KeyId = uint32_t;
+constexpr KeyId kNoKey = UINT32_MAX;
+
 // Nodes are stored in pre-order; a container's children are linked through `next`, so the
 // parser writes each node once, where it stays.
 struct JNode {
     JType type = JType::Null;
     uint32_t len = 0;         // string/number text length, or child count
-    uint32_t key_len = 0;     // member key length when inside an object
+    KeyId key = kNoKey;       // member key when inside an object (Document::key)
     uint32_t next = kNoNode;  // next sibling
-    const char* key = nullptr;
     union {
         int64_t i;            // Int
         const char* s;        // Str / Num / BigInt text
@@ -43,9 +50,9 @@ struct JNode {
     JNode() : i(0) {}
 
     std::string_view str() const { return {s, len}; }
-    std::string_view key_view() const { return {key, key_len}; }
     bool is_number() const { return type == JType::Int || type == JType::BigInt || type == JType::Num; }
 };
+static_assert(sizeof(JNode) == 24, "a large trace has millions of nodes");
 
 class Document {
   public:
@@ -57,14 +64,37 @@ class Document {
     const JNode* first(const JNode& container) const { return container.len ? &nodes_[container.first] : nullptr; }
     const JNode* next(const JNode* node) const { return node->next == kNoNode ? nullptr : &nodes_[node->next]; }
     // Object member lookup with Python dict semantics: the last duplicate wins.
-    const JNode* get(const JNode& object, std::string_view key) const;
+    const JNode* get(const JNode& object, KeyId key) const;
+    const JNode* get(const JNode& object, std::string_view key) const { return get(object, key_id(key)); }
+
+    // The id of `key`, or kNoKey when no object in the document has such a member.
+    KeyId key_id(std::string_view key) const;
+    std::string_view key(const JNode& member) const { return keys_[member.key]; }
+    size_t key_count() const { return keys_.size(); }
 
   private:
     friend class Parser;
-    std::vector<JNode> nodes_;
+    BigVector<JNode> nodes_;
     uint32_t root_ = 0;
     std::vector<std::unique_ptr<char[]>> arena_;  // decoded (escaped) strings
+    std::vector<std::string_view> keys_;           // by KeyId
+    std::vector<uint64_t> key_hashes_;             // by KeyId
+    uint64_t hash_seed_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    std::vector<KeyId> key_slots_;                 // open-addressing table over keys_
+
+    KeyId intern(std::string_view key);
+    KeyId find_key(std::string_view key, uint64_t hash, size_t& slot) const;
 };
+
+// For each key id of `doc`: the index k < count of the first name_of(k) equal to that key, or -1.
+// Matching an object's members against a table of names is then one lookup per member.
+template <typename NameOf>
+std::vector<int> key_table(const Document& doc, int count, NameOf name_of) {
+    std::vector<int> index(doc.key_count(), -1);
+    for (int k = count - 1; k >= 0; --k)
+        if (KeyId id = doc.key_id(name_of(k)); id != kNoKey) index[id] = k;
+    return index;
+}
 
 // Canonical compact rendering, identical to the Python reference's `render`.
 void render_json(const Document& doc, const JNode& node, std::string& out);

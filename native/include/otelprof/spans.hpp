@@ -10,29 +10,32 @@
 #include <utility>
 #include <vector>
 
+#include "otelprof/hugepages.hpp"
+
 namespace otelprof {
 
 using TraceId = std::array<uint8_t, 16>;
 using SpanId = std::array<uint8_t, 8>;
 
 // Strings are views: into the parsed document, static tables, or Built::strings.
-// 24 bytes: the string's pointer shares the union (a million of these per large trace).
+// 16 bytes: the string's pointer shares the union (a million of these per large trace); string
+// lengths fit in 32 bits, as inputs are under 4 GiB.
 struct AttrValue {
     enum class Type : uint8_t { Str, Int, Double, Bool } type = Type::Str;
-    size_t len = 0;  // Str only
+    uint32_t len = 0;  // Str only
     union {
         const char* s = "";
         int64_t i;
         double d;
     };
-    static AttrValue str(std::string_view v) { AttrValue a; a.type = Type::Str; a.s = v.data(); a.len = v.size(); return a; }
+    static AttrValue str(std::string_view v) { AttrValue a; a.type = Type::Str; a.s = v.data(); a.len = static_cast<uint32_t>(v.size()); return a; }
     static AttrValue integer(int64_t v) { AttrValue a; a.type = Type::Int; a.i = v; return a; }
     static AttrValue dbl(double v) { AttrValue a; a.type = Type::Double; a.d = v; return a; }
     static AttrValue boolean(bool v) { AttrValue a; a.type = Type::Bool; a.i = v ? 1 : 0; return a; }
 };
 
 using Attr = std::pair<std::string_view, AttrValue>;
-using Attrs = std::vector<Attr>;
+using Attrs = BigVector<Attr>;
 
 struct SpanEvent {
     int64_t ts;
@@ -91,7 +94,7 @@ using Stats = std::vector<std::pair<std::string, int64_t>>;
 struct Built {
     std::deque<std::string> strings;  // owns strings that attribute views point at
     Attrs attrs;                      // every span's attributes, range by range
-    std::vector<Span> spans;
+    BigVector<Span> spans;
     std::vector<uint32_t> order;  // indices into spans, in output order
     std::vector<OpRow> ops;
     Attrs resource;
