@@ -12,7 +12,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -51,24 +51,19 @@ class CliError(Exception):
 # --- argument parsing --------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` accepting integers >= ``minimum``."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
 
-def _request_bytes(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1024:
-        raise argparse.ArgumentTypeError(f"must be at least 1024, not {value}")
-    return value
+    return parse
 
 
 def _microseconds(text: str) -> float:
@@ -141,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--run-id", metavar="ID", help="run id that trace ids derive from (default: $OTELPROF_RUN_ID)")
     conv.add_argument(
         "--max-request-bytes",
-        type=_request_bytes,
+        type=_int_at_least(1024),
         metavar="N",
         help="split requests larger than N bytes (default: $OTELPROF_MAX_REQUEST_BYTES or 3 MiB)",
     )
@@ -171,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     _add_verbosity(demo, top=False)
-    demo.add_argument("--steps", type=_positive_int, default=3, metavar="N", help="profiled steps (default: 3)")
+    demo.add_argument("--steps", type=_int_at_least(1), default=3, metavar="N", help="profiled steps (default: 3)")
     demo.add_argument(
         "--out",
         type=Path,
