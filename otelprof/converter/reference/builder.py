@@ -14,15 +14,13 @@ from typing import Any
 
 from .._options import ConvertOptions
 from .._text import clean
-from . import ids
+from . import ids, tree
 from .jsonload import as_double, as_int64, render
 from .reader import Event, Trace
 from .schema import (
-    AGGREGATE_KINDS,
     ARG_ATTRIBUTES,
     DEVICE_TIME_KINDS,
     DOUBLE,
-    FILTERED_NAMES,
     INT,
     MEMORY_ATTRIBUTES,
     STRING,
@@ -131,85 +129,14 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         k = bisect_right(step_starts, t) - 1
         return steps[k] if k >= 0 and t < ev[steps[k]].end else -1
 
-    # --- CPU-side nesting per thread (torch's _populate_cpu_children), with probes ------
-    parent = [-1] * n
-    children: list[list[int]] = [[] for _ in range(n)]
-    groups: dict[tuple[Any, ...], list[tuple[int, int, int, int, int]]] = {}
-    for i, e in enumerate(ev):
-        if not e.device:
-            groups.setdefault(_thread(e.pid, e.tid), []).append((e.start, 0, -e.end, e.ordinal, i))
-    n_mem = len(trace.memory)
-    for k, mem in enumerate(trace.memory):
-        groups.setdefault(_thread(mem.pid, mem.tid), []).append((mem.ts, 1, 0, mem.ordinal, -1 - k))
+    # --- the event tree (tree.py) ---------------------------------------------------------
     fwd_flows = [f for f in trace.flows if f.fwdbwd]
-    for k, f in enumerate(fwd_flows):
-        groups.setdefault(_thread(f.pid, f.tid), []).append((f.ts, 1, 0, f.ordinal, -1 - n_mem - k))
-    probe_owner = [-1] * (n_mem + len(fwd_flows))
-    for items in groups.values():
-        items.sort()
-        stack: list[int] = []
-        for item in items:
-            i = item[4]
-            if i >= 0:
-                e = ev[i]
-                while stack:
-                    top = ev[stack[-1]]
-                    if e.start >= top.end or e.end > top.end:
-                        stack.pop()
-                    else:
-                        break
-                if stack:
-                    parent[i] = stack[-1]
-                    children[stack[-1]].append(i)
-                stack.append(i)
-            else:
-                t = item[0]
-                while stack and t >= ev[stack[-1]].end:
-                    stack.pop()
-                probe_owner[-1 - i] = stack[-1] if stack else -1
-
-    # --- device events under their launch ----------------------------------------------
-    launcher_by_corr: dict[int, int] = {}
-    annotation_by_ext: dict[int, int] = {}
-    for i, e in enumerate(ev):
-        if e.kind == Kind.RUNTIME:
-            corr = as_int64(e.args.get("correlation"))
-            if corr is not None and corr not in launcher_by_corr:
-                launcher_by_corr[corr] = i
-        elif e.kind == Kind.ANNOTATION:
-            ext = as_int64(e.args.get("External id"))
-            if ext is not None and ext not in annotation_by_ext:
-                annotation_by_ext[ext] = i
-    for i, e in enumerate(ev):
-        if e.device:
-            if e.kind == Kind.GPU_ANNOTATION:
-                ext_id = as_int64(e.args.get("External id"))
-                p = annotation_by_ext.get(ext_id, -1) if ext_id is not None else -1
-            else:
-                corr_id = as_int64(e.args.get("correlation"))
-                p = launcher_by_corr.get(corr_id, -1) if corr_id is not None else -1
-            parent[i] = p
-            if p < 0:
-                stats["device_events_unlinked"] += 1
-
-    # --- owning step (trace) of every event --------------------------------------------
+    n_mem = len(trace.memory)
+    nesting = tree.nest(ev, trace.memory, fwd_flows)
+    parent, children, probe_owner = nesting.parent, nesting.children, nesting.probe_owner
+    stats["device_events_unlinked"] = tree.link_device_work(ev, parent)
+    owner = tree.owners(ev, parent, step_num, step_at)
     unset = -2
-    owner = [unset] * n
-    for i in range(n):
-        chain: list[int] = []
-        j = i
-        while owner[j] == unset:
-            if j in step_num:
-                owner[j] = j
-                break
-            p = parent[j]
-            if p < 0:
-                owner[j] = step_at(ev[j].start)
-                break
-            chain.append(j)
-            j = p
-        for c in chain:
-            owner[c] = owner[j]
 
     # --- volume control: which events stay spans ----------------------------------------
     keep = [
@@ -338,34 +265,14 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         if target:
             dropped_count[target] = dropped_count.get(target, 0) + 1
 
-    # --- key_averages tree: self CPU / device time ---------------------------------------
-    in_a = [not e.device and e.kind in AGGREGATE_KINDS and e.name not in FILTERED_NAMES for e in ev]
-    a_parent = [-1] * n
-    a_children = [0] * n
-    child_dur = [0] * n
-    for i in range(n):
-        if in_a[i]:
-            p = parent[i]
-            while p >= 0 and not in_a[p]:
-                p = parent[p]
-            a_parent[i] = p
-            if p >= 0:
-                a_children[p] += 1
-                child_dur[p] += ev[i].dur
-    self_dev = [0] * n
-    for i, e in enumerate(ev):
-        if e.kind in DEVICE_TIME_KINDS and parent[i] >= 0:
-            launch = parent[i]
-            o = launch
-            while o >= 0 and not in_a[o]:
-                o = parent[o]
-            first_a = o
-            while o >= 0 and ev[o].kind == Kind.RUNTIME:
-                o = a_parent[o]
-            if o < 0:
-                o = first_a
-            if o >= 0:
-                self_dev[o] += e.dur
+    times = tree.self_times(ev, parent)
+    in_a, a_parent, a_children, child_dur, self_dev = (
+        times.in_a,
+        times.a_parent,
+        times.a_children,
+        times.child_dur,
+        times.self_dev,
+    )
 
     # --- span events (memory) and step peaks --------------------------------------------
     span_events: dict[bytes, list[tuple[int, int, Attrs]]] = {}
@@ -394,59 +301,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
 
     # --- forward -> backward links -------------------------------------------------------
     links: dict[bytes, list[tuple[bytes, bytes]]] = {}
-    pairs: list[tuple[int, int]] = []
-    if fwd_flows:
-        exact: dict[tuple[Any, ...], list[int]] = {}
-        for items in groups.values():
-            for item in items:
-                if item[4] >= 0:
-                    e = ev[item[4]]
-                    exact.setdefault((type(e.pid) is str, e.pid, type(e.tid) is str, e.tid, e.start), []).append(
-                        item[4]
-                    )
-
-        def bind(k: int) -> int:
-            f = fwd_flows[k]
-            cands = exact.get((type(f.pid) is str, f.pid, type(f.tid) is str, f.tid, f.ts), [])
-            seq = [c for c in cands if "Sequence number" in ev[c].args]
-            if seq or cands:
-                return (seq or cands)[-1]
-            return probe_owner[n_mem + k]
-
-        starts: dict[Any, int] = {}
-        ends: dict[Any, int] = {}
-        for k, f in enumerate(fwd_flows):
-            key = (type(f.flow_id) is str, f.flow_id)
-            if f.ph == "s" and key not in starts:
-                starts[key] = k
-            elif f.ph == "f" and key not in ends:
-                ends[key] = k
-        for key, k_end in sorted(ends.items(), key=lambda kv: fwd_flows[kv[1]].ordinal):
-            if key in starts:
-                fw, bw = bind(starts[key]), bind(k_end)
-                if fw >= 0 and bw >= 0:
-                    pairs.append((fw, bw))
-    else:
-        fwd_by_seq: dict[tuple[Any, ...], int] = {}
-        bwd_by_seq: dict[tuple[Any, ...], int] = {}
-        order = sorted(
-            (i for i, e in enumerate(ev) if e.kind == Kind.CPU_OP),
-            key=lambda i: (ev[i].start, -ev[i].end, ev[i].ordinal),
-        )
-        for i in order:
-            e = ev[i]
-            seq = as_int64(e.args.get("Sequence number"))
-            if seq is None or seq < 0:
-                continue
-            seq_key = (type(e.pid) is str, e.pid, seq)
-            fwd_tid = as_int64(e.args.get("Fwd thread id"))
-            if fwd_tid:
-                bwd_by_seq.setdefault(seq_key, i)
-            elif "Fwd thread id" not in e.args or fwd_tid == 0:
-                fwd_by_seq[seq_key] = i
-        for seq_key, bw in sorted(bwd_by_seq.items(), key=lambda kv: ev[kv[1]].ordinal):
-            if seq_key in fwd_by_seq:
-                pairs.append((fwd_by_seq[seq_key], bw))
+    pairs = tree.fwdbwd_pairs(ev, fwd_flows, nesting, n_mem)
     for fw, bw in pairs:
         fk, bk = nearest_kept(fw), nearest_kept(bw)
         if fk < 0 or bk < 0 or fk == bk:
@@ -537,11 +392,6 @@ def _detail_root_attrs(step: int, rank: int | None) -> Attrs:
         attrs.append(("pytorch.distributed.rank", rank))
     attrs.append(("otelprof.synthetic", True))
     return attrs
-
-
-def _thread(pid: object, tid: object) -> tuple[Any, ...]:
-    """Grouping key of a (pid, tid): ints and strings never collide."""
-    return (type(pid) is str, pid, type(tid) is str, tid)
 
 
 STAT_KEYS = (
