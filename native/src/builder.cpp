@@ -143,12 +143,19 @@ const JNode* arg(const Document& doc, const JNode* args, KeyId key) {
 }
 
 // found[k] = the member of `args` whose key has table index k in `index` (see key_table; last
-// duplicate wins), in one pass over args.
-void find_args(const Document& doc, const JNode* args, const std::vector<int>& index, int count, const JNode** found) {
-    std::fill(found, found + count, nullptr);
-    if (!args) return;
-    for (const JNode* m = doc.first(*args); m; m = doc.next(m))
-        if (int k = index[m->key]; k >= 0) found[k] = m;
+// duplicate wins), in one pass over args. Returns the set of k found, bit k for index k (tables
+// have at most 64 names): callers visit only those instead of every name of the table, and
+// found[k] is left unset for the others.
+uint64_t find_args(const Document& doc, const JNode* args, const std::vector<int>& index, const JNode** found) {
+    uint64_t present = 0;
+    if (!args) return present;
+    for (const JNode* m = doc.first(*args); m; m = doc.next(m)) {
+        if (int k = index[m->key]; k >= 0) {
+            found[k] = m;
+            present |= uint64_t{1} << k;
+        }
+    }
+    return present;
 }
 
 // Index of the memory attribute read from arg `key`.
@@ -516,17 +523,18 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     const std::vector<int> memory_attribute = key_table(doc, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
-        find_args(doc, m.args, memory_attribute, kMemoryAttributeCount, mem_args.data());
+        const uint64_t present = find_args(doc, m.args, memory_attribute, mem_args.data());
+        auto member = [&](int a) { return present >> a & 1 ? mem_args[a] : nullptr; };
         Attrs attrs;
         for (int a = 0; a < kMemoryAttributeCount; ++a) {
             int64_t v;
-            if (as_int64(mem_args[a], v)) attrs.emplace_back(kMemoryAttributes[a][1], AttrValue::integer(v));
+            if (as_int64(member(a), v)) attrs.emplace_back(kMemoryAttributes[a][1], AttrValue::integer(v));
         }
         int s = step_at(m.ts);
         int64_t total;
-        if (s >= 0 && as_int64(mem_args[total_allocated], total)) {
+        if (s >= 0 && as_int64(member(total_allocated), total)) {
             int64_t dtype = 0;
-            bool accel = as_int64(mem_args[device_type], dtype) && dtype != 0;
+            bool accel = as_int64(member(device_type), dtype) && dtype != 0;
             if (accel) acc_peak[s] = std::max(acc_peak[s], total);
             else cpu_peak[s] = std::max(cpu_peak[s], total);
         }
@@ -711,12 +719,12 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         if (!e.device() && !e.tid.is_str) add(sp, "thread.id", AttrValue::integer(e.tid.value));
         if (e.args) {
             // one pass over the args; the table decides order and aliases (first key present wins)
-            find_args(doc, e.args, arg_attribute, kArgAttributeCount, found);
             std::string_view last_attr;
-            for (int a = 0; a < kArgAttributeCount; ++a) {
+            for (uint64_t rest = find_args(doc, e.args, arg_attribute, found); rest; rest &= rest - 1) {
+                const int a = __builtin_ctzll(rest);
                 const ArgAttribute& spec = kArgAttributes[a];
                 const JNode* v = found[a];
-                if (!v || spec.attr == last_attr) continue;
+                if (spec.attr == last_attr) continue;
                 uint32_t before = sp.attrs.count;
                 switch (spec.type) {
                     case ArgType::Int: {

@@ -100,7 +100,7 @@ class Parser {
     void run() {
         validate_utf8(std::string_view(begin_, end_ - begin_));
         skip_ws();
-        doc_.root_ = value(0);
+        doc_.root_ = value(0, kNoKey);
         skip_ws();
         if (p_ != end_) fail("Extra data");
     }
@@ -111,7 +111,10 @@ class Parser {
     const char* begin_;
     const char* end_;
     std::string buf_;
-    std::vector<KeyId> successor_;  // [0]: the last first key of an object; [k + 1]: the last key after key k
+    // Guesses for member_key, two per slot (see there): the last two keys seen in that slot.
+    static constexpr size_t kWays = 2;
+    std::vector<KeyId> after_key_;  // slot k: the key after key k
+    std::vector<KeyId> first_key_;  // slot k + 1: the first key of an object that is the value of key k; 0: of other objects
 
     uint32_t push(JType type) {
         doc_.nodes_.emplace_back();
@@ -134,7 +137,8 @@ class Parser {
     }
 
     void skip_ws() {
-        // single spaces between tokens are the common case; after a newline, skip indentation 8 at a time
+        // single spaces between tokens are the common case; after a newline, skip the indentation
+        // 8 bytes at a time, up to its first non-space byte
         constexpr uint64_t spaces = 0x2020202020202020ULL;
         while (p_ < end_) {
             char c = *p_;
@@ -143,7 +147,14 @@ class Parser {
             } else if (c == '\n' || c == '\r' || c == '\t') {
                 ++p_;
                 uint64_t w;
-                while (end_ - p_ >= 8 && (std::memcpy(&w, p_, 8), w == spaces)) p_ += 8;
+                while (end_ - p_ >= 8) {
+                    std::memcpy(&w, p_, 8);
+                    if (uint64_t other = w ^ spaces) {
+                        p_ += __builtin_ctzll(other) >> 3;  // little-endian: the first non-space byte
+                        break;
+                    }
+                    p_ += 8;
+                }
             } else {
                 break;
             }
@@ -151,10 +162,11 @@ class Parser {
     }
 
     // Parses one value at p_, appends its node (and its children after it); returns its index.
-    uint32_t value(int depth) {
+    // `member` is the key whose value this is (kNoKey: an array element or the root).
+    uint32_t value(int depth, KeyId member) {
         if (p_ >= end_) fail("Expecting value");
         switch (*p_) {
-            case '{': return object(depth + 1);
+            case '{': return object(depth + 1, member);
             case '[': return array(depth + 1);
             case '"': {
                 std::string_view s = string();
@@ -339,18 +351,20 @@ class Parser {
         return {data, buf_.size()};
     }
 
-    // Interns the member key at p_, which follows `prev` (kNoKey: the object's first key). Objects
-    // of one kind repeat their keys in one order, so last time's successor is tried before hashing.
-    KeyId member_key(KeyId prev) {
+    // Interns the member key at p_. Objects of one kind repeat their keys in one order, so the keys
+    // last seen in the same slot of `guesses` are tried before hashing. Slots: the previous key of
+    // the object, or for its first key the key the object is the value of (events and their
+    // "args" objects alternate). Two guesses per slot, as two kinds of objects often alternate
+    // (e.g. complete events and flow events differ after "ph").
+    KeyId member_key(std::vector<KeyId>& guesses, size_t slot) {
         std::string_view key = string();
-        const size_t at = prev == kNoKey ? 0 : size_t{prev} + 1;
-        if (at < successor_.size()) {
-            KeyId guess = successor_[at];
-            if (guess != kNoKey && same(doc_.keys_[guess], key)) return guess;
-        }
+        if (slot * kWays >= guesses.size()) guesses.resize((doc_.keys_.size() + 1) * kWays, kNoKey);
+        KeyId* ways = &guesses[slot * kWays];
+        for (size_t w = 0; w < kWays; ++w)
+            if (ways[w] != kNoKey && same(doc_.keys_[ways[w]], key)) return ways[w];
         KeyId id = doc_.intern(key);
-        if (at >= successor_.size()) successor_.resize(doc_.keys_.size() + 1, kNoKey);
-        successor_[at] = id;
+        std::copy_backward(ways, ways + kWays - 1, ways + kWays);
+        ways[0] = id;
         return id;
     }
 
@@ -373,7 +387,7 @@ class Parser {
         }
         while (true) {
             skip_ws();
-            link(idx, prev, value(depth));
+            link(idx, prev, value(depth, kNoKey));
             skip_ws();
             if (p_ >= end_) fail("Expecting ',' delimiter");
             if (*p_ == ',') {
@@ -388,7 +402,7 @@ class Parser {
         }
     }
 
-    uint32_t object(int depth) {
+    uint32_t object(int depth, KeyId member) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
         uint32_t idx = push(JType::Obj), prev = kNoNode;
@@ -401,12 +415,13 @@ class Parser {
         while (true) {
             skip_ws();
             if (p_ >= end_ || *p_ != '"') fail("Expecting property name enclosed in double quotes");
-            KeyId key = prev_key = member_key(prev_key);
+            KeyId key = prev_key = prev_key != kNoKey ? member_key(after_key_, prev_key)
+                                                      : member_key(first_key_, member == kNoKey ? 0 : size_t{member} + 1);
             skip_ws();
             if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
             ++p_;
             skip_ws();
-            uint32_t child = value(depth);
+            uint32_t child = value(depth, key);
             doc_.nodes_[child].key = key;
             link(idx, prev, child);
             skip_ws();

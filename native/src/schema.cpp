@@ -82,6 +82,7 @@ const ArgAttribute kArgAttributes[] = {
     {"Process Group Name", "pytorch.collective.process_group_name", ArgType::String},
 };
 const int kArgAttributeCount = sizeof(kArgAttributes) / sizeof(kArgAttributes[0]);
+static_assert(sizeof(kArgAttributes) / sizeof(kArgAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
 
 const std::string_view kMemoryAttributes[][2] = {
     {"Bytes", "pytorch.memory.bytes"},
@@ -92,5 +93,6 @@ const std::string_view kMemoryAttributes[][2] = {
     {"Addr", "pytorch.memory.addr"},
 };
 const int kMemoryAttributeCount = sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]);
+static_assert(sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
 
 }  // namespace otelprof

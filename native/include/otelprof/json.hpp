@@ -21,9 +21,26 @@ struct TraceError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// String equality that rejects on length and first byte before calling memcmp (hot in key lookups).
+// String equality for member keys (short; compared once per member parsed): whole words inline,
+// as a call to memcmp costs more than the comparison itself.
 inline bool same(std::string_view a, std::string_view b) {
-    return a.size() == b.size() && (a.empty() || (a[0] == b[0] && std::memcmp(a.data(), b.data(), a.size()) == 0));
+    const size_t n = a.size();
+    if (n != b.size()) return false;
+    const char *x = a.data(), *y = b.data();
+    auto word_at = [](const char* p, size_t at, auto word) {
+        std::memcpy(&word, p + at, sizeof word);
+        return word;
+    };
+    auto equal_at = [&](size_t at, auto word) { return word_at(x, at, word) == word_at(y, at, word); };
+    if (n >= 8) {
+        for (size_t at = 0; at + 8 < n; at += 8)
+            if (!equal_at(at, uint64_t{})) return false;
+        return equal_at(n - 8, uint64_t{});  // the last 8 bytes, overlapping the last whole word
+    }
+    if (n >= 4) return equal_at(0, uint32_t{}) && equal_at(n - 4, uint32_t{});  // overlapping halves
+    for (size_t at = 0; at < n; ++at)
+        if (x[at] != y[at]) return false;
+    return true;
 }
 
 enum class JType : uint8_t { Null, False, True, Int, BigInt, Num, Str, Arr, Obj };
