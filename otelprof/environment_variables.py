@@ -69,3 +69,108 @@ __all__ = [
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_SERVICE_NAME",
 ]
+
+# --- OTLP exporter (OpenTelemetry specification names; the TRACES_ variant wins) -----------
+
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+"""
+.. envvar:: OTEL_SDK_DISABLED
+
+``true`` (any case) disables otelprof's exporting entirely. Default: ``false``.
+"""
+
+OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_ENDPOINT
+
+Base URL of the OTLP receiver. For ``http/protobuf`` the path ``v1/traces`` is appended to it.
+Default: ``http://localhost:4317`` for ``grpc``, ``http://localhost:4318`` for ``http/protobuf``.
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+
+Full URL for traces, used as is (no path appended). Default: derived from the general endpoint.
+"""
+
+OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_PROTOCOL
+
+``grpc`` or ``http/protobuf``. Default: ``http/protobuf`` (the specification's default).
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_PROTOCOL`."""
+
+OTEL_EXPORTER_OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_HEADERS
+
+Request headers, ``key=value`` pairs separated by commas, values percent-encoded. Values are
+never logged. Default: none.
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_HEADERS` (replaces it, not merged)."""
+
+OTEL_EXPORTER_OTLP_COMPRESSION = "OTEL_EXPORTER_OTLP_COMPRESSION"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_COMPRESSION
+
+``gzip`` or ``none``. Default: ``none``.
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_COMPRESSION = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_COMPRESSION`."""
+
+OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_TIMEOUT
+
+Time limit of one export request, in milliseconds. Default: ``10000``.
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_TIMEOUT = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_TIMEOUT`."""
+
+OTEL_EXPORTER_OTLP_CERTIFICATE = "OTEL_EXPORTER_OTLP_CERTIFICATE"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_CERTIFICATE
+
+PEM file of the CA certificates that verify the receiver's certificate. Default: system roots.
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_CERTIFICATE`."""
+
+OTEL_EXPORTER_OTLP_CLIENT_KEY = "OTEL_EXPORTER_OTLP_CLIENT_KEY"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_CLIENT_KEY
+
+PEM file of the client's private key for mutual TLS. Default: none.
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_CLIENT_KEY`."""
+
+OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE
+
+PEM file of the client's certificate chain for mutual TLS. Default: none.
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`."""
+
+OTEL_EXPORTER_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
+"""
+.. envvar:: OTEL_EXPORTER_OTLP_INSECURE
+
+``true`` turns off TLS for a gRPC endpoint given without a scheme. Default: ``false``.
+"""
+
+OTEL_EXPORTER_OTLP_TRACES_INSECURE = "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_INSECURE`."""

@@ -1,0 +1,206 @@
+"""OTLP exporter settings from the environment, exactly as the OpenTelemetry specification
+defines them (``OTEL_EXPORTER_OTLP_*``; a ``TRACES_`` variable replaces its general one).
+
+A bad value never raises: one warning names the variable and the value used instead. Header
+values (they carry credentials) are never logged or shown in ``repr``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import unquote, urlsplit
+
+from .. import environment_variables as ev
+
+_log = logging.getLogger(__name__)
+
+Protocol = Literal["grpc", "http/protobuf"]
+Compression = Literal["gzip", "none"]
+
+DEFAULT_PROTOCOL: Protocol = "http/protobuf"
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+TRACES_PATH = "v1/traces"
+DEFAULT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    """Where and how spans are exported.
+
+    ``url`` is the full traces URL for ``http/protobuf``, and ``scheme://host:port`` for ``grpc``
+    (``target`` gives the ``host:port`` gRPC dials). ``endpoint_configured`` is False when no
+    endpoint variable is set: the embedded default destination applies then.
+    """
+
+    protocol: Protocol = DEFAULT_PROTOCOL
+    url: str = DEFAULT_HTTP_ENDPOINT + "/" + TRACES_PATH
+    endpoint_configured: bool = False
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    compression: Compression = "none"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    certificate: str | None = None
+    client_key: str | None = None
+    client_certificate: str | None = None
+    insecure: bool = True  # the default URL is plain http
+    disabled: bool = False
+
+    @property
+    def target(self) -> str:
+        """``host:port`` (gRPC's dial target)."""
+        parts = urlsplit(self.url)
+        return parts.netloc
+
+    @property
+    def header_names(self) -> tuple[str, ...]:
+        """Header names only: safe to log."""
+        return tuple(k for k, _ in self.headers)
+
+
+def _get(environ: Mapping[str, str], traces_name: str, general_name: str) -> tuple[str, str] | None:
+    """(variable, value) of the signal-specific variable if set, else of the general one."""
+    for name in (traces_name, general_name):
+        value = environ.get(name, "").strip()
+        if value:
+            return name, value
+    return None
+
+
+def _bool(found: tuple[str, str] | None) -> bool:
+    """The specification's boolean: only ``true`` (any case) is true; warn on other non-false values."""
+    if found is None:
+        return False
+    name, value = found
+    if value.lower() == "true":
+        return True
+    if value.lower() != "false":
+        _log.warning("%s=%r is not 'true' or 'false'; using false", name, value)
+    return False
+
+
+def _protocol(environ: Mapping[str, str]) -> Protocol:
+    found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, ev.OTEL_EXPORTER_OTLP_PROTOCOL)
+    if found is None:
+        return DEFAULT_PROTOCOL
+    name, value = found
+    if value == "grpc":
+        return "grpc"
+    if value == "http/protobuf":
+        return "http/protobuf"
+    _log.warning("%s=%r is not supported (grpc, http/protobuf); using %s", name, value, DEFAULT_PROTOCOL)
+    return DEFAULT_PROTOCOL
+
+
+def _url(environ: Mapping[str, str], protocol: Protocol) -> tuple[str, bool, bool | None]:
+    """(url, endpoint_configured, TLS as the scheme says, or None when the endpoint has no scheme)."""
+    default = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
+    specific = environ.get(ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").strip()
+    general = environ.get(ev.OTEL_EXPORTER_OTLP_ENDPOINT, "").strip()
+    name, raw = (
+        (ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, specific) if specific else (ev.OTEL_EXPORTER_OTLP_ENDPOINT, general)
+    )
+    if not raw:
+        return _with_path(default, protocol, signal_specific=False), False, False
+    parts = urlsplit(raw if "://" in raw else "//" + raw)
+    scheme = parts.scheme.lower()
+    bad_scheme = scheme not in ("", "http", "https") or (protocol != "grpc" and not scheme)
+    if bad_scheme or not parts.hostname:
+        _log.warning("%s=%r is not an http(s) URL; using %s", name, raw, default)
+        return _with_path(default, protocol, signal_specific=False), False, False
+    if protocol == "grpc":
+        netloc = parts.netloc if parts.port else f"{parts.netloc}:{4317}"
+        return f"{scheme or 'https'}://{netloc}", True, (scheme == "https") if scheme else None
+    return _with_path(raw, protocol, signal_specific=bool(specific)), True, scheme == "https"
+
+
+def _with_path(url: str, protocol: Protocol, signal_specific: bool) -> str:
+    """HTTP: ``v1/traces`` is appended to the general endpoint's path; a signal-specific URL is
+    used as is (with ``/`` when it has no path)."""
+    if protocol == "grpc":
+        return url
+    parts = urlsplit(url)
+    path = (parts.path or "/") if signal_specific else parts.path.rstrip("/") + "/" + TRACES_PATH
+    return parts._replace(path=path).geturl()
+
+
+def _headers(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_HEADERS, ev.OTEL_EXPORTER_OTLP_HEADERS)
+    if found is None:
+        return ()
+    name, raw = found
+    headers: list[tuple[str, str]] = []
+    for position, entry in enumerate(raw.split(","), start=1):
+        key, sep, value = entry.partition("=")
+        key = key.strip().lower()
+        if not sep or not key or any(c.isspace() or not c.isprintable() for c in key):
+            # the value may be a credential: say where, never what
+            _log.warning("%s: entry %d is not key=value; skipped", name, position)
+            continue
+        headers.append((key, unquote(value.strip())))
+    return tuple(headers)
+
+
+def _compression(environ: Mapping[str, str]) -> Compression:
+    found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_COMPRESSION, ev.OTEL_EXPORTER_OTLP_COMPRESSION)
+    if found is None:
+        return "none"
+    name, value = found
+    if value.lower() in ("gzip", "none"):
+        return "gzip" if value.lower() == "gzip" else "none"
+    _log.warning("%s=%r is not 'gzip' or 'none'; using none", name, value)
+    return "none"
+
+
+def _timeout_s(environ: Mapping[str, str]) -> float:
+    found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, ev.OTEL_EXPORTER_OTLP_TIMEOUT)
+    if found is None:
+        return DEFAULT_TIMEOUT_S
+    name, value = found
+    try:
+        millis = float(value)
+    except ValueError:
+        millis = -1.0
+    if not 0 < millis < 86_400_000:  # also rejects nan
+        _log.warning("%s=%r is not a positive number of milliseconds; using %d", name, value, DEFAULT_TIMEOUT_S * 1000)
+        return DEFAULT_TIMEOUT_S
+    return millis / 1000
+
+
+def _file(environ: Mapping[str, str], traces_name: str, general_name: str) -> str | None:
+    found = _get(environ, traces_name, general_name)
+    if found is None:
+        return None
+    name, path = found
+    if not os.path.isfile(path):
+        _log.warning("%s=%r is not a readable file; ignored", name, path)
+        return None
+    return path
+
+
+def exporter_config_from_env(environ: Mapping[str, str] = os.environ) -> ExporterConfig:
+    protocol = _protocol(environ)
+    url, configured, tls_from_scheme = _url(environ, protocol)
+    # the INSECURE flag only decides for a gRPC endpoint given without a scheme
+    insecure_flag = _bool(_get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_INSECURE, ev.OTEL_EXPORTER_OTLP_INSECURE))
+    insecure = insecure_flag if tls_from_scheme is None else not tls_from_scheme
+    if tls_from_scheme is None:  # scheme-less gRPC endpoint: show the transport the flag chose
+        url = ("http" if insecure else "https") + url[url.index("://") :]
+    return ExporterConfig(
+        protocol=protocol,
+        url=url,
+        endpoint_configured=configured,
+        headers=_headers(environ),
+        compression=_compression(environ),
+        timeout_s=_timeout_s(environ),
+        certificate=_file(environ, ev.OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE, ev.OTEL_EXPORTER_OTLP_CERTIFICATE),
+        client_key=_file(environ, ev.OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY, ev.OTEL_EXPORTER_OTLP_CLIENT_KEY),
+        client_certificate=_file(
+            environ, ev.OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE, ev.OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE
+        ),
+        insecure=insecure,
+        disabled=_bool(_get(environ, ev.OTEL_SDK_DISABLED, ev.OTEL_SDK_DISABLED)),
+    )
