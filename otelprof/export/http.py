@@ -1,0 +1,88 @@
+"""OTLP/HTTP protobuf: one ``POST`` of pre-encoded ``ExportTraceServiceRequest`` bytes.
+
+Status handling follows the OTLP specification: 2xx is success (with ``partial_success``
+decoded), 429/502/503/504 are retryable (honouring ``Retry-After``), anything else is final;
+error bodies are ``google.rpc.Status`` messages whose text is reported.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import ssl
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
+
+from google.protobuf.message import DecodeError
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from .._version import __version__
+from .config import ExporterConfig
+from .result import ExportResult
+
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+USER_AGENT = f"otelprof/{__version__}"
+
+
+def ssl_context(cfg: ExporterConfig) -> ssl.SSLContext:
+    """Verifies the receiver against ``certificate`` (else the system roots); presents the client
+    certificate when one is configured (mutual TLS)."""
+    context = ssl.create_default_context(cafile=cfg.certificate)
+    if cfg.client_certificate:
+        context.load_cert_chain(cfg.client_certificate, keyfile=cfg.client_key)
+    return context
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header: a number of seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+def _status_message(body: bytes) -> str:
+    try:
+        return str(Status.FromString(body).message)
+    except DecodeError:
+        return body[:200].decode("utf-8", "replace")
+
+
+def send(cfg: ExporterConfig, request: bytes) -> ExportResult:
+    """POSTs one request; never raises for network or protocol trouble (it becomes a result)."""
+    url = urlsplit(cfg.url)
+    body = gzip.compress(request, compresslevel=6) if cfg.compression == "gzip" else request
+    headers = {"Content-Type": "application/x-protobuf", "User-Agent": USER_AGENT, **dict(cfg.headers)}
+    if cfg.compression == "gzip":
+        headers["Content-Encoding"] = "gzip"
+    conn: http.client.HTTPConnection
+    if url.scheme == "https":
+        conn = http.client.HTTPSConnection(url.netloc, timeout=cfg.timeout_s, context=ssl_context(cfg))
+    else:
+        conn = http.client.HTTPConnection(url.netloc, timeout=cfg.timeout_s)
+    try:
+        conn.request("POST", url.path or "/", body=body, headers=headers)
+        response = conn.getresponse()
+        payload = response.read()
+    except (OSError, http.client.HTTPException) as exc:  # refused, reset, timeout, TLS failure
+        return ExportResult(False, retryable=True, message=f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+    if 200 <= response.status < 300:
+        try:
+            partial = ExportTraceServiceResponse.FromString(payload).partial_success
+        except DecodeError:
+            return ExportResult.success()
+        return ExportResult.success(partial.rejected_spans, partial.error_message)
+    message = f"HTTP {response.status}: {_status_message(payload)}"
+    if response.status in RETRYABLE_STATUS:
+        return ExportResult(False, True, _retry_after(response.getheader("Retry-After")), message=message)
+    return ExportResult(False, message=message)
