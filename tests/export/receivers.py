@@ -6,11 +6,16 @@ import gzip
 import ssl
 import threading
 from collections.abc import Iterator
+from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import grpc
+from google.rpc import error_details_pb2
 from google.rpc.status_pb2 import Status
+from grpc_status import rpc_status
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceRequest,
@@ -98,3 +103,68 @@ def http_receiver(receiver: HttpReceiver | None = None, tls: ssl.SSLContext | No
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@dataclass
+class GrpcReply:
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    message: str = ""
+    retry_delay_s: float | None = None  # attach a google.rpc.RetryInfo
+    rejected_spans: int = 0
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    """The official OTLP trace service, answering from a script like HttpReceiver."""
+
+    def __init__(self, rec: GrpcReceiver) -> None:
+        self.rec = rec
+
+    def Export(self, request: ExportTraceServiceRequest, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+        metadata = dict(context.invocation_metadata())
+        with self.rec.lock:
+            self.rec.metadata_seen.append(metadata)
+            for key, value in self.rec.required_metadata.items():
+                if metadata.get(key) != value:
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong credentials")
+            reply = self.rec.script.pop(0) if self.rec.script else GrpcReply()
+        if reply.code != grpc.StatusCode.OK:
+            status = Status(code=reply.code.value[0], message=reply.message)
+            if reply.retry_delay_s is not None:
+                info = error_details_pb2.RetryInfo()
+                info.retry_delay.FromNanoseconds(int(reply.retry_delay_s * 1e9))
+                status.details.add().Pack(info)
+            context.abort_with_status(rpc_status.to_status(status))
+        with self.rec.lock:
+            self.rec.requests.append(request)
+        response = ExportTraceServiceResponse()
+        if reply.rejected_spans:
+            response.partial_success.rejected_spans = reply.rejected_spans
+            response.partial_success.error_message = reply.message
+        return response
+
+
+@dataclass
+class GrpcReceiver:
+    port: int = 0
+    required_metadata: dict[str, str] = field(default_factory=dict)
+    script: list[GrpcReply] = field(default_factory=list)
+    requests: list[ExportTraceServiceRequest] = field(default_factory=list)
+    metadata_seen: list[dict[str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@contextmanager
+def grpc_receiver(
+    receiver: GrpcReceiver | None = None, tls: grpc.ServerCredentials | None = None
+) -> Iterator[GrpcReceiver]:
+    """Serves the official OTLP TraceService on 127.0.0.1 until the block ends."""
+    rec = receiver or GrpcReceiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(rec), server)
+    address = f"127.0.0.1:{rec.port}"
+    rec.port = server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
+    server.start()
+    try:
+        yield rec
+    finally:
+        server.stop(grace=None)

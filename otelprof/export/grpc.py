@@ -1,0 +1,103 @@
+"""OTLP/gRPC: ``TraceService/Export`` with pre-encoded ``ExportTraceServiceRequest`` bytes.
+
+Status handling follows the OTLP specification: CANCELLED, DEADLINE_EXCEEDED, ABORTED,
+OUT_OF_RANGE, UNAVAILABLE and DATA_LOSS are retryable; RESOURCE_EXHAUSTED only when the server
+sends a ``RetryInfo`` (whose delay is honoured); everything else is final.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from .._version import __version__
+from .config import ExporterConfig
+from .result import ExportResult
+
+EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+#: Collector-sized messages: otelprof's requests stay under 4 MiB, responses are tiny.
+_CHANNEL_OPTIONS = [("grpc.primary_user_agent", f"otelprof/{__version__}"), ("grpc.max_send_message_length", 64 << 20)]
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def _retry_delay(error: grpc.RpcError) -> float | None:
+    """The ``RetryInfo`` delay from the status details the server attached, if any."""
+    for key, value in error.trailing_metadata() or ():
+        if key != "grpc-status-details-bin":
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:
+            return None
+        for detail in status.details:
+            info = error_details_pb2.RetryInfo()
+            if detail.Unpack(info):
+                return float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+    return None
+
+
+class GrpcSender:
+    """One channel per configuration, created lazily; ``send`` never raises for RPC trouble."""
+
+    def __init__(self, cfg: ExporterConfig) -> None:
+        self._cfg = cfg
+        self._channel: grpc.Channel | None = None
+        self._export: grpc.UnaryUnaryMultiCallable | None = None
+
+    def _stub(self) -> grpc.UnaryUnaryMultiCallable:
+        if self._export is None:
+            cfg = self._cfg
+            if cfg.insecure:
+                self._channel = grpc.insecure_channel(cfg.target, options=_CHANNEL_OPTIONS)
+            else:
+                creds = grpc.ssl_channel_credentials(
+                    _read(cfg.certificate), _read(cfg.client_key), _read(cfg.client_certificate)
+                )
+                self._channel = grpc.secure_channel(cfg.target, creds, options=_CHANNEL_OPTIONS)
+            self._export = self._channel.unary_unary(
+                EXPORT_METHOD,
+                request_serializer=lambda data: data,  # already an encoded ExportTraceServiceRequest
+                response_deserializer=ExportTraceServiceResponse.FromString,
+            )
+        return self._export
+
+    def send(self, request: bytes) -> ExportResult:
+        cfg = self._cfg
+        compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
+        try:
+            response = self._stub()(request, timeout=cfg.timeout_s, metadata=list(cfg.headers), compression=compression)
+        except grpc.RpcError as error:
+            code: grpc.StatusCode = error.code()
+            message = f"gRPC {code.name}: {error.details()}"
+            delay = _retry_delay(error)
+            if code in RETRYABLE_CODES:
+                return ExportResult(False, True, delay, message=message)
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None:
+                return ExportResult(False, True, delay, message=message)
+            return ExportResult(False, message=message)
+        except OSError as exc:  # unreadable certificate files
+            return ExportResult(False, message=f"{type(exc).__name__}: {exc}")
+        partial = response.partial_success
+        return ExportResult.success(partial.rejected_spans, partial.error_message)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._export = None
