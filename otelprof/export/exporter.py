@@ -1,0 +1,272 @@
+"""The background exporter: ``submit()`` returns at once whatever the network does; a worker
+thread sends, retries as the OTLP specification allows, and spools what cannot be sent.
+
+Policy, in order:
+- no endpoint configured: every request goes to the spool (the embedded default destination);
+- retryable failure: exponential backoff with jitter, capped, honouring the server's delay;
+  after ``max_attempts`` the request is spooled and the backend is considered down;
+- backend down: new requests are spooled; every ``probe_interval_s`` the oldest spooled request
+  is retried, and once one succeeds the spool is replayed in order before anything newer;
+- non-retryable failure: the request is dropped, counted, and the backend's message logged once;
+- the in-memory queue is bounded in bytes; when full, ``submit`` spools the request itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ExporterConfig, exporter_config_from_env
+from .result import ExportResult
+from .spool import Spool
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_SPOOL_DIR = Path.home() / ".cache" / "otelprof" / "spool"
+Send = Callable[[bytes], ExportResult]
+
+
+@dataclass
+class ExporterCounters:
+    requests_exported: int = 0
+    requests_spooled: int = 0
+    requests_replayed: int = 0
+    requests_dropped: int = 0
+    spans_rejected: int = 0
+    retries: int = 0
+
+
+def _transport(cfg: ExporterConfig) -> tuple[Send, Callable[[], None]]:
+    if cfg.protocol == "grpc":
+        from .grpc import GrpcSender
+
+        sender = GrpcSender(cfg)
+        return sender.send, sender.close
+    from . import http
+
+    return (lambda request: http.send(cfg, request)), (lambda: None)
+
+
+class Exporter:
+    _cond: threading.Condition
+    _queue: deque[bytes]
+    _queued_bytes: int
+    _busy: bool
+    _closed: bool
+    _backend_down: bool
+    _next_probe: float
+    _thread: threading.Thread
+
+    def __init__(
+        self,
+        config: ExporterConfig | None = None,
+        *,
+        spool_dir: str | os.PathLike[str] | None = None,
+        spool_max_bytes: int = 256 * 1024 * 1024,
+        queue_max_bytes: int = 64 * 1024 * 1024,
+        max_attempts: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        probe_interval_s: float = 5.0,
+    ) -> None:
+        self.config = config or exporter_config_from_env()
+        self.spool = Spool(spool_dir or DEFAULT_SPOOL_DIR, spool_max_bytes)
+        self.counters = ExporterCounters()
+        self._queue_max_bytes = queue_max_bytes
+        self._max_attempts = max_attempts
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._probe_interval_s = probe_interval_s
+        self._send, self._close = _transport(self.config)
+        self._warned: set[str] = set()
+        self._start()
+        # weak references: an exporter nobody holds can still be collected
+        self_ref = weakref.ref(self)
+
+        def at_exit() -> None:
+            exporter = self_ref()
+            if exporter is not None:
+                exporter.shutdown(timeout_s=5.0)
+
+        def in_forked_child() -> None:
+            exporter = self_ref()
+            if exporter is not None:
+                exporter._after_fork()
+
+        atexit.register(at_exit)
+        os.register_at_fork(after_in_child=in_forked_child)
+
+    # --- producer side (any thread; never blocks on the network, never raises) ------------
+
+    def submit(self, request: bytes) -> None:
+        try:
+            if self.config.disabled:
+                self.counters.requests_dropped += 1
+                return
+            with self._cond:
+                if self._closed or self._queued_bytes + len(request) > self._queue_max_bytes:
+                    overflow = True
+                else:
+                    overflow = False
+                    self._queue.append(request)
+                    self._queued_bytes += len(request)
+                    self._cond.notify()
+            if overflow:
+                self._to_spool(request, "the export queue is full")
+        except Exception:  # never into the training loop
+            self.counters.requests_dropped += 1
+            self._warn_once("submit", "dropping a request after an unexpected error", exc_info=True)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Waits until the queue is empty and nothing is in flight; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Flushes for up to ``timeout_s``, spools what is still queued, stops the worker."""
+        if self._closed:
+            return
+        self.flush(timeout_s)
+        with self._cond:
+            self._closed = True
+            leftover = list(self._queue)
+            self._queue.clear()
+            self._queued_bytes = 0
+            self._cond.notify_all()
+        for request in leftover:
+            self._to_spool(request, "shutting down")
+        self._thread.join(timeout=timeout_s)
+        self._close()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    # --- worker ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._cond = threading.Condition()
+        self._queue = deque()
+        self._queued_bytes = 0
+        self._busy = False
+        self._closed = False
+        self._backend_down = not self.config.endpoint_configured
+        self._next_probe = 0.0
+        self._thread = threading.Thread(target=self._run, name="otelprof-exporter", daemon=True)
+        self._thread.start()
+
+    def _after_fork(self) -> None:
+        """A forked child (e.g. a DataLoader worker) starts clean: no inherited lock, queue,
+        thread or channel. Its own submissions get a fresh worker."""
+        self._send, self._close = _transport(self.config)
+        self._start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed and not self._probe_due():
+                    self._cond.wait(self._probe_wait())
+                if self._closed:
+                    return
+                request = self._queue.popleft() if self._queue else None
+                if request is not None:
+                    self._queued_bytes -= len(request)
+                self._busy = True
+            try:
+                if self._backend_down and self.config.endpoint_configured and self._probe_due():
+                    self._probe_and_replay()
+                if request is not None:
+                    self._deliver(request)
+            except Exception:  # the worker must survive anything
+                self._warn_once("worker", "export worker error", exc_info=True)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _probe_due(self) -> bool:
+        return self._backend_down and self.config.endpoint_configured and time.monotonic() >= self._next_probe
+
+    def _probe_wait(self) -> float | None:
+        if not (self._backend_down and self.config.endpoint_configured):
+            return None
+        return max(0.01, self._next_probe - time.monotonic())
+
+    def _deliver(self, request: bytes) -> None:
+        if self._backend_down:
+            self._to_spool(request, "the backend is unreachable" if self.config.endpoint_configured else "")
+            return
+        result = self._send_with_retries(request)
+        if result.ok:
+            return
+        if result.retryable:
+            self._backend_down = True
+            self._next_probe = time.monotonic() + self._probe_interval_s
+            self._to_spool(request, f"the backend is failing ({result.message})")
+        else:
+            self.counters.requests_dropped += 1
+            self._warn_once("rejected", "the backend rejected a request, dropped: %s", result.message)
+
+    def _send_with_retries(self, request: bytes) -> ExportResult:
+        delay = self._backoff_s
+        for attempt in range(1, self._max_attempts + 1):
+            result = self._send(request)
+            if result.ok:
+                self.counters.requests_exported += 1
+                if result.rejected_spans:
+                    self.counters.spans_rejected += result.rejected_spans
+                    self._warn_once(
+                        "partial", "the backend rejected %d spans: %s", result.rejected_spans, result.message
+                    )
+                return result
+            if not result.retryable or attempt == self._max_attempts or self._closed:
+                return result
+            self.counters.retries += 1
+            wait = result.retry_after_s if result.retry_after_s is not None else delay * random.uniform(0.5, 1.5)
+            time.sleep(min(wait, self._max_backoff_s))
+            delay = min(delay * 2, self._max_backoff_s)
+        return result  # pragma: no cover - the loop always returns
+
+    def _probe_and_replay(self) -> None:
+        """Backend marked down: retry the spool oldest first; stop at the first failure."""
+        for record, request in self.spool:
+            result = self._send(request)
+            if not result.ok and result.retryable:
+                self._next_probe = time.monotonic() + self._probe_interval_s
+                return
+            self.spool.remove(record)
+            if result.ok:
+                self.counters.requests_replayed += 1
+            else:
+                self.counters.requests_dropped += 1
+                self._warn_once("rejected", "the backend rejected a spooled request, dropped: %s", result.message)
+        self._backend_down = False
+        _log.info("OTLP backend %s is reachable again; spool replayed", self.config.url)
+
+    def _to_spool(self, request: bytes, why: str) -> None:
+        if self.spool.write(request):
+            self.counters.requests_spooled += 1
+            if why:
+                self._warn_once("spooling", "spooling export requests to %s: %s", self.spool.directory, why)
+        else:
+            self.counters.requests_dropped += 1
+
+    def _warn_once(self, key: str, message: str, *args: object, exc_info: bool = False) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _log.warning(message, *args, exc_info=exc_info)

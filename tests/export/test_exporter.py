@@ -1,0 +1,131 @@
+"""The background exporter against real receivers: nothing lost, nothing blocks the producer."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from converter_helpers import shared_trace
+
+from otelprof.converter import convert
+from otelprof.export import ExporterConfig, exporter_config_from_env
+from otelprof.export.exporter import Exporter
+
+from .receivers import HttpReceiver, Reply, http_receiver
+
+
+def _exporter(config: ExporterConfig, spool_dir: Path, queue_max_bytes: int = 64 << 20) -> Exporter:
+    """Test timings: fast backoff and probing."""
+    return Exporter(
+        config,
+        spool_dir=spool_dir,
+        queue_max_bytes=queue_max_bytes,
+        backoff_s=0.01,
+        max_backoff_s=0.05,
+        probe_interval_s=0.05,
+    )
+
+
+@pytest.fixture(scope="module")
+def requests() -> list[bytes]:
+    return convert(shared_trace("critical_path"), detail="full", max_request_bytes=8 * 1024).requests
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(port: int) -> ExporterConfig:
+    return exporter_config_from_env(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_TIMEOUT": "2000"}
+    )
+
+
+def _submit_all(exporter: Exporter, requests: list[bytes]) -> float:
+    """Submits every request; returns the slowest submit() call in seconds."""
+    worst = 0.0
+    for r in requests:
+        start = time.perf_counter()
+        exporter.submit(r)
+        worst = max(worst, time.perf_counter() - start)
+    return worst
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_everything_arrives_in_order(tmp_path: Path, requests: list[bytes]) -> None:
+    with http_receiver() as rec:
+        exporter = _exporter(_config(rec.port), tmp_path)
+        _submit_all(exporter, requests)
+        assert exporter.flush(30)
+        exporter.shutdown()
+    assert [r.SerializeToString() for r in rec.requests] == requests
+    assert exporter.counters.requests_exported == len(requests)
+    assert exporter.spool.records() == []
+
+
+def test_receiver_down_at_start_then_up_loses_nothing(tmp_path: Path, requests: list[bytes]) -> None:
+    port = _free_port()
+    exporter = _exporter(_config(port), tmp_path)
+    worst = _submit_all(exporter, requests)
+    assert exporter.flush(30)
+    assert exporter.counters.requests_spooled == len(requests)  # nowhere to send: all spooled
+    with http_receiver(HttpReceiver(port=port)) as rec:
+        _wait(lambda: len(rec.requests) == len(requests))
+        exporter.shutdown()
+    assert [r.SerializeToString() for r in rec.requests] == requests  # replayed in order
+    assert exporter.counters.requests_replayed == len(requests)
+    assert exporter.spool.records() == []
+    # while the backend was down, submit() never waited on the network (timeout is 2 s)
+    assert worst < 0.5
+
+
+def test_503_then_success_is_retried(tmp_path: Path, requests: list[bytes]) -> None:
+    with http_receiver(HttpReceiver(script=[Reply(503, message="busy")])) as rec:
+        exporter = _exporter(_config(rec.port), tmp_path)
+        exporter.submit(requests[0])
+        assert exporter.flush(30)
+        exporter.shutdown()
+    assert [r.SerializeToString() for r in rec.requests] == [requests[0]]
+    assert (exporter.counters.retries, exporter.counters.requests_exported) == (1, 1)
+
+
+def test_non_retryable_rejection_is_dropped_and_counted(
+    tmp_path: Path, requests: list[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    with http_receiver(HttpReceiver(script=[Reply(400, message="bad span"), Reply(400, message="bad span")])) as rec:
+        exporter = _exporter(_config(rec.port), tmp_path)
+        _submit_all(exporter, requests[:3])
+        assert exporter.flush(30)
+        exporter.shutdown()
+    assert exporter.counters.requests_dropped == 2
+    assert [r.SerializeToString() for r in rec.requests] == requests[2:3]
+    assert [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()] == [
+        "the backend rejected a request, dropped: HTTP 400: bad span"
+    ]
+
+
+def test_no_endpoint_spools_everything(tmp_path: Path, requests: list[bytes]) -> None:
+    exporter = _exporter(exporter_config_from_env({}), tmp_path)
+    _submit_all(exporter, requests)
+    assert exporter.flush(30)
+    exporter.shutdown()
+    assert [data for _p, data in exporter.spool] == requests
+
+
+def test_full_queue_spools_from_submit(tmp_path: Path, requests: list[bytes]) -> None:
+    port = _free_port()
+    exporter = _exporter(_config(port), tmp_path, queue_max_bytes=1)
+    _submit_all(exporter, requests)
+    exporter.shutdown(timeout_s=1)
+    assert exporter.counters.requests_spooled == len(requests)
+    assert sorted(data for _p, data in exporter.spool) == sorted(requests)
