@@ -25,9 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from .config import ExporterConfig, exporter_config_from_env
 from .result import ExportResult
 from .spool import Spool
+from .telemetry import ExporterMetrics
 
 _log = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ Send = Callable[[bytes], ExportResult]
 
 @dataclass
 class ExporterCounters:
+    """Plain counts, also exported as Prometheus metrics (telemetry.py)."""
+
     requests_exported: int = 0
     requests_spooled: int = 0
     requests_replayed: int = 0
@@ -77,10 +82,16 @@ class Exporter:
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         probe_interval_s: float = 5.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config or exporter_config_from_env()
         self.spool = Spool(spool_dir or DEFAULT_SPOOL_DIR, spool_max_bytes)
         self.counters = ExporterCounters()
+        # shared by every exporter of the process that uses the same registry
+        self.metrics = (
+            ExporterMetrics.for_registry(registry) if registry is not None else ExporterMetrics.for_registry()
+        )
+        self.metrics.watch(lambda: len(self._queue), self.spool.bytes_used)
         self._queue_max_bytes = queue_max_bytes
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
@@ -110,7 +121,7 @@ class Exporter:
     def submit(self, request: bytes) -> None:
         try:
             if self.config.disabled:
-                self.counters.requests_dropped += 1
+                self._count("requests_dropped")
                 return
             with self._cond:
                 if self._closed or self._queued_bytes + len(request) > self._queue_max_bytes:
@@ -123,7 +134,7 @@ class Exporter:
             if overflow:
                 self._to_spool(request, "the export queue is full")
         except Exception:  # never into the training loop
-            self.counters.requests_dropped += 1
+            self._count("requests_dropped")
             self._warn_once("submit", "dropping a request after an unexpected error", exc_info=True)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
@@ -219,24 +230,24 @@ class Exporter:
             self._next_probe = time.monotonic() + self._probe_interval_s
             self._to_spool(request, f"the backend is failing ({result.message})")
         else:
-            self.counters.requests_dropped += 1
+            self._count("requests_dropped")
             self._warn_once("rejected", "the backend rejected a request, dropped: %s", result.message)
 
     def _send_with_retries(self, request: bytes) -> ExportResult:
         delay = self._backoff_s
         for attempt in range(1, self._max_attempts + 1):
-            result = self._send(request)
+            result = self._timed_send(request)
             if result.ok:
-                self.counters.requests_exported += 1
+                self._count("requests_exported")
                 if result.rejected_spans:
-                    self.counters.spans_rejected += result.rejected_spans
+                    self._count("spans_rejected", result.rejected_spans)
                     self._warn_once(
                         "partial", "the backend rejected %d spans: %s", result.rejected_spans, result.message
                     )
                 return result
             if not result.retryable or attempt == self._max_attempts or self._closed:
                 return result
-            self.counters.retries += 1
+            self._count("retries")
             wait = result.retry_after_s if result.retry_after_s is not None else delay * random.uniform(0.5, 1.5)
             time.sleep(min(wait, self._max_backoff_s))
             delay = min(delay * 2, self._max_backoff_s)
@@ -245,26 +256,45 @@ class Exporter:
     def _probe_and_replay(self) -> None:
         """Backend marked down: retry the spool oldest first; stop at the first failure."""
         for record, request in self.spool:
-            result = self._send(request)
+            result = self._timed_send(request)
             if not result.ok and result.retryable:
                 self._next_probe = time.monotonic() + self._probe_interval_s
                 return
             self.spool.remove(record)
             if result.ok:
-                self.counters.requests_replayed += 1
+                self._count("requests_replayed")
             else:
-                self.counters.requests_dropped += 1
+                self._count("requests_dropped")
                 self._warn_once("rejected", "the backend rejected a spooled request, dropped: %s", result.message)
         self._backend_down = False
         _log.info("OTLP backend %s is reachable again; spool replayed", self.config.url)
 
     def _to_spool(self, request: bytes, why: str) -> None:
-        if self.spool.write(request):
-            self.counters.requests_spooled += 1
+        evicted = self.spool.counters.evicted
+        written = self.spool.write(request)
+        self.metrics.spool_evicted.inc(self.spool.counters.evicted - evicted)
+        if written:
+            self._count("requests_spooled")
             if why:
                 self._warn_once("spooling", "spooling export requests to %s: %s", self.spool.directory, why)
         else:
-            self.counters.requests_dropped += 1
+            self._count("requests_dropped")
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        setattr(self.counters, name, getattr(self.counters, name) + amount)
+        if name.startswith("requests_"):
+            self.metrics.requests.labels(result=name.removeprefix("requests_")).inc(amount)
+        elif name == "retries":
+            self.metrics.retries.inc(amount)
+        else:
+            self.metrics.spans_rejected.inc(amount)
+
+    def _timed_send(self, request: bytes) -> ExportResult:
+        start = time.perf_counter()
+        try:
+            return self._send(request)
+        finally:
+            self.metrics.duration.observe(time.perf_counter() - start)
 
     def _warn_once(self, key: str, message: str, *args: object, exc_info: bool = False) -> None:
         if key not in self._warned:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from converter_helpers import shared_trace
+from prometheus_client import CollectorRegistry, generate_latest
 
 from otelprof.converter import convert
 from otelprof.export import ExporterConfig, exporter_config_from_env
@@ -129,3 +130,23 @@ def test_full_queue_spools_from_submit(tmp_path: Path, requests: list[bytes]) ->
     exporter.shutdown(timeout_s=1)
     assert exporter.counters.requests_spooled == len(requests)
     assert sorted(data for _p, data in exporter.spool) == sorted(requests)
+
+
+def test_self_telemetry_in_the_prometheus_registry(tmp_path: Path, requests: list[bytes]) -> None:
+    registry = CollectorRegistry()
+    with http_receiver(HttpReceiver(script=[Reply(503, message="busy")])) as rec:
+        exporter = Exporter(
+            _config(rec.port), spool_dir=tmp_path, backoff_s=0.01, max_backoff_s=0.05, registry=registry
+        )
+        _submit_all(exporter, requests)
+        assert exporter.flush(30)
+        exporter.shutdown()
+    scrape = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in registry.collect() for s in m.samples}
+    assert scrape[("otelprof_export_requests_total", (("result", "exported"),))] == len(requests)
+    assert scrape[("otelprof_export_requests_total", (("result", "dropped"),))] == 0
+    assert scrape[("otelprof_export_retries_total", ())] == 1
+    assert scrape[("otelprof_export_duration_seconds_count", ())] == len(requests) + 1
+    assert scrape[("otelprof_export_queue_requests", ())] == 0
+    assert scrape[("otelprof_export_spool_bytes", ())] == 0
+    text = generate_latest(registry).decode()
+    assert 'otelprof_export_requests_total{result="exported"}' in text
