@@ -174,3 +174,11 @@ OTEL_EXPORTER_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
 
 OTEL_EXPORTER_OTLP_TRACES_INSECURE = "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
 """Signal-specific :envvar:`OTEL_EXPORTER_OTLP_INSECURE`."""
+
+OTELPROF_SPOOL_DIR = "OTELPROF_SPOOL_DIR"
+"""
+.. envvar:: OTELPROF_SPOOL_DIR
+
+Where export requests wait while the backend is unreachable (and where they go when no
+endpoint is configured). Default: ``~/.cache/otelprof/spool``.
+"""

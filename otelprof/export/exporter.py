@@ -21,12 +21,13 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from ..environment_variables import OTELPROF_SPOOL_DIR
 from .config import ExporterConfig, exporter_config_from_env
 from .result import ExportResult
 from .spool import Spool
@@ -35,6 +36,14 @@ from .telemetry import ExporterMetrics
 _log = logging.getLogger(__name__)
 
 DEFAULT_SPOOL_DIR = Path.home() / ".cache" / "otelprof" / "spool"
+
+
+def spool_dir_from_env(environ: Mapping[str, str] = os.environ) -> Path:
+    """:envvar:`OTELPROF_SPOOL_DIR`, else ``~/.cache/otelprof/spool``."""
+    value = environ.get(OTELPROF_SPOOL_DIR, "").strip()
+    return Path(value).expanduser() if value else DEFAULT_SPOOL_DIR
+
+
 Send = Callable[[bytes], ExportResult]
 
 
@@ -50,7 +59,7 @@ class ExporterCounters:
     retries: int = 0
 
 
-def _transport(cfg: ExporterConfig) -> tuple[Send, Callable[[], None]]:
+def transport(cfg: ExporterConfig) -> tuple[Send, Callable[[], None]]:
     if cfg.protocol == "grpc":
         from .grpc import GrpcSender
 
@@ -85,7 +94,7 @@ class Exporter:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config or exporter_config_from_env()
-        self.spool = Spool(spool_dir or DEFAULT_SPOOL_DIR, spool_max_bytes)
+        self.spool = Spool(spool_dir or spool_dir_from_env(), spool_max_bytes)
         self.counters = ExporterCounters()
         # shared by every exporter of the process that uses the same registry
         self.metrics = (
@@ -97,7 +106,7 @@ class Exporter:
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._probe_interval_s = probe_interval_s
-        self._send, self._close = _transport(self.config)
+        self._send, self._close = transport(self.config)
         self._warned: set[str] = set()
         self._start()
         # weak references: an exporter nobody holds can still be collected
@@ -184,7 +193,7 @@ class Exporter:
     def _after_fork(self) -> None:
         """A forked child (e.g. a DataLoader worker) starts clean: no inherited lock, queue,
         thread or channel. Its own submissions get a fresh worker."""
-        self._send, self._close = _transport(self.config)
+        self._send, self._close = transport(self.config)
         self._start()
 
     def _run(self) -> None:
