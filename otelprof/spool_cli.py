@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -82,7 +81,7 @@ def _replay(args: argparse.Namespace) -> int:
     if not cfg.endpoint_configured:
         print("otelprof: error: no endpoint: pass --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT", file=sys.stderr)
         return 1
-    send, close = transport(dataclasses.replace(cfg, disabled=False))
+    send, close = transport(cfg)
     spool, sent = _spool(args), 0
     try:
         for record, data in spool:

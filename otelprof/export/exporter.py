@@ -100,7 +100,7 @@ class Exporter:
         self.metrics = (
             ExporterMetrics.for_registry(registry) if registry is not None else ExporterMetrics.for_registry()
         )
-        self.metrics.watch(lambda: len(self._queue), self.spool.bytes_used)
+        self.metrics.watch(lambda: self.queue_depth, self.spool.bytes_used)
         self._queue_max_bytes = queue_max_bytes
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
@@ -208,7 +208,7 @@ class Exporter:
                     self._queued_bytes -= len(request)
                 self._busy = True
             try:
-                if self._backend_down and self.config.endpoint_configured and self._probe_due():
+                if self._probe_due():
                     self._probe_and_replay()
                 if request is not None:
                     self._deliver(request)
