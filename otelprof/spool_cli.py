@@ -81,18 +81,22 @@ def _replay(args: argparse.Namespace) -> int:
     if not cfg.endpoint_configured:
         print("otelprof: error: no endpoint: pass --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT", file=sys.stderr)
         return 1
-    send, close = transport(cfg)
     spool, sent = _spool(args), 0
-    try:
-        for record, data in spool:
-            result = send(data)
-            if not result.ok:  # keep it: the user decides (drop) or retries later
-                print(f"otelprof: error: {record.name}: {result.message}; {sent} sent, stopping", file=sys.stderr)
-                return 1
-            spool.remove(record)
-            sent += 1
-    finally:
-        close()
+    with spool.replay_lock() as mine:
+        if not mine:
+            print(f"otelprof: error: another process is replaying {spool.directory}; try later", file=sys.stderr)
+            return 1
+        send, close = transport(cfg)
+        try:
+            for record, data in spool:
+                result = send(data)
+                if not result.ok:  # keep it: the user decides (drop) or retries later
+                    print(f"otelprof: error: {record.name}: {result.message}; {sent} sent, stopping", file=sys.stderr)
+                    return 1
+                spool.remove(record)
+                sent += 1
+        finally:
+            close()
     print(f"{sent} requests sent to {cfg.url}", file=sys.stderr)
     return 0
 

@@ -4,11 +4,15 @@ thread sends, retries as the OTLP specification allows, and spools what cannot b
 Policy, in order:
 - no endpoint configured: every request goes to the spool (the embedded default destination);
 - retryable failure: exponential backoff with jitter, capped, honouring the server's delay;
-  after ``max_attempts`` the request is spooled and the backend is considered down;
+  after ``max_attempts`` the request is spooled and the backend is considered down; a server
+  delay longer than the cap spools at once and the next probe waits that long;
 - backend down: new requests are spooled; every ``probe_interval_s`` the oldest spooled request
   is retried, and once one succeeds the spool is replayed in order before anything newer;
 - non-retryable failure: the request is dropped, counted, and the backend's message logged once;
-- the in-memory queue is bounded in bytes; when full, ``submit`` spools the request itself.
+- the in-memory queue is bounded in bytes; when full, the request goes to the spool through a
+  second bounded queue and its own thread (overflow.py), and is dropped (counted) past that;
+- on start, a spool left by an earlier run is replayed before anything new is sent; one process
+  at a time replays a directory (Spool.replay_lock).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from ..environment_variables import OTELPROF_SPOOL_DIR
 from .config import ExporterConfig, exporter_config_from_env
+from .overflow import OverflowWriter
 from .result import ExportResult
 from .spool import Spool
 from .telemetry import ExporterMetrics
@@ -87,6 +92,7 @@ class Exporter:
         spool_dir: str | os.PathLike[str] | None = None,
         spool_max_bytes: int = 256 * 1024 * 1024,
         queue_max_bytes: int = 64 * 1024 * 1024,
+        overflow_max_bytes: int | None = None,
         max_attempts: int = 3,
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
@@ -108,7 +114,11 @@ class Exporter:
         self._probe_interval_s = probe_interval_s
         self._send, self._close = transport(self.config)
         self._warned: set[str] = set()
-        self._start()
+        self._overflow = OverflowWriter(
+            lambda request: self._to_spool(request, "the export queue is full"),
+            queue_max_bytes if overflow_max_bytes is None else overflow_max_bytes,
+        )
+        self._start(replay_spool=True)
         # weak references: an exporter nobody holds can still be collected
         self_ref = weakref.ref(self)
 
@@ -140,8 +150,9 @@ class Exporter:
                     self._queue.append(request)
                     self._queued_bytes += len(request)
                     self._cond.notify()
-            if overflow:
-                self._to_spool(request, "the export queue is full")
+            if overflow and not self._overflow.put(request):
+                self._count("requests_dropped")
+                self._warn_once("overflow", "export queue and spool writer are both full: dropping requests")
         except Exception:  # never into the training loop
             self._count("requests_dropped")
             self._warn_once("submit", "dropping a request after an unexpected error", exc_info=True)
@@ -168,6 +179,7 @@ class Exporter:
             self._queue.clear()
             self._queued_bytes = 0
             self._cond.notify_all()
+        self._overflow.close(timeout_s)
         for request in leftover:
             self._to_spool(request, "shutting down")
         self._thread.join(timeout=timeout_s)
@@ -179,13 +191,14 @@ class Exporter:
 
     # --- worker ---------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start(self, replay_spool: bool) -> None:
         self._cond = threading.Condition()
         self._queue = deque()
         self._queued_bytes = 0
         self._busy = False
         self._closed = False
-        self._backend_down = not self.config.endpoint_configured
+        # "down" until the spool an earlier run left is replayed, so nothing newer overtakes it
+        self._backend_down = not self.config.endpoint_configured or (replay_spool and bool(self.spool.records()))
         self._next_probe = 0.0
         self._thread = threading.Thread(target=self._run, name="otelprof-exporter", daemon=True)
         self._thread.start()
@@ -194,7 +207,8 @@ class Exporter:
         """A forked child (e.g. a DataLoader worker) starts clean: no inherited lock, queue,
         thread or channel. Its own submissions get a fresh worker."""
         self._send, self._close = transport(self.config)
-        self._start()
+        self._overflow.after_fork()
+        self._start(replay_spool=False)  # the parent replays; two replayers would send twice
 
     def _run(self) -> None:
         while True:
@@ -236,7 +250,7 @@ class Exporter:
             return
         if result.retryable:
             self._backend_down = True
-            self._next_probe = time.monotonic() + self._probe_interval_s
+            self._next_probe = time.monotonic() + max(self._probe_interval_s, result.retry_after_s or 0.0)
             self._to_spool(request, f"the backend is failing ({result.message})")
         else:
             self._count("requests_dropped")
@@ -256,6 +270,8 @@ class Exporter:
                 return result
             if not result.retryable or attempt == self._max_attempts or self._closed:
                 return result
+            if result.retry_after_s is not None and result.retry_after_s > self._max_backoff_s:
+                return result  # a long throttle: spool, and probe again when the server said
             self._count("retries")
             wait = result.retry_after_s if result.retry_after_s is not None else delay * random.uniform(0.5, 1.5)
             time.sleep(min(wait, self._max_backoff_s))
@@ -264,17 +280,21 @@ class Exporter:
 
     def _probe_and_replay(self) -> None:
         """Backend marked down: retry the spool oldest first; stop at the first failure."""
-        for record, request in self.spool:
-            result = self._timed_send(request)
-            if not result.ok and result.retryable:
+        with self.spool.replay_lock() as mine:
+            if not mine:  # another process is replaying this directory; ours wait their turn
                 self._next_probe = time.monotonic() + self._probe_interval_s
                 return
-            self.spool.remove(record)
-            if result.ok:
-                self._count("requests_replayed")
-            else:
-                self._count("requests_dropped")
-                self._warn_once("rejected", "the backend rejected a spooled request, dropped: %s", result.message)
+            for record, request in self.spool:
+                result = self._timed_send(request)
+                if not result.ok and result.retryable:
+                    self._next_probe = time.monotonic() + self._probe_interval_s
+                    return
+                self.spool.remove(record)
+                if result.ok:
+                    self._count("requests_replayed")
+                else:
+                    self._count("requests_dropped")
+                    self._warn_once("rejected", "the backend rejected a spooled request, dropped: %s", result.message)
         self._backend_down = False
         _log.info("OTLP backend %s is reachable again; spool replayed", self.config.url)
 

@@ -29,8 +29,15 @@ RETRYABLE_CODES = frozenset(
         grpc.StatusCode.DATA_LOSS,
     }
 )
-#: Collector-sized messages: otelprof's requests stay under 4 MiB, responses are tiny.
-_CHANNEL_OPTIONS = [("grpc.primary_user_agent", f"otelprof/{__version__}"), ("grpc.max_send_message_length", 64 << 20)]
+#: Collector-sized messages: otelprof's requests stay under 4 MiB, responses are tiny. The
+#: reconnect backoff is capped (gRPC's default grows to 120 s) so a restarted backend is found
+#: by the exporter's next probe rather than minutes later.
+_CHANNEL_OPTIONS = [
+    ("grpc.primary_user_agent", f"otelprof/{__version__}"),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+]
 
 
 def _read(path: str | None) -> bytes | None:

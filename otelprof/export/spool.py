@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ _log = logging.getLogger(__name__)
 
 SUFFIX = ".otlp"
 TMP_SUFFIX = ".tmp"
+REPLAY_LOCK = ".replay.lock"
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 
@@ -44,8 +46,9 @@ class Spool:
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self.directory.mkdir(parents=True, exist_ok=True)
-        for stray in self.directory.glob(f"*{TMP_SUFFIX}"):  # a write a crash interrupted
-            stray.unlink(missing_ok=True)
+        for stray in self.directory.glob(f"*{TMP_SUFFIX}"):
+            if not _writer_alive(stray):  # a write a crash interrupted; live writers keep theirs
+                stray.unlink(missing_ok=True)
 
     def records(self) -> list[Path]:
         """Complete records, oldest first."""
@@ -89,6 +92,31 @@ class Spool:
     def remove(self, record: Path) -> None:
         record.unlink(missing_ok=True)
 
+    @contextmanager
+    def replay_lock(self) -> Iterator[bool]:
+        """Yields True when this process may replay: one replayer per directory at a time, so
+        processes sharing a spool (ranks, forked workers, the CLI) do not send a record twice.
+        The kernel releases the lock when its holder dies."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: single-process use only
+            yield True
+            return
+        try:
+            fd = os.open(self.directory / REPLAY_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield True  # cannot create the lock (read-only dir): replay unguarded rather than never
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # closing releases the lock
+
     def _make_room(self, incoming: int) -> None:
         records = self.records()
         used = sum(_size(p) for p in records)
@@ -109,6 +137,23 @@ class Spool:
         self.counters.failed_writes += 1
         if self.counters.failed_writes == 1:
             _log.warning("spool write failed: %s (further failures are only counted)", why)
+
+
+def _writer_alive(tmp: Path) -> bool:
+    """Record names carry the writer's pid: ``<time>-<pid>-<seq>``."""
+    try:
+        pid = int(tmp.name.split("-")[1])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
 
 
 def _size(path: Path) -> int:

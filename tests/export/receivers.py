@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     rejected_spans: int = 0  # for 200: a partial_success
     message: str = ""
+    delay_s: float = 0.0  # for 200: keep the request, then answer this late (a slow backend)
 
 
 @dataclass
@@ -38,6 +40,7 @@ class HttpReceiver:
     port: int = 0
     required_headers: dict[str, str] = field(default_factory=dict)
     script: list[Reply] = field(default_factory=list)
+    max_body_bytes: int | None = None  # larger bodies get 413, as a size-limited collector answers
     requests: list[ExportTraceServiceRequest] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
@@ -49,6 +52,9 @@ class HttpReceiver:
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> tuple[int, dict[str, str], bytes]:
         body = handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
+        if self.max_body_bytes is not None and len(body) > self.max_body_bytes:
+            message = f"request body of {len(body)} bytes exceeds the limit of {self.max_body_bytes}"
+            return 413, {}, Status(code=8, message=message).SerializeToString()
         headers = {k.lower(): v for k, v in handler.headers.items()}
         with self.lock:
             self.paths.append(handler.path)
@@ -64,6 +70,7 @@ class HttpReceiver:
         request = ExportTraceServiceRequest.FromString(body)
         with self.lock:
             self.requests.append(request)
+        time.sleep(reply.delay_s)
         response = ExportTraceServiceResponse()
         if reply.rejected_spans:
             response.partial_success.CopyFrom(
@@ -111,6 +118,7 @@ class GrpcReply:
     message: str = ""
     retry_delay_s: float | None = None  # attach a google.rpc.RetryInfo
     rejected_spans: int = 0
+    delay_s: float = 0.0  # for OK: keep the request, then answer this late (a slow backend)
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
@@ -136,6 +144,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             context.abort_with_status(rpc_status.to_status(status))
         with self.rec.lock:
             self.rec.requests.append(request)
+        time.sleep(reply.delay_s)
         response = ExportTraceServiceResponse()
         if reply.rejected_spans:
             response.partial_success.rejected_spans = reply.rejected_spans

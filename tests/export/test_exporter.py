@@ -14,16 +14,20 @@ from prometheus_client import CollectorRegistry, generate_latest
 from otelprof.converter import convert
 from otelprof.export import ExporterConfig, exporter_config_from_env
 from otelprof.export.exporter import Exporter
+from otelprof.export.spool import Spool
 
 from .receivers import HttpReceiver, Reply, http_receiver
 
 
-def _exporter(config: ExporterConfig, spool_dir: Path, queue_max_bytes: int = 64 << 20) -> Exporter:
+def _exporter(
+    config: ExporterConfig, spool_dir: Path, queue_max_bytes: int = 64 << 20, overflow_max_bytes: int = 64 << 20
+) -> Exporter:
     """Test timings: fast backoff and probing."""
     return Exporter(
         config,
         spool_dir=spool_dir,
         queue_max_bytes=queue_max_bytes,
+        overflow_max_bytes=overflow_max_bytes,
         backoff_s=0.01,
         max_backoff_s=0.05,
         probe_interval_s=0.05,
@@ -150,3 +154,45 @@ def test_self_telemetry_in_the_prometheus_registry(tmp_path: Path, requests: lis
     assert scrape[("otelprof_export_spool_bytes", ())] == 0
     text = generate_latest(registry).decode()
     assert 'otelprof_export_requests_total{result="exported"}' in text
+
+
+def test_full_queue_and_full_spool_writer_drop_and_count(
+    tmp_path: Path, requests: list[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = _exporter(_config(_free_port()), tmp_path, queue_max_bytes=1, overflow_max_bytes=1)
+    worst = _submit_all(exporter, requests)
+    exporter.shutdown(timeout_s=1)
+    assert exporter.counters.requests_dropped == len(requests)
+    assert exporter.spool.records() == []
+    assert [r.getMessage() for r in caplog.records if "both full" in r.getMessage()] == [
+        "export queue and spool writer are both full: dropping requests"
+    ]
+    assert worst < 0.5
+
+
+def test_spool_of_an_earlier_run_is_replayed_first_on_start(tmp_path: Path, requests: list[bytes]) -> None:
+    earlier = Spool(tmp_path)
+    for r in requests[:5]:
+        earlier.write(r)
+    with http_receiver() as rec:
+        exporter = _exporter(_config(rec.port), tmp_path)
+        _submit_all(exporter, requests[5:])
+        _wait(lambda: len(rec.requests) == len(requests))
+        exporter.shutdown()
+    assert [r.SerializeToString() for r in rec.requests] == requests  # the old ones first, in order
+    assert exporter.counters.requests_replayed >= 5
+    assert exporter.spool.records() == []
+
+
+def test_one_replayer_per_spool_directory(tmp_path: Path, requests: list[bytes]) -> None:
+    spool = Spool(tmp_path)
+    spool.write(requests[0])
+    with spool.replay_lock() as first, Spool(tmp_path).replay_lock() as second:
+        assert (first, second) == (True, False)
+        with http_receiver() as rec:  # an exporter starting meanwhile leaves the record alone
+            exporter = _exporter(_config(rec.port), tmp_path)
+            time.sleep(0.3)
+            assert rec.requests == [] and len(spool.records()) == 1
+    with Spool(tmp_path).replay_lock() as after:
+        assert after  # the kernel lock went with the holder's descriptor
+    exporter.shutdown(timeout_s=1)

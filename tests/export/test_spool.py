@@ -103,3 +103,14 @@ def test_sigkill_while_spooling_leaves_only_complete_records(tmp_path: Path, req
     for data in records:  # every record replays as the complete request
         assert data == requests[0]
         ExportTraceServiceRequest.FromString(data)
+
+
+def test_opening_sweeps_only_temp_files_of_dead_writers(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    live_pid, dead_pid = os.getppid(), int(dead.stdout)  # our parent runs; the child has exited
+    live = tmp_path / f"{time.time_ns():020d}-{live_pid:07d}-{0:09d}{TMP_SUFFIX}"
+    stale = tmp_path / f"{time.time_ns():020d}-{dead_pid:07d}-{0:09d}{TMP_SUFFIX}"
+    live.write_bytes(b"a write in progress in another process")
+    stale.write_bytes(b"a write its crash interrupted")
+    Spool(tmp_path)
+    assert (live.exists(), stale.exists()) == (True, False)

@@ -69,3 +69,15 @@ def test_drop_empties_the_spool(spooled: tuple[Path, list[bytes]]) -> None:
     directory, _ = spooled
     assert main(["spool", "--dir", str(directory), "drop"]) == 0
     assert Spool(directory).records() == []
+
+
+def test_replay_waits_for_another_replayer(
+    spooled: tuple[Path, list[bytes]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory, requests = spooled
+    with Spool(directory).replay_lock() as mine, http_receiver() as rec:
+        assert mine
+        code = main(["spool", "--dir", str(directory), "replay", "--endpoint", f"http://127.0.0.1:{rec.port}"])
+    assert code == 1
+    assert f"another process is replaying {directory}" in capsys.readouterr().err
+    assert rec.requests == [] and len(Spool(directory).records()) == len(requests)
