@@ -1,0 +1,1 @@
+"""Benchmarks: run each as a script (python benchmarks/NAME.py); see its docstring."""

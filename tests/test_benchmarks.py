@@ -1,0 +1,41 @@
+"""The benchmarks run, check their own results (span counts at the receiver) and print figures.
+
+Only that they work is tested here; their numbers are read by people, never asserted (shared,
+noisy machines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from converter_helpers import shared_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str) -> tuple[str, dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the checkout, installed or not
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    return out.stdout, json.loads(lines[-1])
+
+
+def test_export_benchmark_runs_both_paths() -> None:
+    text, figures = _run("export.py", str(shared_trace("critical_path")), "--repeat", "1", "--sdk-spans", "300")
+    assert set(figures) == {"otelprof_spans_per_s", "sdk_spans_per_s", "sdk-big_spans_per_s", "ratio"}
+    assert all(v > 0 for v in figures.values())
+    assert "otelprof / best SDK" in text
+
+
+def test_convert_benchmark_runs_every_engine() -> None:
+    text, figures = _run("convert.py", str(shared_trace("critical_path")), "--repeat", "1", "--sdk-spans", "300")
+    assert figures["native_spans_per_s"] > 0 and figures["reference_spans_per_s"] > 0
+    assert figures["sdk_spans_per_s"] > 0 and figures["native_peak_rss_mib"] > 0
+    assert "targets    :" in text
