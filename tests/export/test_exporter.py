@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -196,3 +197,21 @@ def test_one_replayer_per_spool_directory(tmp_path: Path, requests: list[bytes])
     with Spool(tmp_path).replay_lock() as after:
         assert after  # the kernel lock went with the holder's descriptor
     exporter.shutdown(timeout_s=1)
+
+
+def test_several_threads_submit_concurrently(tmp_path: Path, requests: list[bytes]) -> None:
+    chunks = [requests[i::4] for i in range(4)]
+    with http_receiver() as rec:
+        exporter = _exporter(_config(rec.port), tmp_path)
+        threads = [threading.Thread(target=_submit_all, args=(exporter, chunk)) for chunk in chunks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert exporter.flush(30)
+        exporter.shutdown()
+    received = [r.SerializeToString() for r in rec.requests]
+    assert sorted(received) == sorted(requests)  # each exactly once
+    for chunk in chunks:  # and each thread's own requests in the order it submitted them
+        assert [r for r in received if r in chunk] == chunk
+    assert exporter.counters.requests_exported == len(requests)
