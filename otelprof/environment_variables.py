@@ -182,3 +182,29 @@ OTELPROF_SPOOL_DIR = "OTELPROF_SPOOL_DIR"
 Where export requests wait while the backend is unreachable (and where they go when no
 endpoint is configured). Default: ``~/.cache/otelprof/spool``.
 """
+
+# --- live instrumentation -------------------------------------------------------------------
+
+OTELPROF_ENABLED = "OTELPROF_ENABLED"
+"""
+.. envvar:: OTELPROF_ENABLED
+
+``false`` turns the auto-instrumentor off (``import otelprof.auto`` and ``otelprof run`` then do
+nothing), as ``OTEL_SDK_DISABLED=true`` does. Default: ``true``.
+"""
+
+OTEL_EXPORTER_PROMETHEUS_HOST = "OTEL_EXPORTER_PROMETHEUS_HOST"
+"""
+.. envvar:: OTEL_EXPORTER_PROMETHEUS_HOST
+
+Address the ``/metrics`` endpoint listens on (OpenTelemetry specification name).
+Default: ``localhost``.
+"""
+
+OTEL_EXPORTER_PROMETHEUS_PORT = "OTEL_EXPORTER_PROMETHEUS_PORT"
+"""
+.. envvar:: OTEL_EXPORTER_PROMETHEUS_PORT
+
+Port of the ``/metrics`` endpoint; each local rank adds its local rank to it, so ranks on one
+host do not collide. ``0`` picks a free port (logged). Default: ``9464``.
+"""

@@ -1,0 +1,69 @@
+"""Who this process is in a job: run id, rank, local rank, world size — from the launcher.
+
+All ranks of a run must agree on the run id, because step N's trace id derives from it. It
+comes from :envvar:`OTELPROF_RUN_ID`, else the launcher's job id (torchrun's
+``TORCHELASTIC_RUN_ID``, Slurm's ``SLURM_JOB_ID``), else a random id (single-process jobs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..environment_variables import OTELPROF_RUN_ID
+
+_log = logging.getLogger(__name__)
+
+#: (rank, local rank, world size) variables of the launchers we know, first match wins.
+_LAUNCHERS = (
+    ("RANK", "LOCAL_RANK", "WORLD_SIZE"),  # torchrun, torch.distributed.launch, most wrappers
+    ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
+)
+_RUN_IDS = (OTELPROF_RUN_ID, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+
+
+@dataclass(frozen=True)
+class Identity:
+    run_id: str
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    run_id_source: str = "random"
+
+    def labels(self) -> dict[str, str]:
+        return {"run": self.run_id, "rank": str(self.rank), "local_rank": str(self.local_rank)}
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+        if value < 0:
+            raise ValueError
+    except ValueError:
+        _log.warning("%s=%r is not a non-negative integer; using %d", name, raw, default)
+        return default
+    return value
+
+
+def identity_from_env(environ: Mapping[str, str] = os.environ) -> Identity:
+    rank, local, world = 0, 0, 1
+    for rank_var, local_var, world_var in _LAUNCHERS:
+        if environ.get(rank_var, "").strip():
+            rank = _int(environ, rank_var, 0)
+            local = _int(environ, local_var, 0)
+            world = max(_int(environ, world_var, 1), rank + 1)
+            break
+    for name in _RUN_IDS:
+        value = environ.get(name, "").strip()
+        if value and value != "none":  # torchrun's placeholder when no rendezvous id is given
+            return Identity(value, rank, local, world, name)
+    if world > 1:
+        _log.warning("no run id shared by the ranks (set %s): each rank's steps get their own traces", OTELPROF_RUN_ID)
+    return Identity(uuid.uuid4().hex, rank, local, world)

@@ -1,0 +1,191 @@
+"""Step boundaries and phases from what the training loop does, with no code change.
+
+The hooks (hooks.py) report activity; this module decides where one step ends and the next
+begins. Rules:
+
+- A step starts at the first activity (data fetch, forward, backward, optimizer step).
+- With a DataLoader in use, a step ends where the next batch is fetched after at least one
+  optimizer step: steps tile the loop, each beginning with its data wait, and every optimizer
+  stepping in one iteration (GAN generator and discriminator, several param groups' optimizers)
+  falls in one step. A fetch that finds no optimizer step since the last one restarts the step
+  instead: evaluation loops and epoch ends are not training steps.
+- Without a DataLoader, a step ends at the last optimizer step before new work (forward or
+  backward) starts: consecutive optimizer steps with no work between them count as one step.
+- ``step()`` called by the application ends the step explicitly and turns the automatic rules off,
+  as ``step_scope()`` does for loops without an optimizer (inference, evaluation).
+
+Phases are intervals inside the step; nested calls of one phase (a module calling another,
+an LBFGS closure) count once, by their outermost call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PHASES = ("data", "forward", "backward", "optimizer")
+#: Phase intervals kept per step (gradient accumulation makes several); later ones are counted.
+MAX_PHASE_SPANS = 64
+
+
+@dataclass
+class Step:
+    number: int
+    start_ns: int  # epoch nanoseconds
+    end_ns: int
+    phases: list[tuple[str, int, int]] = field(default_factory=list)  # (phase, start, end), in order
+    phase_totals_ns: dict[str, int] = field(default_factory=dict)
+    dropped_phases: int = 0
+    samples: int | None = None
+    tokens: int | None = None
+    name: str = "train.step"
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+class StepTracker:
+    """Thread-safe; ``on_step`` runs on the thread that ended the step and must not raise
+    (the caller guards it)."""
+
+    def __init__(
+        self, on_step: Callable[[Step], None], first_step: int = 0, clock: Callable[[], int] = _now_ns
+    ) -> None:
+        self._on_step = on_step
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._next_number = first_step
+        self._current: Step | None = None
+        self._depth = dict.fromkeys(PHASES, 0)
+        self._phase_start = dict.fromkeys(PHASES, 0)
+        self._explicit = False  # the application calls step() / step_scope()
+        self._dataloader = False  # a DataLoader iterator has been seen
+        self._optimized = False  # an optimizer stepped in the current step
+        self._pending_end: int | None = None  # no-DataLoader rule: the last optimizer step's end
+        self._samples: int | None = None
+        self._tokens: int | None = None
+
+    @property
+    def step_number(self) -> int:
+        """The number the step now running will have when it completes."""
+        return self._next_number
+
+    # --- phases (called by the hooks) -------------------------------------------------------
+
+    def phase_begin(self, phase: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if phase == "data":
+                self._on_data_fetch(now)
+            elif phase in ("forward", "backward") and self._pending_end is not None:
+                end = self._pending_end
+                self._close(end)
+                self._open(end)  # the loop's tail (logging, zero_grad) belongs to the next step
+            if self._current is None:
+                self._open(now)
+            if self._depth[phase] == 0:
+                self._phase_start[phase] = now
+            self._depth[phase] += 1
+
+    def phase_end(self, phase: str) -> None:
+        with self._lock:
+            if self._depth[phase] == 0:  # began before instrumentation
+                return
+            self._depth[phase] -= 1
+            if self._depth[phase] or self._current is None:
+                return
+            now = self._clock()
+            self._record(phase, self._phase_start[phase], now)
+            if phase == "optimizer":
+                self._optimized = True
+                if not self._dataloader and not self._explicit:
+                    self._pending_end = now
+
+    def set_batch(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """Samples/tokens of the current step (inferred from the batch, or set by the application)."""
+        with self._lock:
+            if samples is not None:
+                self._samples = samples
+            if tokens is not None:
+                self._tokens = tokens
+
+    # --- explicit steps (the application) ---------------------------------------------------
+
+    def step(self) -> None:
+        """Ends the current step now (the next begins at once)."""
+        with self._lock:
+            self._explicit = True
+            now = self._clock()
+            if self._current is None:
+                self._open(now)
+            self._close(now)
+            self._open(now)
+
+    def begin_scope(self, name: str) -> None:
+        with self._lock:
+            self._explicit = True
+            now = self._clock()
+            if self._current is not None and self._current.phases:
+                self._close(now)  # work since the last boundary is a step of its own
+            self._open(now)
+            assert self._current is not None
+            self._current.name = name
+
+    def end_scope(self) -> None:
+        with self._lock:
+            if self._current is not None:
+                self._close(self._clock())
+
+    def finish(self) -> None:
+        """At shutdown: a step that saw an optimizer step (or an explicit one) is complete."""
+        with self._lock:
+            if self._pending_end is not None:
+                self._close(self._pending_end)
+            elif self._current is not None and self._optimized:
+                self._close(self._clock())
+            self._current = None
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _on_data_fetch(self, now: int) -> None:
+        self._dataloader = True
+        self._pending_end = None
+        if self._explicit or self._current is None:
+            return
+        if self._optimized:
+            self._close(now)
+        else:
+            self._current = None  # no training since the last fetch: start over here
+
+    def _open(self, now: int) -> None:
+        self._current = Step(-1, now, now)  # numbered when it closes: discarded ones take none
+        self._optimized = False
+
+    def _record(self, phase: str, start: int, end: int) -> None:
+        step = self._current
+        assert step is not None
+        step.phase_totals_ns[phase] = step.phase_totals_ns.get(phase, 0) + (end - start)
+        if len(step.phases) < MAX_PHASE_SPANS:
+            step.phases.append((phase, start, end))
+        else:
+            step.dropped_phases += 1
+
+    def _close(self, end: int) -> None:
+        step, self._current = self._current, None
+        self._pending_end = None
+        if step is None:
+            return
+        step.end_ns = max(end, step.start_ns)
+        step.number = self._next_number
+        self._next_number += 1
+        step.samples, step.tokens = self._samples, self._tokens
+        self._samples = self._tokens = None
+        # phases still running (a forward that spans the boundary) continue into the next step
+        self._on_step(step)

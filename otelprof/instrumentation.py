@@ -1,0 +1,192 @@
+"""``instrument()`` / ``uninstrument()``: the live side of otelprof in one process.
+
+A session wires the torch hooks (capture/hooks.py) to the step tracker, and each completed step
+to the metrics (with the step's trace id as exemplar) and to a step span. Nothing here raises
+into the training loop; ``instrument()`` twice warns and keeps the first session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from ._config import Settings, settings_from_env
+from .capture.identity import Identity, identity_from_env
+from .capture.step_metrics import StepMetrics
+from .capture.step_spans import StepSpans
+from .capture.steps import Step, StepTracker
+from .converter.reference.builder import Attrs
+from .export.exporter import Exporter
+from .resource import resource_attributes_from_env
+
+_log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_session: Session | None = None
+
+
+class Session:
+    def __init__(
+        self,
+        settings: Settings,
+        identity: Identity,
+        registry: CollectorRegistry,
+        exporter: Exporter,
+        environ: Mapping[str, str],
+    ) -> None:
+        from .capture.hooks import TorchHooks  # imports torch
+
+        self.settings = settings
+        self.identity = identity
+        self.registry = registry
+        self.exporter = exporter
+        self.metrics = StepMetrics(identity.labels(), registry)
+        self.spans = StepSpans(exporter, identity, _resource(identity, environ))
+        self.tracker = StepTracker(self._on_step)
+        self.hooks = TorchHooks(self.tracker)
+        self.metrics_server: Any = None
+        self.metrics_port: int | None = None
+        self._failed = False
+        self.hooks.install()
+        self._serve_metrics()
+
+    def _on_step(self, step: Step) -> None:
+        if self._failed:
+            return
+        try:
+            ctx = self.spans.context(step)
+            self.metrics.observe(step, ctx.trace_id)
+            self.spans.add(step, ctx)
+        except Exception:  # never into the training loop
+            self._failed = True
+            _log.warning("otelprof stopped recording steps after an internal error", exc_info=True)
+
+    def _serve_metrics(self) -> None:
+        from prometheus_client import start_http_server
+
+        port = self.settings.metrics_port
+        if port:
+            port += self.identity.local_rank
+        try:
+            server, _thread = start_http_server(port, self.settings.metrics_host, self.registry)
+        except OSError as exc:
+            _log.warning(
+                "cannot serve metrics on %s:%d (%s); set OTEL_EXPORTER_PROMETHEUS_PORT",
+                self.settings.metrics_host,
+                port,
+                exc.strerror or exc,
+            )
+            return
+        self.metrics_server = server
+        self.metrics_port = int(server.server_port)
+        _log.info("otelprof metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
+
+    def close(self) -> None:
+        self.hooks.remove()
+        self.tracker.finish()
+        self.spans.close()
+        self.exporter.flush(5.0)
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+        self.metrics.unregister()
+
+
+def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
+    import socket
+
+    attrs: Attrs = list(resource_attributes_from_env(environ))
+    keys = {k for k, _ in attrs}
+    if "service.name" not in keys:
+        attrs.insert(0, ("service.name", "unknown_service"))
+    computed: Attrs = [
+        ("telemetry.sdk.name", "otelprof"),
+        ("telemetry.sdk.language", "python"),
+        ("host.name", socket.gethostname()),
+        ("process.pid", os.getpid()),
+        ("pytorch.distributed.rank", identity.rank),
+        ("pytorch.distributed.local_rank", identity.local_rank),
+        ("pytorch.distributed.world_size", identity.world_size),
+        ("otelprof.run.id", identity.run_id),
+    ]
+    attrs.extend((k, v) for k, v in computed if k not in keys)
+    return attrs
+
+
+def instrument(
+    *,
+    environ: Mapping[str, str] | None = None,
+    registry: CollectorRegistry | None = None,
+    exporter: Exporter | None = None,
+) -> Session | None:
+    """Starts step tracking, metrics and step spans for this process; returns the session,
+    or None when disabled (``OTELPROF_ENABLED=false``, ``OTEL_SDK_DISABLED=true``) or when
+    torch is missing. Calling it again returns the running session."""
+    global _session
+    env = os.environ if environ is None else environ
+    settings = settings_from_env(env)
+    with _lock:
+        if _session is not None:
+            _log.warning("otelprof is already instrumenting this process; ignoring the second instrument()")
+            return _session
+        if not settings.enabled:
+            return None
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            _log.warning("otelprof.auto needs torch (pip install 'otelprof[torch]'); not instrumenting")
+            return None
+        identity = identity_from_env(env)
+        session = Session(settings, identity, registry or REGISTRY, exporter or Exporter(registry=registry), env)
+        _session = session
+    atexit.register(_at_exit, session)
+    return session
+
+
+def uninstrument() -> None:
+    """Removes every hook, flushes the last steps and stops the metrics endpoint."""
+    global _session
+    with _lock:
+        session, _session = _session, None
+    if session is not None:
+        session.close()
+
+
+def _at_exit(session: Session) -> None:
+    if _session is session:
+        uninstrument()
+
+
+def session() -> Session | None:
+    return _session
+
+
+def step() -> None:
+    """Marks the end of a step, for loops the automatic rules do not fit."""
+    if _session is not None:
+        _session.tracker.step()
+
+
+@contextlib.contextmanager
+def step_scope(name: str = "step") -> Iterator[None]:
+    """One step around the block (an inference request, an evaluation batch)."""
+    tracker = _session.tracker if _session is not None else None
+    if tracker is not None:
+        tracker.begin_scope(name)
+    try:
+        yield
+    finally:
+        if tracker is not None:
+            tracker.end_scope()
+
+
+def set_batch_size(samples: int | None = None, tokens: int | None = None) -> None:
+    """Samples and tokens of the current step, when they cannot be inferred from the batch."""
+    if _session is not None:
+        _session.tracker.set_batch(samples, tokens)

@@ -1,0 +1,160 @@
+"""A real torch training loop under the instrumentor: step spans with phases at a real OTLP
+receiver, and step metrics with exemplars scraped from /metrics (OpenMetrics parser)."""
+
+from __future__ import annotations
+
+import itertools
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from export.receivers import HttpReceiver, http_receiver
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+import otelprof
+from otelprof.converter.reference import ids
+from otelprof.export import exporter_config_from_env
+from otelprof.export.exporter import Exporter
+
+torch = pytest.importorskip("torch")
+
+STEPS = 6
+BATCH = 4
+SEQ = 16
+
+
+def _model() -> Any:
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+    return torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.TransformerEncoder(layer, num_layers=2))
+
+
+def _train(num_workers: int = 0) -> None:
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 100, (STEPS * BATCH, SEQ))
+    loader = torch.utils.data.DataLoader(tokens, batch_size=BATCH, num_workers=num_workers)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for batch in loader:
+        loss = model(batch).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.fixture
+def receiver() -> Iterator[HttpReceiver]:
+    with http_receiver() as rec:
+        yield rec
+
+
+@pytest.fixture
+def session(receiver: HttpReceiver, tmp_path: Path) -> Iterator[otelprof.instrumentation.Session]:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+        "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+        "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+        "OTELPROF_RUN_ID": "test-run",
+        "OTEL_SERVICE_NAME": "trainer",
+    }
+    registry = CollectorRegistry()
+    exporter = Exporter(exporter_config_from_env(env), spool_dir=tmp_path, registry=registry)
+    session = otelprof.instrument(environ=env, registry=registry, exporter=exporter)
+    assert session is not None
+    yield session
+    otelprof.uninstrument()
+    exporter.shutdown()
+
+
+def _spans(rec: HttpReceiver) -> list[tuple[ResourceSpans, PbSpan]]:
+    return [(rs, s) for r in rec.requests for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+
+
+def test_steps_and_phases_arrive_as_spans(session: otelprof.instrumentation.Session, receiver: HttpReceiver) -> None:
+    _train()
+    otelprof.uninstrument()
+    assert session.exporter.flush(10)
+    spans = [s for _rs, s in _spans(receiver)]
+    steps = [s for s in spans if s.name == "train.step"]
+    assert len(steps) == STEPS
+    for n, step in enumerate(steps):
+        attrs = {kv.key: kv.value for kv in step.attributes}
+        assert attrs["pytorch.step"].int_value == n
+        assert attrs["otelprof.step.samples"].int_value == BATCH
+        assert attrs["otelprof.step.tokens"].int_value == BATCH * SEQ
+        assert step.trace_id == ids.trace_id(f"step|test-run|{n}")  # the converter's rule
+        assert step.parent_span_id == b""
+        children = [s for s in spans if s.parent_span_id == step.span_id]
+        assert [c.name for c in children] == ["data", "forward", "backward", "optimizer"]
+        for child in children:
+            assert child.trace_id == step.trace_id
+            assert step.start_time_unix_nano <= child.start_time_unix_nano <= child.end_time_unix_nano
+            assert child.end_time_unix_nano <= step.end_time_unix_nano
+    for a, b in itertools.pairwise(steps):
+        assert a.end_time_unix_nano == b.start_time_unix_nano  # steps tile the loop
+    resource = {kv.key: kv.value for kv in _spans(receiver)[0][0].resource.attributes}
+    assert resource["service.name"].string_value == "trainer"
+    assert resource["otelprof.run.id"].string_value == "test-run"
+    assert resource["pytorch.distributed.rank"].int_value == 0
+
+
+def test_metrics_with_exemplars_on_the_metrics_endpoint(
+    session: otelprof.instrumentation.Session, receiver: HttpReceiver
+) -> None:
+    _train()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{session.metrics_port}/metrics",
+        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+    )
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    labels = {"run": "test-run", "rank": "0", "local_rank": "0"}
+    steps = families["otelprof_steps"].samples
+    # the last step closes at the fetch that ends the epoch (StopIteration)
+    assert [(s.name, s.labels, s.value) for s in steps if s.name == "otelprof_steps_total"] == [
+        ("otelprof_steps_total", labels, STEPS)
+    ]
+    buckets = [s for s in families["otelprof_step_duration_seconds"].samples if s.name.endswith("_bucket")]
+    exemplars = [s.exemplar for s in buckets if s.exemplar is not None]
+    assert exemplars, "no exemplar on the step histogram"
+    trace_ids = {ids.trace_id(f"step|test-run|{n}").hex() for n in range(STEPS)}
+    assert all(e.labels["trace_id"] in trace_ids for e in exemplars)
+    phases = {
+        s.labels["phase"]: s.value
+        for s in families["otelprof_step_phase_duration_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert phases == {"data": STEPS, "forward": STEPS, "backward": STEPS, "optimizer": STEPS}
+    samples = families["otelprof_samples"].samples
+    assert [s.value for s in samples if s.name == "otelprof_samples_total"] == [BATCH * STEPS]
+    assert families["otelprof_last_step_timestamp_seconds"].samples[0].value > 1.7e9
+    assert families["otelprof_process_cpu_seconds"].samples[0].value > 0
+
+
+def test_uninstrument_restores_every_hook_and_instrument_twice_does_not_double(
+    session: otelprof.instrumentation.Session, receiver: HttpReceiver
+) -> None:
+    from torch.optim import optimizer
+    from torch.utils.data import dataloader
+
+    assert hasattr(torch.autograd.backward, "__wrapped__")  # instrumented: our wrappers are in place
+    assert hasattr(dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
+    assert otelprof.instrument() is session  # the second call keeps the first session
+    _train()
+    otelprof.uninstrument()
+    assert not hasattr(torch.autograd.backward, "__wrapped__")
+    assert not hasattr(dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    assert not torch.nn.modules.module._global_forward_hooks
+    assert not optimizer._global_optimizer_pre_hooks
+    assert not optimizer._global_optimizer_post_hooks
+    assert session.exporter.flush(10)
+    steps = [s for _rs, s in _spans(receiver) if s.name == "train.step"]
+    assert len(steps) == STEPS  # once each, not twice
+    _train()  # after uninstrument: nothing more is recorded
+    assert session.exporter.flush(10)
+    assert len([s for _rs, s in _spans(receiver) if s.name == "train.step"]) == STEPS
