@@ -32,12 +32,16 @@ _session: Session | None = None
 
 
 class Session:
+    """Hooks go in at once; the exporter, the span thread and the /metrics endpoint start with
+    the first completed step, so processes that never train (launcher agents, DataLoader
+    workers, tools) cost nothing and take no port."""
+
     def __init__(
         self,
         settings: Settings,
         identity: Identity,
         registry: CollectorRegistry,
-        exporter: Exporter,
+        exporter: Exporter | None,
         environ: Mapping[str, str],
     ) -> None:
         from .capture.hooks import TorchHooks  # imports torch
@@ -46,23 +50,39 @@ class Session:
         self.identity = identity
         self.registry = registry
         self.exporter = exporter
-        self.metrics = StepMetrics(identity.labels(), registry)
-        self.spans = StepSpans(exporter, identity, _resource(identity, environ))
+        self._environ = dict(environ)
+        self.metrics: StepMetrics | None = None
+        self.spans: StepSpans | None = None
         self.tracker = StepTracker(self._on_step)
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
         self.metrics_port: int | None = None
         self._failed = False
         self.hooks.install()
+
+    def _start(self) -> tuple[StepMetrics, StepSpans]:
+        if self.exporter is None:
+            self.exporter = Exporter(registry=self.registry)
+            # at exit the session must flush its last steps before the exporter shuts down
+            # (atexit runs the latest registration first)
+            atexit.unregister(_at_exit)
+            atexit.register(_at_exit, self)
+        self.metrics = StepMetrics(self.identity.labels(), self.registry)
+        self.spans = StepSpans(self.exporter, self.identity, _resource(self.identity, self._environ))
         self._serve_metrics()
+        return self.metrics, self.spans
 
     def _on_step(self, step: Step) -> None:
         if self._failed:
             return
         try:
-            ctx = self.spans.context(step)
-            self.metrics.observe(step, ctx.trace_id)
-            self.spans.add(step, ctx)
+            if self.metrics is None or self.spans is None:
+                metrics, spans = self._start()
+            else:
+                metrics, spans = self.metrics, self.spans
+            ctx = spans.context(step)
+            metrics.observe(step, ctx.trace_id)
+            spans.add(step, ctx)
         except Exception:  # never into the training loop
             self._failed = True
             _log.warning("otelprof stopped recording steps after an internal error", exc_info=True)
@@ -90,12 +110,15 @@ class Session:
     def close(self) -> None:
         self.hooks.remove()
         self.tracker.finish()
-        self.spans.close()
-        self.exporter.flush(5.0)
+        if self.spans is not None:
+            self.spans.close()
+        if self.exporter is not None:
+            self.exporter.flush(5.0)
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()
-        self.metrics.unregister()
+        if self.metrics is not None:
+            self.metrics.unregister()
 
 
 def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
@@ -143,7 +166,7 @@ def instrument(
             _log.warning("otelprof.auto needs torch (pip install 'otelprof[torch]'); not instrumenting")
             return None
         identity = identity_from_env(env)
-        session = Session(settings, identity, registry or REGISTRY, exporter or Exporter(registry=registry), env)
+        session = Session(settings, identity, registry or REGISTRY, exporter, env)
         _session = session
     atexit.register(_at_exit, session)
     return session

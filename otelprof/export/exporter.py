@@ -143,14 +143,15 @@ class Exporter:
                 self._count("requests_dropped")
                 return
             with self._cond:
-                if self._closed or self._queued_bytes + len(request) > self._queue_max_bytes:
-                    overflow = True
-                else:
-                    overflow = False
+                closed = self._closed
+                overflow = closed or self._queued_bytes + len(request) > self._queue_max_bytes
+                if not overflow:
                     self._queue.append(request)
                     self._queued_bytes += len(request)
                     self._cond.notify()
-            if overflow and not self._overflow.put(request):
+            if closed:  # a late request at exit: straight to the spool, for the next start
+                self._to_spool(request, "the exporter is shut down")
+            elif overflow and not self._overflow.put(request):
                 self._count("requests_dropped")
                 self._warn_once("overflow", "export queue and spool writer are both full: dropping requests")
         except Exception:  # never into the training loop

@@ -70,6 +70,10 @@ def session(receiver: HttpReceiver, tmp_path: Path) -> Iterator[otelprof.instrum
     exporter.shutdown()
 
 
+def _flush(session: otelprof.instrumentation.Session) -> None:
+    assert session.exporter is not None and session.exporter.flush(10)
+
+
 def _spans(rec: HttpReceiver) -> list[tuple[ResourceSpans, PbSpan]]:
     return [(rs, s) for r in rec.requests for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
 
@@ -77,7 +81,7 @@ def _spans(rec: HttpReceiver) -> list[tuple[ResourceSpans, PbSpan]]:
 def test_steps_and_phases_arrive_as_spans(session: otelprof.instrumentation.Session, receiver: HttpReceiver) -> None:
     _train()
     otelprof.uninstrument()
-    assert session.exporter.flush(10)
+    _flush(session)
     spans = [s for _rs, s in _spans(receiver)]
     steps = [s for s in spans if s.name == "train.step"]
     assert len(steps) == STEPS
@@ -152,9 +156,9 @@ def test_uninstrument_restores_every_hook_and_instrument_twice_does_not_double(
     assert not torch.nn.modules.module._global_forward_hooks
     assert not optimizer._global_optimizer_pre_hooks
     assert not optimizer._global_optimizer_post_hooks
-    assert session.exporter.flush(10)
+    _flush(session)
     steps = [s for _rs, s in _spans(receiver) if s.name == "train.step"]
     assert len(steps) == STEPS  # once each, not twice
     _train()  # after uninstrument: nothing more is recorded
-    assert session.exporter.flush(10)
+    _flush(session)
     assert len([s for _rs, s in _spans(receiver) if s.name == "train.step"]) == STEPS
