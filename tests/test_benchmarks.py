@@ -39,3 +39,9 @@ def test_convert_benchmark_runs_every_engine() -> None:
     assert figures["native_spans_per_s"] > 0 and figures["reference_spans_per_s"] > 0
     assert figures["sdk_spans_per_s"] > 0 and figures["native_peak_rss_mib"] > 0
     assert "targets    :" in text
+
+
+def test_overhead_benchmark_runs_both_loops() -> None:
+    text, figures = _run("overhead.py", "--rounds", "1", "--steps", "3")
+    assert set(figures) == {"bare_ms", "instrumented_ms", "ratio"} and figures["ratio"] > 0
+    assert "ratio        :" in text
