@@ -37,18 +37,20 @@ def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
     return default
 
 
-def _port(environ: Mapping[str, str], name: str, default: int) -> int:
+def env_int(environ: Mapping[str, str], name: str, default: int, low: int = 0, high: int | None = None) -> int:
+    """An integer variable in [low, high]; unset, empty or invalid gives ``default`` (warned)."""
     raw = environ.get(name, "").strip()
     if not raw:
         return default
     try:
-        port = int(raw)
-        if not 0 <= port <= 65535:
+        value = int(raw)
+        if value < low or (high is not None and value > high):
             raise ValueError
     except ValueError:
-        _log.warning("%s=%r is not a port number; using %d", name, raw, default)
+        bounds = f"from {low}" + (f" to {high}" if high is not None else "")
+        _log.warning("%s=%r is not an integer %s; using %d", name, raw, bounds, default)
         return default
-    return port
+    return value
 
 
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
@@ -56,5 +58,5 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
     return Settings(
         enabled=enabled,
         metrics_host=environ.get(OTEL_EXPORTER_PROMETHEUS_HOST, "").strip() or "localhost",
-        metrics_port=_port(environ, OTEL_EXPORTER_PROMETHEUS_PORT, 9464),
+        metrics_port=env_int(environ, OTEL_EXPORTER_PROMETHEUS_PORT, 9464, 0, 65535),
     )

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .._config import env_int
 from ..environment_variables import OTELPROF_RUN_ID
 
 _log = logging.getLogger(__name__)
@@ -38,27 +39,13 @@ class Identity:
         return {"run": self.run_id, "rank": str(self.rank), "local_rank": str(self.local_rank)}
 
 
-def _int(environ: Mapping[str, str], name: str, default: int) -> int:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-        if value < 0:
-            raise ValueError
-    except ValueError:
-        _log.warning("%s=%r is not a non-negative integer; using %d", name, raw, default)
-        return default
-    return value
-
-
 def identity_from_env(environ: Mapping[str, str] = os.environ) -> Identity:
     rank, local, world = 0, 0, 1
     for rank_var, local_var, world_var in _LAUNCHERS:
         if environ.get(rank_var, "").strip():
-            rank = _int(environ, rank_var, 0)
-            local = _int(environ, local_var, 0)
-            world = max(_int(environ, world_var, 1), rank + 1)
+            rank = env_int(environ, rank_var, 0)
+            local = env_int(environ, local_var, 0)
+            world = max(env_int(environ, world_var, 1, 1), rank + 1)
             break
     for name in _RUN_IDS:
         value = environ.get(name, "").strip()

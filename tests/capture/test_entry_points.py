@@ -38,6 +38,11 @@ def _run(command: list[str], rec: HttpReceiver, tmp_path: Path, **extra: str) ->
     return out
 
 
+def _otelprof_run(workers: int) -> list[str]:
+    script = [sys.executable, str(HERE / "train_loop.py"), str(STEPS), str(workers)]
+    return [sys.executable, "-m", "otelprof", "run", "--", *script]
+
+
 def _steps(rec: HttpReceiver) -> list[int]:
     numbers = []
     for request in rec.requests:
@@ -58,34 +63,14 @@ def test_import_otelprof_auto(tmp_path: Path) -> None:
 
 def test_otelprof_run_with_dataloader_workers(tmp_path: Path) -> None:
     """Two forked DataLoader workers inherit the hooks but train nothing: steps once each."""
-    command = [
-        sys.executable,
-        "-m",
-        "otelprof",
-        "run",
-        "--",
-        sys.executable,
-        str(HERE / "train_loop.py"),
-        str(STEPS),
-        "2",
-    ]
+    command = _otelprof_run(workers=2)
     with http_receiver() as rec:
         _run(command, rec, tmp_path)
     assert _steps(rec) == list(range(STEPS))
 
 
 def test_disabled_by_environment(tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "otelprof",
-        "run",
-        "--",
-        sys.executable,
-        str(HERE / "train_loop.py"),
-        str(STEPS),
-        "0",
-    ]
+    command = _otelprof_run(workers=0)
     with http_receiver() as rec:
         _run(command, rec, tmp_path, OTELPROF_ENABLED="false")
         _run(command, rec, tmp_path, OTEL_SDK_DISABLED="true")
