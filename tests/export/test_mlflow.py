@@ -234,6 +234,7 @@ class Delivery:
     """One experiment: the spans sent to it (decoded) and the traces MLflow's client returns."""
 
     experiment_id: str
+    requests: list[bytes]
     sent: dict[str, SentSpan]  # by span id (hex)
     traces: dict[str, Trace]  # by MLflow trace id ("tr-" + OTel trace id in hex)
 
@@ -282,7 +283,7 @@ def amd(mlflow_server: MlflowServer, client: MlflowClient) -> Delivery:
     assert (cfg.protocol, cfg.url, cfg.header_names) == ("http/protobuf", mlflow_server.traces_url, (HEADER,))
     results = [send(cfg, request) for request in result.requests]
     assert results == [ExportResult.success()] * len(result.requests)
-    return Delivery(experiment_id, _decode(result.requests), _read_back(client, experiment_id))
+    return Delivery(experiment_id, result.requests, _decode(result.requests), _read_back(client, experiment_id))
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +319,7 @@ def bert(mlflow_server: MlflowServer, client: MlflowClient, tmp_path_factory: py
     )
     assert counters.spans_rejected == 0
     assert exporter.spool.records() == []
-    return Delivery(experiment_id, _decode(result.requests), _read_back(client, experiment_id))
+    return Delivery(experiment_id, result.requests, _decode(result.requests), _read_back(client, experiment_id))
 
 
 @pytest.fixture(params=["amd", "bert"])
@@ -387,6 +388,16 @@ def test_resource_attributes_become_trace_tags(delivery: Delivery) -> None:
         }
         tags = trace.info.tags
         assert {key: tags.get(key) for key in resource} == {key: kept.get(key) for key in resource}
+
+
+def test_search_filters_on_resource_tags_and_span_names(client: MlflowClient, amd: Delivery) -> None:
+    def found(filter_string: str) -> set[str]:
+        page = client.search_traces(locations=[amd.experiment_id], filter_string=filter_string, include_spans=False)
+        return {trace.info.trace_id for trace in page}
+
+    assert found(f"tags.`service.name` = '{SERVICE_NAME}'") == set(amd.traces)
+    assert found("tags.`service.name` = 'someone-else'") == set()
+    assert found("span.name = 'aten::addmm'") == {_step_trace(amd, 1)}
 
 
 def test_roots_are_the_steps_and_the_profiler_window(amd: Delivery) -> None:
@@ -462,9 +473,37 @@ def test_memory_events_arrive_as_span_events(bert: Delivery) -> None:
     assert all(isinstance(v, int) for e in events for v in e.attributes.values())
 
 
-def test_without_the_experiment_header_mlflow_refuses_for_good(mlflow_server: MlflowServer) -> None:
-    cfg = exporter_config_from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": mlflow_server.traces_url})
-    request = convert(shared_trace("amd_trace")).requests[0]
-    result = send(cfg, request)
+def test_sending_a_trace_again_changes_nothing(
+    mlflow_server: MlflowServer, client: MlflowClient, amd: Delivery
+) -> None:
+    """MLflow keys traces and spans by their ids, so a request sent twice (a retry after a lost
+    response, a replayed spool) is stored once. The experiment header only places a *new* trace:
+    spans of a trace MLflow already holds join it, even when the header names another experiment
+    (``_log_spans_once`` looks the experiment up only for trace ids it does not know)."""
+    other = client.create_experiment("otelprof-other")
+    cfg = exporter_config_from_env(_environ(mlflow_server, other))
+    assert [send(cfg, request) for request in amd.requests] == [ExportResult.success()] * len(amd.requests)
+    assert _read_back(client, other) == {}
+    again = _read_back(client, amd.experiment_id)
+    assert {s.span_id: s.to_dict() for t in again.values() for s in t.data.spans} == {
+        span_id: span.to_dict() for span_id, span in amd.spans.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        pytest.param({}, "HTTP 422", id="no-experiment-header"),
+        pytest.param({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"{HEADER}=step-1"}, "HTTP 400", id="malformed-experiment"),
+        pytest.param({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": f"{HEADER}=999999"}, "HTTP 404", id="unknown-experiment"),
+    ],
+)
+def test_without_a_valid_experiment_mlflow_refuses_for_good(
+    mlflow_server: MlflowServer, headers: dict[str, str], status: str
+) -> None:
+    """A final (not retryable) failure: the exporter drops the request and logs MLflow's reason."""
+    cfg = exporter_config_from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": mlflow_server.traces_url, **headers})
+    # a run id of its own: trace ids MLflow has not seen (for those, see the test above)
+    result = send(cfg, convert(shared_trace("amd_trace"), run_id="otelprof-e2e-refused").requests[0])
     assert (result.ok, result.retryable) == (False, False)
-    assert result.message.startswith("HTTP 422")
+    assert result.message.startswith(status)
