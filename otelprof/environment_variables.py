@@ -208,3 +208,86 @@ OTEL_EXPORTER_PROMETHEUS_PORT = "OTEL_EXPORTER_PROMETHEUS_PORT"
 Port of the ``/metrics`` endpoint; each local rank adds its local rank to it, so ranks on one
 host do not collide. ``0`` picks a free port (logged). Default: ``9464``.
 """
+
+# --- profiling windows ----------------------------------------------------------------------
+
+OTELPROF_PROFILE = "OTELPROF_PROFILE"
+"""
+.. envvar:: OTELPROF_PROFILE
+
+``false`` keeps torch.profiler off entirely (steps and metrics only). Default: ``true``.
+"""
+
+OTELPROF_PROFILE_SKIP_FIRST = "OTELPROF_PROFILE_SKIP_FIRST"
+"""
+.. envvar:: OTELPROF_PROFILE_SKIP_FIRST
+
+Steps before the schedule starts (torch.profiler.schedule's ``skip_first``). Default: ``10``.
+"""
+
+OTELPROF_PROFILE_WAIT = "OTELPROF_PROFILE_WAIT"
+"""
+.. envvar:: OTELPROF_PROFILE_WAIT
+
+Unprofiled steps at the start of each cycle (``wait``). Default: ``500``.
+"""
+
+OTELPROF_PROFILE_WARMUP = "OTELPROF_PROFILE_WARMUP"
+"""
+.. envvar:: OTELPROF_PROFILE_WARMUP
+
+Steps the profiler runs without keeping before each window (``warmup``). Default: ``1``.
+"""
+
+OTELPROF_PROFILE_ACTIVE = "OTELPROF_PROFILE_ACTIVE"
+"""
+.. envvar:: OTELPROF_PROFILE_ACTIVE
+
+Steps recorded per window (``active``, at least 1). Default: ``2``.
+"""
+
+OTELPROF_PROFILE_REPEAT = "OTELPROF_PROFILE_REPEAT"
+"""
+.. envvar:: OTELPROF_PROFILE_REPEAT
+
+Scheduled windows in all (``repeat``); ``0`` repeats for the whole run. Default: ``0``.
+"""
+
+OTELPROF_PROFILE_OPTIONS = "OTELPROF_PROFILE_OPTIONS"
+"""
+.. envvar:: OTELPROF_PROFILE_OPTIONS
+
+Comma-separated torch.profiler options to turn on: ``record_shapes``, ``profile_memory``,
+``with_stack``, ``with_flops``, ``with_modules``. Default: unset (all off).
+"""
+
+OTELPROF_TRIGGER_FILE = "OTELPROF_TRIGGER_FILE"
+"""
+.. envvar:: OTELPROF_TRIGGER_FILE
+
+A path: when a file appears there, the next steps are profiled (the file is removed).
+Default: unset.
+"""
+
+OTELPROF_TRIGGER_SIGNAL = "OTELPROF_TRIGGER_SIGNAL"
+"""
+.. envvar:: OTELPROF_TRIGGER_SIGNAL
+
+A signal name (``SIGUSR2``) that profiles the next steps; installed only when the program has
+no handler of its own for it; ``none`` installs nothing. Default: ``SIGUSR2``.
+"""
+
+OTELPROF_ON_DEMAND_STEPS = "OTELPROF_ON_DEMAND_STEPS"
+"""
+.. envvar:: OTELPROF_ON_DEMAND_STEPS
+
+Steps recorded by a window a trigger or a slow step starts. Default: ``2``.
+"""
+
+OTELPROF_ANOMALY_FACTOR = "OTELPROF_ANOMALY_FACTOR"
+"""
+.. envvar:: OTELPROF_ANOMALY_FACTOR
+
+A step slower than this many times the median of the last 50 profiles the next steps, at
+most once per 10 minutes; ``0`` turns it off. Default: ``3``.
+"""

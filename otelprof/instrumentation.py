@@ -18,13 +18,15 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from ._config import Settings, settings_from_env
+from ._version import __version__
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
 from .capture.step_spans import StepSpans
 from .capture.steps import Step, StepTracker
+from .capture.windows import Windows
 from .converter.reference.builder import Attrs
 from .export.exporter import Exporter
-from .resource import resource_attributes_from_env
+from .resource import options_from_env, resource_attributes_from_env
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -53,36 +55,50 @@ class Session:
         self._environ = dict(environ)
         self.metrics: StepMetrics | None = None
         self.spans: StepSpans | None = None
-        self.tracker = StepTracker(self._on_step)
+        self.windows: Windows | None = None
+        self.tracker = StepTracker(self._on_step, on_first_open=self._first_step_begins)
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
         self.metrics_port: int | None = None
         self._failed = False
         self.hooks.install()
 
-    def _start(self) -> tuple[StepMetrics, StepSpans]:
-        if self.exporter is None:
-            self.exporter = Exporter(registry=self.registry)
-            # at exit the session must flush its last steps before the exporter shuts down
-            # (atexit runs the latest registration first)
-            atexit.unregister(_at_exit)
-            atexit.register(_at_exit, self)
-        self.metrics = StepMetrics(self.identity.labels(), self.registry)
-        self.spans = StepSpans(self.exporter, self.identity, _resource(self.identity, self._environ))
-        self._serve_metrics()
-        return self.metrics, self.spans
+    def _first_step_begins(self, number: int) -> None:
+        """Everything but the hooks starts here (training thread, inside a hook)."""
+        try:
+            exporter = self.exporter
+            if exporter is None:
+                exporter = self.exporter = Exporter(registry=self.registry)
+                # at exit the session must flush its last steps before the exporter shuts down
+                # (atexit runs the latest registration first)
+                atexit.unregister(_at_exit)
+                atexit.register(_at_exit, self)
+            self.metrics = StepMetrics(self.identity.labels(), self.registry)
+            self.spans = StepSpans(exporter, self.identity, _resource(self.identity, self._environ))
+            self._serve_metrics()
+            if self.settings.windows.enabled:
+                options = options_from_env(
+                    self._environ,
+                    run_id=self.identity.run_id,
+                    rank=self.identity.rank,
+                    world_size=self.identity.world_size,
+                    scope_version=__version__,
+                )
+                self.windows = Windows(self.settings.windows, options, exporter.submit)
+                self.windows.begin(number)
+        except Exception:  # never into the training loop
+            self._failed = True
+            _log.warning("otelprof could not start; steps are not recorded", exc_info=True)
 
     def _on_step(self, step: Step) -> None:
-        if self._failed:
+        if self._failed or self.metrics is None or self.spans is None:
             return
         try:
-            if self.metrics is None or self.spans is None:
-                metrics, spans = self._start()
-            else:
-                metrics, spans = self.metrics, self.spans
-            ctx = spans.context(step)
-            metrics.observe(step, ctx.trace_id)
-            spans.add(step, ctx)
+            ctx = self.spans.context(step)
+            self.metrics.observe(step, ctx.trace_id)
+            self.spans.add(step, ctx)
+            if self.windows is not None:
+                self.windows.boundary(step.duration_s)
         except Exception:  # never into the training loop
             self._failed = True
             _log.warning("otelprof stopped recording steps after an internal error", exc_info=True)
@@ -110,6 +126,8 @@ class Session:
     def close(self) -> None:
         self.hooks.remove()
         self.tracker.finish()
+        if self.windows is not None:
+            self.windows.close()
         if self.spans is not None:
             self.spans.close()
         if self.exporter is not None:

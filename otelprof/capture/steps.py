@@ -56,9 +56,14 @@ class StepTracker:
     (the caller guards it)."""
 
     def __init__(
-        self, on_step: Callable[[Step], None], first_step: int = 0, clock: Callable[[], int] = _now_ns
+        self,
+        on_step: Callable[[Step], None],
+        first_step: int = 0,
+        clock: Callable[[], int] = _now_ns,
+        on_first_open: Callable[[int], None] | None = None,
     ) -> None:
         self._on_step = on_step
+        self._on_first_open = on_first_open
         self._clock = clock
         self._lock = threading.RLock()
         self._next_number = first_step
@@ -167,6 +172,9 @@ class StepTracker:
     def _open(self, now: int) -> None:
         self._current = Step(-1, now, now)  # numbered when it closes: discarded ones take none
         self._optimized = False
+        if self._on_first_open is not None:
+            first, self._on_first_open = self._on_first_open, None
+            first(self._next_number)
 
     def _record(self, phase: str, start: int, end: int) -> None:
         step = self._current

@@ -1,0 +1,145 @@
+"""Profiling windows in a real training loop: torch.profiler's schedule decides which steps are
+recorded, and their operator spans arrive in the same traces as the live step spans."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from export.receivers import HttpReceiver, http_receiver
+from prometheus_client import CollectorRegistry
+
+import otelprof
+from otelprof.converter.reference import ids
+from otelprof.export import exporter_config_from_env
+from otelprof.export.exporter import Exporter
+
+torch = pytest.importorskip("torch")
+
+STEPS = 10
+
+
+def _train(steps: int = STEPS, between: Any = None) -> None:
+    torch.manual_seed(0)
+    data = torch.randn(steps * 4, 16)
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, batch in enumerate(loader):
+        model(batch).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if between is not None:
+            between(i)
+
+
+@pytest.fixture
+def receiver() -> Iterator[HttpReceiver]:
+    with http_receiver() as rec:
+        yield rec
+
+
+def _instrument(rec: HttpReceiver, tmp_path: Path, **extra: str) -> otelprof.instrumentation.Session:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
+        "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+        "OTELPROF_RUN_ID": "windows",
+        "OTELPROF_TRIGGER_SIGNAL": "none",
+        "OTELPROF_ANOMALY_FACTOR": "0",
+        **extra,
+    }
+    registry = CollectorRegistry()
+    exporter = Exporter(exporter_config_from_env(env), spool_dir=tmp_path, registry=registry)
+    session = otelprof.instrument(environ=env, registry=registry, exporter=exporter)
+    assert session is not None
+    return session
+
+
+def _by_trace(rec: HttpReceiver) -> dict[bytes, list[Any]]:
+    traces: dict[bytes, list[Any]] = {}
+    for request in rec.requests:
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    traces.setdefault(span.trace_id, []).append(span)
+    return traces
+
+
+def _profiled_steps(rec: HttpReceiver, steps: int = STEPS) -> list[int]:
+    traces = _by_trace(rec)
+    return [n for n in range(steps) if any(s.name.startswith("ProfilerStep#") for s in traces.get(_tid(n), []))]
+
+
+def _tid(n: int) -> bytes:
+    return ids.trace_id(f"step|windows|{n}")
+
+
+def test_schedule_profiles_exactly_the_active_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
+    schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "2", "OTELPROF_PROFILE_WARMUP": "1"}
+    session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_ACTIVE="2", OTELPROF_PROFILE_REPEAT="1")
+    _train()
+    otelprof.uninstrument()
+    assert session.exporter is not None and session.exporter.flush(30)
+    # skip 0-1, wait 2-3, warm up 4, record 5-6 (torch.profiler.schedule's semantics)
+    assert _profiled_steps(receiver) == [5, 6]
+    traces = _by_trace(receiver)
+    for n in (5, 6):
+        spans = traces[_tid(n)]
+        names = {s.name for s in spans}
+        assert {"train.step", f"ProfilerStep#{n}", "aten::linear", "aten::addmm", "Optimizer.step#SGD.step"} <= names
+        by_id = {s.span_id: s for s in spans}
+        addmm = next(s for s in spans if s.name == "aten::addmm" and s.parent_span_id)
+        assert by_id[addmm.parent_span_id].name == "aten::linear"  # operator nesting
+    for n in (0, 4, 7, 9):  # unprofiled steps: the live step span and its phases only
+        assert {s.name for s in traces[_tid(n)]} == {"train.step", "data", "forward", "backward", "optimizer"}
+
+
+def test_trigger_file_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
+    trigger = tmp_path / "profile-now"
+    env = {"OTELPROF_PROFILE_SKIP_FIRST": "999", "OTELPROF_TRIGGER_FILE": str(trigger), "OTELPROF_ON_DEMAND_STEPS": "2"}
+    session = _instrument(receiver, tmp_path, **env)
+
+    def touch_after_step_3(i: int) -> None:
+        if i == 3:
+            trigger.write_text("")
+
+    _train(between=touch_after_step_3)
+    otelprof.uninstrument()
+    assert session.exporter is not None and session.exporter.flush(30)
+    # seen at the next boundary (where step 4 begins): step 4 warms up, 5 and 6 are recorded
+    assert _profiled_steps(receiver) == [5, 6]
+    assert not trigger.exists()  # consumed
+    assert session.windows is not None and session.windows.windows_done == 1
+
+
+def test_signal_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_TRIGGER_SIGNAL="SIGUSR2")
+    handlers = []
+
+    def signal_at_step_2(i: int) -> None:
+        if i == 2:
+            handlers.append(signal.getsignal(signal.SIGUSR2))  # ours, installed at the first step
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    _train(between=signal_at_step_2)
+    otelprof.uninstrument()
+    assert handlers[0] not in (signal.SIG_DFL, None)
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # restored
+    assert session.exporter is not None and session.exporter.flush(30)
+    assert _profiled_steps(receiver) == [4, 5]
+
+
+def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
+    import time
+
+    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_ANOMALY_FACTOR="3")
+    # step 12 is slow (its loop body sleeps): far over 3x the median of the twelve before it
+    _train(steps=STEPS + 6, between=lambda i: time.sleep(0.5) if i == 12 else None)
+    otelprof.uninstrument()
+    assert session.exporter is not None and session.exporter.flush(30)
+    assert _profiled_steps(receiver, STEPS + 6) == [14, 15]
