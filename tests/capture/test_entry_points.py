@@ -38,8 +38,8 @@ def _run(command: list[str], rec: HttpReceiver, tmp_path: Path, **extra: str) ->
     return out
 
 
-def _otelprof_run(workers: int) -> list[str]:
-    script = [sys.executable, str(HERE / "train_loop.py"), str(STEPS), str(workers)]
+def _otelprof_run(workers: int, *flags: str) -> list[str]:
+    script = [sys.executable, str(HERE / "train_loop.py"), str(STEPS), str(workers), *flags]
     return [sys.executable, "-m", "otelprof", "run", "--", *script]
 
 
@@ -67,6 +67,15 @@ def test_otelprof_run_with_dataloader_workers(tmp_path: Path) -> None:
     with http_receiver() as rec:
         _run(command, rec, tmp_path)
     assert _steps(rec) == list(range(STEPS))
+
+
+def test_otelprof_run_with_spawned_dataloader_workers(tmp_path: Path) -> None:
+    """Spawned workers start a fresh interpreter with the bootstrap on PYTHONPATH; they load
+    batches but train nothing: the job still runs, and its steps arrive once each."""
+    with http_receiver() as rec:
+        out = _run(_otelprof_run(2, "--spawn"), rec, tmp_path)
+    assert _steps(rec) == list(range(STEPS))
+    assert "cannot serve metrics" not in out.stderr
 
 
 def test_disabled_by_environment(tmp_path: Path) -> None:
