@@ -32,6 +32,17 @@ class Buf {
         return out;
     }
     const char* data() const { return data_.get(); }
+    // Starts over with room for `capacity` bytes, the first `skip` of them left unwritten.
+    void reset(size_t capacity, size_t skip) {
+        data_.reset(new char[capacity]);
+        cap_ = capacity;
+        len_ = skip;
+    }
+    std::unique_ptr<char[]> release() {
+        cap_ = len_ = 0;
+        return std::move(data_);
+    }
+    void truncate(size_t n) { len_ = n; }
 
     // Room for n more bytes (uninitialised: every byte is written before it is read).
     char* ensure(size_t n) {
@@ -97,11 +108,6 @@ class Buf {
             v >>= 7;
         }
         *p = static_cast<char>(v);
-    }
-    // Moves bytes [from, size()) to the front (the start of the next batch).
-    void keep_tail(size_t from) {
-        std::memmove(data_.get(), data_.get() + from, len_ - from);
-        len_ -= from;
     }
 
   private:
@@ -180,26 +186,30 @@ void put_span(Buf& out, const Span& sp, const Attrs& pool) {
 
 }  // namespace
 
-std::vector<std::string> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes) {
+std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes) {
     Buf resource_buf, scope_buf;
     put_attributes(resource_buf, 1, built.resource);
     scope_buf.bytes(1, "otelprof", 8);
     if (!scope_version.empty()) scope_buf.bytes(2, scope_version.data(), scope_version.size());
     const std::string resource = resource_buf.take(), scope = scope_buf.take();
 
-    std::vector<std::string> requests;
-    Buf body;  // the ScopeSpans.spans fields of the current batch, written in place
-    size_t count = 0;
     auto request_size = [&](size_t body_size, size_t& scope_spans, size_t& resource_spans) {
         scope_spans = field_len(scope.size()) + body_size;
         resource_spans = field_len(resource.size()) + field_len(scope_spans);
         return field_len(resource_spans);
     };
-    // Emits the first `n` body bytes as one request; the lengths are known up front, so the
-    // request string is allocated once and the body copied once.
+    // Each batch's spans are written after `room` bytes, enough for any request header; the
+    // header is then written just before the spans, and the buffer becomes the request.
+    const size_t room = 2 * (1 + 10) + field_len(resource.size()) + field_len(scope.size());
+    // Batches fill up to max_bytes; the span that overflows one is written before it is moved on.
+    const size_t batch_capacity = room + std::min<size_t>(max_bytes, size_t{64} << 20) + (size_t{64} << 10);
+    std::vector<Request> requests;
+    Buf body;
+    auto open_batch = [&] { body.reset(batch_capacity, room); };
+    // Emits the first `n` bytes of the batch's spans as one request.
     auto flush = [&](size_t n) {
         size_t scope_spans, resource_spans;
-        size_t total = request_size(n, scope_spans, resource_spans);
+        const size_t total = request_size(n, scope_spans, resource_spans);
         Buf head;
         head.byte(tag(1, 2));  // ExportTraceServiceRequest.resource_spans
         head.varint(resource_spans);
@@ -207,24 +217,31 @@ std::vector<std::string> encode_requests(const Built& built, const std::string& 
         head.byte(tag(2, 2));                              // ResourceSpans.scope_spans
         head.varint(scope_spans);
         head.bytes(1, scope.data(), scope.size());  // ScopeSpans.scope
-        std::string req;
-        req.reserve(total);
-        req.append(head.data(), head.size());
-        req.append(body.data(), n);
+        Request req;
+        req.begin = room - head.size();
+        req.size = total;
+        req.data = body.release();
+        std::memcpy(req.data.get() + req.begin, head.data(), head.size());
         requests.push_back(std::move(req));
-        body.keep_tail(n);
     };
+    open_batch();
+    size_t count = 0;
     for (uint32_t idx : built.order) {
         const size_t before = body.size();
         body.message(2, [&] { put_span(body, built.spans[idx], built.attrs); }, 2);
         size_t scope_spans, resource_spans;
-        if (count && request_size(body.size(), scope_spans, resource_spans) > max_bytes) {
-            flush(before);  // this span opens the next batch
+        if (count && request_size(body.size() - room, scope_spans, resource_spans) > max_bytes) {
+            // this span opens the next batch
+            const std::string span(body.data() + before, body.size() - before);
+            body.truncate(before);
+            flush(before - room);
+            open_batch();
+            body.raw(span.data(), span.size());
             count = 0;
         }
         ++count;
     }
-    if (count) flush(body.size());
+    if (count) flush(body.size() - room);
     return requests;
 }
 
