@@ -95,7 +95,8 @@ void put_utf8(uint32_t cp, std::string& out) {
 
 class Parser {
   public:
-    Parser(Document& doc, std::string_view text) : doc_(doc), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
+    Parser(Document& doc, std::string_view text, ElementSink* sink)
+        : doc_(doc), sink_(sink), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
 
     void run() {
         validate_utf8(std::string_view(begin_, end_ - begin_));
@@ -107,6 +108,7 @@ class Parser {
 
   private:
     Document& doc_;
+    ElementSink* sink_;
     const char* p_;
     const char* begin_;
     const char* end_;
@@ -376,10 +378,32 @@ class Parser {
         ++doc_.nodes_[idx].len;
     }
 
-    uint32_t array(int depth) {
+    // Drops the nodes of element `at` (the last parsed), except the subtree of its member `kept`,
+    // which moves to `at`. Links are node indices: those inside the subtree shift with it.
+    void drop_element(uint32_t at, uint32_t kept) {
+        auto& nodes = doc_.nodes_;
+        if (kept == kNoNode) {
+            nodes.resize(at);
+            return;
+        }
+        const uint32_t end = nodes[kept].next == kNoNode ? static_cast<uint32_t>(nodes.size()) : nodes[kept].next;
+        const uint32_t shift = kept - at;
+        for (uint32_t k = kept; k < end; ++k) {
+            JNode n = nodes[k];
+            if ((n.type == JType::Arr || n.type == JType::Obj) && n.len) n.first -= shift;
+            if (n.next != kNoNode) n.next -= shift;
+            nodes[k - shift] = n;
+        }
+        nodes[at].next = kNoNode;  // it was the next member of the dropped element
+        nodes.resize(at + (end - kept));
+    }
+
+    // `sink`: hand the elements to it instead of keeping them (see ElementSink).
+    uint32_t array(int depth, ElementSink* sink = nullptr) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
         uint32_t idx = push(JType::Arr), prev = kNoNode;
+        if (sink) sink->begin(idx);
         skip_ws();
         if (p_ < end_ && *p_ == ']') {
             ++p_;
@@ -387,7 +411,9 @@ class Parser {
         }
         while (true) {
             skip_ws();
-            link(idx, prev, value(depth, kNoKey));
+            const uint32_t child = value(depth, kNoKey);
+            if (sink) drop_element(child, sink->element(doc_, child));
+            else link(idx, prev, child);
             skip_ws();
             if (p_ >= end_) fail("Expecting ',' delimiter");
             if (*p_ == ',') {
@@ -400,6 +426,11 @@ class Parser {
             }
             fail("Expecting ',' delimiter");
         }
+    }
+
+    // Whether the value at p_ is the root object's "traceEvents" array, for the sink.
+    bool events_member(int depth, KeyId member, KeyId key) const {
+        return sink_ && depth == 1 && member == kNoKey && p_ < end_ && *p_ == '[' && doc_.keys_[key] == "traceEvents";
     }
 
     uint32_t object(int depth, KeyId member) {
@@ -421,7 +452,7 @@ class Parser {
             if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
             ++p_;
             skip_ws();
-            uint32_t child = value(depth, key);
+            uint32_t child = events_member(depth, member, key) ? array(depth + 1, sink_) : value(depth, key);
             doc_.nodes_[child].key = key;
             link(idx, prev, child);
             skip_ws();
@@ -439,11 +470,11 @@ class Parser {
     }
 };
 
-Document::Document(std::string_view text) {
+Document::Document(std::string_view text, ElementSink* sink) {
     if (text.size() >= UINT32_MAX) throw TraceError("trace too large (over 4 GiB of JSON)");
     nodes_.reserve(text.size() / 12 + 16);
     key_slots_.assign(64, kNoKey);
-    Parser(*this, text).run();
+    Parser(*this, text, sink).run();
 }
 
 const JNode* Document::get(const JNode& object, KeyId key) const {

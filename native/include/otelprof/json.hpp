@@ -71,12 +71,29 @@ struct JNode {
 };
 static_assert(sizeof(JNode) == 24, "a large trace has millions of nodes");
 
+class Document;
+
+// Takes the elements of the root object's "traceEvents" array as they are parsed, so that the
+// document need not keep them: most of a trace's nodes are event members read only once.
+class ElementSink {
+  public:
+    virtual ~ElementSink() = default;
+    // A "traceEvents" array of the root object starts at node `array` (a duplicate key starts
+    // another). The document keeps the array node, without elements.
+    virtual void begin(uint32_t array) = 0;
+    // The array's next element, just parsed at node `at`. The document then drops the element's
+    // nodes, except the subtree of the member returned (kNoNode: none), which moves to index `at`.
+    virtual uint32_t element(const Document& doc, uint32_t at) = 0;
+};
+
 class Document {
   public:
     // Parses `text` (kept alive by the caller). Throws TraceError.
-    explicit Document(std::string_view text);
+    explicit Document(std::string_view text, ElementSink* sink = nullptr);
 
     const JNode& root() const { return nodes_[root_]; }
+    const JNode& node(uint32_t index) const { return nodes_[index]; }
+    uint32_t index(const JNode& node) const { return static_cast<uint32_t>(&node - nodes_.data()); }
     // Children in order: for (auto* c = doc.first(node); c; c = doc.next(c)) ...
     const JNode* first(const JNode& container) const { return container.len ? &nodes_[container.first] : nullptr; }
     const JNode* next(const JNode* node) const { return node->next == kNoNode ? nullptr : &nodes_[node->next]; }
@@ -87,6 +104,7 @@ class Document {
     // The id of `key`, or kNoKey when no object in the document has such a member.
     KeyId key_id(std::string_view key) const;
     std::string_view key(const JNode& member) const { return keys_[member.key]; }
+    std::string_view key_name(KeyId id) const { return keys_[id]; }
     size_t key_count() const { return keys_.size(); }
 
   private:

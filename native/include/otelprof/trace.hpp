@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "otelprof/json.hpp"
@@ -61,6 +63,48 @@ struct Trace {
     std::optional<std::string_view> trace_id;
     std::string_view trace_name;
     std::optional<std::string_view> host_name;
+};
+
+// Reads the events of a trace, as a Document's sink while it is parsed (convert_trace), or from
+// a whole Document (read). Either way the result refers to the document, which must outlive it.
+class TraceReader : public ElementSink {
+  public:
+    explicit TraceReader(std::optional<int64_t> base_override);
+
+    // Reads `doc` whole. Throws TraceError.
+    Trace read(const Document& doc);
+    // The trace of `doc`, parsed from `json` with this reader as its sink. Where the reference
+    // rejects an event, or events cannot be read without the whole document, `json` is parsed
+    // again (without a sink) into `doc`. Throws TraceError.
+    Trace finish(std::unique_ptr<Document>& doc, std::string_view json);
+
+    void begin(uint32_t array) override;
+    uint32_t element(const Document& doc, uint32_t at) override;
+
+  private:
+    enum class Stored { None, EventArgs, MemoryArgs };  // what event() kept that points at args
+    struct StoredArgs {
+        bool memory;
+        size_t index;   // in trace_.memory or trace_.events
+        uint32_t node;  // where the args node is once its event is dropped
+    };
+
+    std::optional<int64_t> base_override_;
+    int64_t base_;  // time base the events are read with: the override, or 0 until the metadata is read
+    Trace trace_;
+    std::unordered_map<std::string_view, int64_t> strings_;  // interned pid/tid/id strings
+    std::vector<int8_t> field_of_;                            // by KeyId: the event field, or -1
+    std::vector<StoredArgs> stored_args_;
+    uint32_t streamed_ = kNoNode;  // the streamed traceEvents array node
+    uint32_t total_ = 0;           // its elements so far
+    bool failed_ = false;          // an event was rejected
+    int64_t latest_ = 0;           // the latest start or end time read
+
+    Stored event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
+    int field(KeyId key, const Document& doc);
+    template <typename Where>
+    Ident ident(const JNode* n, Where&& where);
+    Ident intern(std::string_view s);
 };
 
 // Reads `doc` (which must outlive the result). Throws TraceError.
