@@ -65,18 +65,6 @@ void sort_items(std::vector<Item>& items) {
                            items.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 1]));
 }
 
-bool step_number(std::string_view name, int64_t& out) {
-    constexpr std::string_view prefix = "ProfilerStep#";
-    if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.substr(0, prefix.size()) != prefix) return false;
-    int64_t v = 0;
-    for (char c : name.substr(prefix.size())) {
-        if (c < '0' || c > '9') return false;
-        v = v * 10 + (c - '0');
-    }
-    out = v;
-    return true;
-}
-
 // Per-slot lists where few slots have any: an index per slot, the lists allocated on demand.
 template <typename T>
 class SparseLists {
@@ -169,6 +157,7 @@ int memory_arg(std::string_view key) {
 
 Built build_spans(const Document& doc, const Trace& trace, const Options& opts) {
     const std::vector<Event>& ev = trace.events;
+    const std::vector<Name>& names = trace.names;
     const int n = static_cast<int>(ev.size());
     const bool full = opts.full;
     Built out;
@@ -228,8 +217,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     {
         std::unordered_set<int64_t> seen;
         for (int i = 0; i < n; ++i) {
-            int64_t num;
-            if (!ev[i].device() && step_number(ev[i].name, num) && seen.insert(num).second) {
+            const int64_t num = names[ev[i].name_id].step;
+            if (!ev[i].device() && num >= 0 && seen.insert(num).second) {
                 step_num[i] = num;
                 steps.push_back(i);
             }
@@ -443,7 +432,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             for (size_t idx = 0; idx <= kids.size(); ++idx) {
                 int c = idx < kids.size() ? kids[idx] : -1;
                 bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
-                if (cand && !run.empty() && ev[c].name == ev[run[0]].name && ev[c].cat == ev[run[0]].cat) {
+                if (cand && !run.empty() && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
                     run.push_back(c);
                     continue;
                 }
@@ -492,7 +481,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     // --- key_averages tree: self CPU / device time ---------------------------------------------
     std::vector<char> in_a(n);
     for (int i = 0; i < n; ++i)
-        in_a[i] = !ev[i].device() && in_aggregate_kinds(ev[i].kind) && !is_filtered_name(ev[i].name);
+        in_a[i] = !ev[i].device() && in_aggregate_kinds(ev[i].kind) && !names[ev[i].name_id].filtered;
     std::vector<int> a_parent(n, -1), a_children(n, 0);
     std::vector<int64_t> child_dur(n, 0), self_dev(n, 0);
     for (int i = 0; i < n; ++i) {
@@ -839,7 +828,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     {
         std::vector<char> merged(n, 0);
         for (int i = 0; i < n; ++i)
-            merged[i] = in_a[i] && a_parent[i] >= 0 && a_children[a_parent[i]] == 1 && ev[a_parent[i]].name == ev[i].name;
+            merged[i] = in_a[i] && a_parent[i] >= 0 && a_children[a_parent[i]] == 1 && ev[a_parent[i]].name_id == ev[i].name_id;
         // the sweep order puts every parent before its children (a parent is on the child's thread)
         std::vector<int> sorted_a;
         for (int i : sweep_order)
@@ -859,19 +848,21 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             device_total[i] += self_dev[i];
             if (a_parent[i] >= 0) device_total[a_parent[i]] += device_total[i];
         }
-        // rows keyed by (name, kind[, shapes]); names are views into the document
-        std::unordered_map<std::string_view, size_t> row_index[3];
+        // rows keyed by (name, kind[, shapes]): by name id (see Name::row) and kind, or by text with shapes
+        constexpr size_t kNoRow = SIZE_MAX;
+        std::vector<size_t> row_index[3];
+        for (auto& rows : row_index) rows.assign(names.size(), kNoRow);
         std::unordered_map<std::string, size_t> shaped_index;
         std::string key;
         for (int i = 0; i < n; ++i) {
             const Event& e = ev[i];
             bool a_row = in_a[i] && !merged[i];
             if (!a_row && !is_device_time(e.kind)) continue;
-            std::string_view name = e.name;
+            const uint32_t name_id = a_row ? names[e.name_id].row : e.name_id;
+            const std::string_view name = names[name_id].text;
             const char* kind = "device";
             std::string shapes;
             if (a_row) {
-                if (name.substr(0, 13) == "ProfilerStep#") name = "ProfilerStep*";
                 kind = e.kind == Kind::Annotation ? "annotation" : "op";
                 if (opts.group_by_input_shapes && e.args) {
                     const JNode* dims = doc.get(*e.args, "Input Dims");
@@ -892,9 +883,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 inserted = res.second;
             } else {
                 int slot = kind[0] == 'd' ? 0 : kind[0] == 'a' ? 1 : 2;
-                auto res = row_index[slot].try_emplace(name, out.ops.size());
-                row_at = res.first->second;
-                inserted = res.second;
+                size_t& at = row_index[slot][name_id];
+                inserted = at == kNoRow;
+                if (inserted) at = out.ops.size();
+                row_at = at;
             }
             if (inserted) out.ops.push_back(OpRow{std::string(name), kind, shapes});
             OpRow& row = out.ops[row_at];

@@ -59,20 +59,6 @@ void validate_utf8(std::string_view text) {
     }
 }
 
-// Keys are short: mix them a word at a time. The seed is random per document, so a crafted
-// trace cannot make its keys collide in the open-addressing table (which would turn the
-// parse quadratic); ids never depend on it.
-uint64_t key_hash(std::string_view key, uint64_t seed) {
-    uint64_t h = seed ^ (key.size() * 0x9E3779B97F4A7C15ULL);
-    for (size_t at = 0; at < key.size(); at += 8) {
-        uint64_t w = 0;
-        std::memcpy(&w, key.data() + at, std::min<size_t>(8, key.size() - at));
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
-        h ^= h >> 31;
-    }
-    return h;
-}
-
 void put_utf8(uint32_t cp, std::string& out) {
     if (cp < 0x80) {
         out.push_back(static_cast<char>(cp));
@@ -92,6 +78,8 @@ void put_utf8(uint32_t cp, std::string& out) {
 }
 
 }  // namespace
+
+uint64_t random_seed() { return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}(); }
 
 class Parser {
   public:
@@ -496,11 +484,11 @@ KeyId Document::find_key(std::string_view key, uint64_t hash, size_t& slot) cons
 
 KeyId Document::key_id(std::string_view key) const {
     size_t slot;
-    return find_key(key, key_hash(key, hash_seed_), slot);
+    return find_key(key, hash_text(key, hash_seed_), slot);
 }
 
 KeyId Document::intern(std::string_view key) {
-    const uint64_t hash = key_hash(key, hash_seed_);
+    const uint64_t hash = hash_text(key, hash_seed_);
     size_t slot;
     KeyId id = find_key(key, hash, slot);
     if (id != kNoKey) return id;

@@ -72,7 +72,43 @@ void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::op
 }  // namespace
 
 TraceReader::TraceReader(std::optional<int64_t> base_override)
-    : base_override_(base_override), base_(base_override.value_or(0)) {}
+    : base_override_(base_override), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
+
+uint32_t TraceReader::name_id(std::string_view name) {
+    const uint64_t hash = hash_text(name, name_seed_);
+    if (name_slots_.empty()) name_slots_.assign(1024, 0);
+    const size_t mask = name_slots_.size() - 1;
+    size_t at = hash & mask;
+    for (; name_slots_[at]; at = (at + 1) & mask) {
+        const uint32_t id = name_slots_[at] - 1;
+        if (name_hashes_[id] == hash && same(trace_.names[id].text, name)) return id;
+    }
+    const uint32_t id = add_name(name, hash);
+    name_slots_[at] = id + 1;
+    if (trace_.names.size() * 2 > name_slots_.size()) {  // keep the load under a half
+        std::vector<uint32_t> grown(name_slots_.size() * 2, 0);
+        for (uint32_t k = 0; k < trace_.names.size(); ++k) {
+            size_t to = name_hashes_[k] & (grown.size() - 1);
+            while (grown[to]) to = (to + 1) & (grown.size() - 1);
+            grown[to] = k + 1;
+        }
+        name_slots_ = std::move(grown);
+    }
+    if (name.substr(0, 13) == "ProfilerStep#") trace_.names[id].row = name_id("ProfilerStep*");
+    return id;
+}
+
+uint32_t TraceReader::add_name(std::string_view name, uint64_t hash) {
+    const auto id = static_cast<uint32_t>(trace_.names.size());
+    Name n;
+    n.text = name;
+    n.filtered = is_filtered_name(name);
+    step_number(name, n.step);
+    n.row = id;
+    trace_.names.push_back(n);
+    name_hashes_.push_back(hash);
+    return id;
+}
 
 // pid/tid/flow id (mirrors `norm_ident`).
 template <typename Where>
@@ -144,9 +180,10 @@ TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, ui
         e.start = static_cast<int64_t>(start);
         e.end = static_cast<int64_t>(start + dur);
         e.ordinal = ordinal;
+        e.name_id = name_id(name);
         e.kind = category_kind(cat);
         e.cat = cat;
-        e.name = name;
+        e.name = trace_.names[e.name_id].text;
         e.pid = pid;
         e.tid = tid;
         e.args = args;
@@ -199,6 +236,8 @@ void TraceReader::begin(uint32_t array) {
     // a duplicate "traceEvents" replaces the earlier one (the last wins, as in a Python dict)
     trace_ = Trace();
     strings_.clear();
+    name_slots_.clear();
+    name_hashes_.clear();
     stored_args_.clear();
     streamed_ = array;
     total_ = 0;

@@ -42,6 +42,18 @@ bool is_filtered_name(std::string_view name) {
            name == "aten::is_leaf" || name == "aten::output_nr" || name == "aten::_version";
 }
 
+bool step_number(std::string_view name, int64_t& out) {
+    constexpr std::string_view prefix = "ProfilerStep#";
+    if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.substr(0, prefix.size()) != prefix) return false;
+    int64_t v = 0;
+    for (char c : name.substr(prefix.size())) {
+        if (c < '0' || c > '9') return false;
+        v = v * 10 + (c - '0');
+    }
+    out = v;
+    return true;
+}
+
 bool is_correlation_flow(std::string_view cat) { return cat == "ac2g" || cat == "async" || cat == "async_cpu_to_gpu"; }
 
 const ArgAttribute kArgAttributes[] = {

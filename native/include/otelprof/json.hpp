@@ -3,9 +3,9 @@
 // Semantics mirror Python's json module (duplicate keys: last value wins).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -42,6 +42,21 @@ inline bool same(std::string_view a, std::string_view b) {
         if (x[at] != y[at]) return false;
     return true;
 }
+
+// Hash of short strings (keys, names), a word at a time. Tables of input strings use a seed
+// random per table, so a crafted trace cannot make its strings collide (which would make
+// lookups linear); nothing that is output depends on the seed.
+inline uint64_t hash_text(std::string_view text, uint64_t seed) {
+    uint64_t h = seed ^ (text.size() * 0x9E3779B97F4A7C15ULL);
+    for (size_t at = 0; at < text.size(); at += 8) {
+        uint64_t w = 0;
+        std::memcpy(&w, text.data() + at, std::min<size_t>(8, text.size() - at));
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 31;
+    }
+    return h;
+}
+uint64_t random_seed();
 
 enum class JType : uint8_t { Null, False, True, Int, BigInt, Num, Str, Arr, Obj };
 
@@ -114,7 +129,7 @@ class Document {
     std::vector<std::unique_ptr<char[]>> arena_;  // decoded (escaped) strings
     std::vector<std::string_view> keys_;           // by KeyId
     std::vector<uint64_t> key_hashes_;             // by KeyId
-    uint64_t hash_seed_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    uint64_t hash_seed_ = random_seed();
     std::vector<KeyId> key_slots_;                 // open-addressing table over keys_
 
     KeyId intern(std::string_view key);

@@ -25,6 +25,8 @@ inline bool in_aggregate_kinds(Kind k) {
     return k == Kind::CpuOp || k == Kind::Annotation || k == Kind::Python || k == Kind::Runtime;
 }
 bool is_filtered_name(std::string_view name);
+// N of a "ProfilerStep#N" (at most 18 digits), else false.
+bool step_number(std::string_view name, int64_t& out);
 bool is_correlation_flow(std::string_view cat);
 
 extern const ArgAttribute kArgAttributes[];

@@ -21,13 +21,23 @@ struct Ident {
     bool operator==(const Ident& o) const { return is_str == o.is_str && value == o.value; }
 };
 
+// A distinct name of complete events, with what the builder asks of names (worked out once per
+// name, where the name's text is at hand, instead of once per event).
+struct Name {
+    std::string_view text;
+    int64_t step = -1;      // N of a "ProfilerStep#N", or -1
+    bool filtered = false;  // is_filtered_name
+    uint32_t row = 0;       // the name its op row goes by: itself, or "ProfilerStep*" for any step
+};
+
 struct Event {
     int64_t start = 0;
     int64_t end = 0;
     uint32_t ordinal = 0;
+    uint32_t name_id = 0;  // in Trace::names; equal names, equal ids
     Kind kind = Kind::Other;
     std::string_view cat;
-    std::string_view name;
+    std::string_view name;  // names[name_id].text
     Ident pid, tid;
     const JNode* args = nullptr;  // object or nullptr
     int64_t dur() const { return end - start; }
@@ -51,6 +61,7 @@ struct Flow {
 
 struct Trace {
     std::vector<Event> events;
+    std::vector<Name> names;
     std::vector<Instant> memory;
     std::vector<Flow> flows;
     uint32_t total = 0;
@@ -95,6 +106,9 @@ class TraceReader : public ElementSink {
     std::unordered_map<std::string_view, int64_t> strings_;  // interned pid/tid/id strings
     std::vector<int8_t> field_of_;                            // by KeyId: the event field, or -1
     std::vector<StoredArgs> stored_args_;
+    std::vector<uint32_t> name_slots_;  // open addressing over trace_.names: id + 1, or 0
+    std::vector<uint64_t> name_hashes_;  // by name id
+    uint64_t name_seed_;
     uint32_t streamed_ = kNoNode;  // the streamed traceEvents array node
     uint32_t total_ = 0;           // its elements so far
     bool failed_ = false;          // an event was rejected
@@ -105,6 +119,8 @@ class TraceReader : public ElementSink {
     template <typename Where>
     Ident ident(const JNode* n, Where&& where);
     Ident intern(std::string_view s);
+    uint32_t name_id(std::string_view name);
+    uint32_t add_name(std::string_view name, uint64_t hash);
 };
 
 // Reads `doc` (which must outlive the result). Throws TraceError.
