@@ -177,9 +177,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     Attrs& pool = out.attrs;
     pool.reserve(static_cast<size_t>(n) * 8 + 64);
     // Appends an attribute to `sp`, whose range must be the last one in the pool.
-    auto add = [&pool](Span& sp, std::string_view key, AttrValue value) {
+    auto add = [&pool](Span& sp, AttrKey key, AttrValue value) {
         if (sp.attrs.count == 0) sp.attrs.begin = static_cast<uint32_t>(pool.size());
-        pool.emplace_back(key, value);
+        value.key = key;
+        pool.push_back(value);
         ++sp.attrs.count;
     };
 
@@ -453,10 +454,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                     sp.name = first.name;
                     sp.start = first.start;
                     sp.end = end;
-                    add(sp, "pytorch.event.category", AttrValue::str(first.cat));
-                    if (!first.tid.is_str) add(sp, "thread.id", AttrValue::integer(first.tid.value));
-                    add(sp, "otelprof.aggregated_count", AttrValue::integer(static_cast<int64_t>(run.size())));
-                    add(sp, "otelprof.aggregated_duration_ns", AttrValue::integer(total));
+                    add(sp, kCategoryKey, AttrValue::str(first.cat));
+                    if (!first.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
+                    add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
+                    add(sp, kAggregatedDurationKey, AttrValue::integer(total));
                     by_order.push_back(std::move(sp));
                     stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
                 }
@@ -514,11 +515,6 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         const Instant& m = trace.memory[k];
         const uint64_t present = find_args(doc, m.args, memory_attribute, mem_args.data());
         auto member = [&](int a) { return present >> a & 1 ? mem_args[a] : nullptr; };
-        Attrs attrs;
-        for (int a = 0; a < kMemoryAttributeCount; ++a) {
-            int64_t v;
-            if (as_int64(member(a), v)) attrs.emplace_back(kMemoryAttributes[a][1], AttrValue::integer(v));
-        }
         int s = step_at(m.ts);
         int64_t total;
         if (s >= 0 && as_int64(member(total_allocated), total)) {
@@ -538,7 +534,16 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             ++stats[MEMORY_EVENTS_DROPPED];
             continue;
         }
-        span_events.at(static_cast<size_t>(target)).push_back(SpanEvent{m.ts, m.ordinal, std::move(attrs)});
+        SpanEvent event{m.ts, m.ordinal, AttrRange{static_cast<uint32_t>(pool.size()), 0}};
+        for (int a = 0; a < kMemoryAttributeCount; ++a) {
+            int64_t v;
+            if (!as_int64(member(a), v)) continue;
+            AttrValue attr = AttrValue::integer(v);
+            attr.key = memory_key(a);
+            pool.push_back(attr);
+            ++event.attrs.count;
+        }
+        span_events.at(static_cast<size_t>(target)).push_back(event);
     }
 
     // --- forward -> backward links -----------------------------------------------------------------
@@ -672,9 +677,9 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
     };
     for (Span& sp : synthetic) {  // the window root, when synthetic
-        add(sp, "pytorch.event.category", AttrValue::str("otelprof"));
-        if (int64_t d = dropped_count[static_cast<size_t>(window_slot)]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
-        add(sp, "otelprof.synthetic", AttrValue::boolean(true));
+        add(sp, kCategoryKey, AttrValue::str("otelprof"));
+        if (int64_t d = dropped_count[static_cast<size_t>(window_slot)]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
+        add(sp, kSyntheticKey, AttrValue::boolean(true));
         finish(sp, window_slot);
     }
     if (split) {
@@ -685,11 +690,11 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             sp.name = ev[s].name;
             sp.start = ev[s].start;
             sp.end = ev[s].end;
-            add(sp, "pytorch.event.category", AttrValue::str("otelprof"));
-            add(sp, "pytorch.step", AttrValue::integer(step_num[s]));
-            if (rank) add(sp, "pytorch.distributed.rank", AttrValue::integer(*rank));
-            if (int64_t d = dropped_count[static_cast<size_t>(detail_root(s))]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
-            add(sp, "otelprof.synthetic", AttrValue::boolean(true));
+            add(sp, kCategoryKey, AttrValue::str("otelprof"));
+            add(sp, kStepKey, AttrValue::integer(step_num[s]));
+            if (rank) add(sp, kRankKey, AttrValue::integer(*rank));
+            if (int64_t d = dropped_count[static_cast<size_t>(detail_root(s))]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
+            add(sp, kSyntheticKey, AttrValue::boolean(true));
             sp.links.push_back(SpanLink{step_trace[s], sid(ev[s].ordinal), "step"});
             finish(sp, detail_root(s));
             synthetic.push_back(std::move(sp));
@@ -704,8 +709,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         const Event& e = ev[i];
         Span sp;
         sp.order = e.ordinal;
-        add(sp, "pytorch.event.category", AttrValue::str(e.cat));
-        if (!e.device() && !e.tid.is_str) add(sp, "thread.id", AttrValue::integer(e.tid.value));
+        add(sp, kCategoryKey, AttrValue::str(e.cat));
+        if (!e.device() && !e.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
         if (e.args) {
             // one pass over the args; the table decides order and aliases (first key present wins)
             std::string_view last_attr;
@@ -718,36 +723,36 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 switch (spec.type) {
                     case ArgType::Int: {
                         int64_t x;
-                        if (as_int64(v, x)) add(sp, spec.attr, AttrValue::integer(x));
+                        if (as_int64(v, x)) add(sp, arg_key(a), AttrValue::integer(x));
                         break;
                     }
                     case ArgType::Double: {
                         double x;
-                        if (as_double(v, x)) add(sp, spec.attr, AttrValue::dbl(x));
+                        if (as_double(v, x)) add(sp, arg_key(a), AttrValue::dbl(x));
                         break;
                     }
                     case ArgType::String:
-                        if (v->type == JType::Str && v->len) add(sp, spec.attr, AttrValue::str(v->str()));
+                        if (v->type == JType::Str && v->len) add(sp, arg_key(a), AttrValue::str(v->str()));
                         break;
                     case ArgType::Json:
                         rendered.clear();
                         render_json(doc, *v, rendered);
-                        add(sp, spec.attr, AttrValue::str(keep_str(rendered)));
+                        add(sp, arg_key(a), AttrValue::str(keep_str(rendered)));
                         break;
                 }
                 if (sp.attrs.count != before) last_attr = spec.attr;
             }
         }
         if (in_a[i]) {
-            add(sp, "pytorch.op.self_cpu_time_ns", AttrValue::integer(e.dur() - child_dur[i]));
-            add(sp, "pytorch.op.self_device_time_ns", AttrValue::integer(self_dev[i]));
+            add(sp, kSelfCpuKey, AttrValue::integer(e.dur() - child_dur[i]));
+            add(sp, kSelfDeviceKey, AttrValue::integer(self_dev[i]));
         }
         if (is_step(i)) {
-            add(sp, "pytorch.step", AttrValue::integer(step_num[i]));
+            add(sp, kStepKey, AttrValue::integer(step_num[i]));
             int64_t peak = acc_peak[i] >= 0 ? acc_peak[i] : cpu_peak[i];
-            if (peak >= 0) add(sp, "pytorch.memory.peak_allocated_bytes", AttrValue::integer(peak));
+            if (peak >= 0) add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
         }
-        if (int64_t d = dropped_count[static_cast<size_t>(i)]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
+        if (int64_t d = dropped_count[static_cast<size_t>(i)]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
         int parent_slot = -1;
         if (!is_step(i) && i != window_root_ev) {
             int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
@@ -905,17 +910,17 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- resource ----------------------------------------------------------------------------------
     {
-        Attrs& res = out.resource;
+        std::vector<ResourceAttr>& res = out.resource;
         std::unordered_set<std::string_view> keys;
         for (const auto& [k, v] : opts.resource_attributes) {
             res.emplace_back(k, AttrValue::str(v));
             keys.insert(k);
         }
         if (!keys.count("service.name")) {
-            res.insert(res.begin(), Attr{"service.name", AttrValue::str("unknown_service")});
+            res.insert(res.begin(), ResourceAttr{"service.name", AttrValue::str("unknown_service")});
             keys.insert("service.name");
         }
-        Attrs computed;
+        std::vector<ResourceAttr> computed;
         computed.emplace_back("telemetry.sdk.name", AttrValue::str("otelprof"));
         computed.emplace_back("telemetry.sdk.language", AttrValue::str("python"));
         if (!opts.scope_version.empty()) computed.emplace_back("telemetry.sdk.version", AttrValue::str(opts.scope_version));

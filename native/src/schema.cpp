@@ -1,5 +1,7 @@
 #include "otelprof/schema.hpp"
 
+#include "otelprof/spans.hpp"
+
 #include <string_view>
 #include <utility>
 
@@ -96,6 +98,14 @@ const ArgAttribute kArgAttributes[] = {
 const int kArgAttributeCount = sizeof(kArgAttributes) / sizeof(kArgAttributes[0]);
 static_assert(sizeof(kArgAttributes) / sizeof(kArgAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
 
+namespace {
+constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
+    "pytorch.event.category", "thread.id", "otelprof.aggregated_count", "otelprof.aggregated_duration_ns",
+    "otelprof.dropped_spans", "otelprof.synthetic", "pytorch.step", "pytorch.distributed.rank",
+    "pytorch.op.self_cpu_time_ns", "pytorch.op.self_device_time_ns", "pytorch.memory.peak_allocated_bytes",
+};
+}  // namespace
+
 const std::string_view kMemoryAttributes[][2] = {
     {"Bytes", "pytorch.memory.bytes"},
     {"Total Allocated", "pytorch.memory.total_allocated_bytes"},
@@ -106,5 +116,14 @@ const std::string_view kMemoryAttributes[][2] = {
 };
 const int kMemoryAttributeCount = sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]);
 static_assert(sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
+
+AttrKey arg_key(int arg_attribute) { return static_cast<AttrKey>(kFixedKeyCount + arg_attribute); }
+AttrKey memory_key(int memory_attribute) { return static_cast<AttrKey>(kFixedKeyCount + kArgAttributeCount + memory_attribute); }
+size_t key_count() { return kFixedKeyCount + kArgAttributeCount + kMemoryAttributeCount; }
+std::string_view key_name(AttrKey key) {
+    if (key < kFixedKeyCount) return kFixedKeyNames[key];
+    if (key < kFixedKeyCount + kArgAttributeCount) return kArgAttributes[key - kFixedKeyCount].attr;
+    return kMemoryAttributes[key - kFixedKeyCount - kArgAttributeCount][1];
+}
 
 }  // namespace otelprof
