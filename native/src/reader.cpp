@@ -181,7 +181,7 @@ TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, ui
         e.end = static_cast<int64_t>(start + dur);
         e.ordinal = ordinal;
         e.name_id = name_id(name);
-        e.kind = category_kind(cat);
+        e.kind = classify_category(cat);
         e.cat = cat;
         e.name = trace_.names[e.name_id].text;
         e.pid = pid;

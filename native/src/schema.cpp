@@ -7,7 +7,7 @@
 
 namespace otelprof {
 
-Kind category_kind(std::string_view cat) {
+Kind classify_category(std::string_view& cat) {
     // a linear table beats hashing here: the common categories come first
     static constexpr std::pair<std::string_view, Kind> table[] = {
         {"cpu_op", Kind::CpuOp},
@@ -33,10 +33,16 @@ Kind category_kind(std::string_view cat) {
         {"privateuse1_runtime", Kind::Runtime},
         {"privateuse1_driver", Kind::Runtime},
     };
-    for (const auto& [name, kind] : table)
-        if (name.size() == cat.size() && !cat.empty() && name[0] == cat[0] && name == cat) return kind;
+    for (const auto& [name, kind] : table) {
+        if (name.size() == cat.size() && !cat.empty() && name[0] == cat[0] && name == cat) {
+            cat = name;
+            return kind;
+        }
+    }
     return Kind::Other;
 }
+
+Kind category_kind(std::string_view cat) { return classify_category(cat); }
 
 bool is_filtered_name(std::string_view name) {
     return name == "[memory]" || name == "[OutOfMemory]" || name == "profiler::_record_function_enter" ||

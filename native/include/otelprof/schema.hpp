@@ -19,6 +19,9 @@ struct ArgAttribute {
 };
 
 Kind category_kind(std::string_view cat);
+// As category_kind; a known category's `cat` becomes the table's copy of its text (the same
+// bytes, read later from the cache instead of from all over the trace's text).
+Kind classify_category(std::string_view& cat);
 inline bool is_device(Kind k) { return k >= Kind::Kernel; }
 inline bool is_device_time(Kind k) { return k == Kind::Kernel || k == Kind::Memcpy || k == Kind::Memset; }
 inline bool in_aggregate_kinds(Kind k) {
