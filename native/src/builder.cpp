@@ -175,7 +175,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         return std::string_view(chunk.data() + at, s.size());
     };
     Attrs& pool = out.attrs;
-    pool.reserve(static_cast<size_t>(n) * 8 + 64);
+    pool.reserve(static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount + 64);
     // Appends an attribute to `sp`, whose range must be the last one in the pool.
     auto add = [&pool](Span& sp, AttrKey key, AttrValue value) {
         if (sp.attrs.count == 0) sp.attrs.begin = static_cast<uint32_t>(pool.size());

@@ -346,10 +346,21 @@ class Parser {
     // the object, or for its first key the key the object is the value of (events and their
     // "args" objects alternate). Two guesses per slot, as two kinds of objects often alternate
     // (e.g. complete events and flow events differ after "ph").
+    // A guess is first compared with the input itself: a plain key (see Document::plain_) that the
+    // input holds, then a quote, is that key, without scanning it as a string.
     KeyId member_key(std::vector<KeyId>& guesses, size_t slot) {
-        std::string_view key = string();
         if (slot * kWays >= guesses.size()) guesses.resize((doc_.keys_.size() + 1) * kWays, kNoKey);
         KeyId* ways = &guesses[slot * kWays];
+        for (size_t w = 0; w < kWays; ++w) {
+            if (ways[w] == kNoKey || !doc_.plain_[ways[w]]) continue;
+            const std::string_view guess = doc_.keys_[ways[w]];
+            if (static_cast<size_t>(end_ - p_) > guess.size() + 1 && p_[guess.size() + 1] == '"' &&
+                same(guess, std::string_view(p_ + 1, guess.size()))) {
+                p_ += guess.size() + 2;
+                return ways[w];
+            }
+        }
+        std::string_view key = string();
         for (size_t w = 0; w < kWays; ++w)
             if (ways[w] != kNoKey && same(doc_.keys_[ways[w]], key)) return ways[w];
         KeyId id = doc_.intern(key);
@@ -495,6 +506,7 @@ KeyId Document::intern(std::string_view key) {
     id = static_cast<KeyId>(keys_.size());
     keys_.push_back(key);
     key_hashes_.push_back(hash);
+    plain_.push_back(std::none_of(key.begin(), key.end(), [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; }));
     key_slots_[slot] = id;
     if (keys_.size() * 2 > key_slots_.size()) {  // keep the load under a half: rehash into twice the slots
         std::vector<KeyId> grown(key_slots_.size() * 2, kNoKey);

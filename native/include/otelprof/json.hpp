@@ -129,6 +129,7 @@ class Document {
     std::vector<std::unique_ptr<char[]>> arena_;  // decoded (escaped) strings
     std::vector<std::string_view> keys_;           // by KeyId
     std::vector<uint64_t> key_hashes_;             // by KeyId
+    std::vector<bool> plain_;                      // by KeyId: no quote, backslash or control character
     uint64_t hash_seed_ = random_seed();
     std::vector<KeyId> key_slots_;                 // open-addressing table over keys_
 
