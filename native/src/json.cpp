@@ -184,6 +184,22 @@ class Parser {
         return push(type);
     }
 
+    // Whether the 8 bytes at p are all digits; if so, `value` is their decimal value.
+    static bool eight_digits(const char* p, uint64_t& value) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);
+        // a byte is a digit iff its high nibble is 3 and adding 6 does not carry out of the low one
+        if (((w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4)) !=
+            0x3333333333333333ULL)
+            return false;
+        w -= 0x3030303030303030ULL;                               // digit values, first digit lowest
+        w = (w * 10) + (w >> 8);                                  // pairs: 10 * d0 + d1 in every other byte
+        w = (((w & 0x000000FF000000FFULL) * (100 + (1000000ULL << 32))) +
+             (((w >> 16) & 0x000000FF000000FFULL) * (1 + (10000ULL << 32)))) >> 32;
+        value = w;
+        return true;
+    }
+
     void number(JNode& out) {
         const char* start = p_;
         bool neg = false;
@@ -201,6 +217,12 @@ class Parser {
         if (*p_ == '0') {
             ++p_;
         } else {
+            // eight digits at a time (timestamps have 16); acc wraps past 2^64 exactly as digit by digit
+            uint64_t eight;
+            while (end_ - p_ >= 8 && eight_digits(p_, eight)) {
+                acc = acc * 100000000 + eight;
+                p_ += 8;
+            }
             while (p_ < end_ && static_cast<unsigned>(*p_ - '0') < 10) {
                 acc = acc * 10 + static_cast<unsigned>(*p_ - '0');
                 ++p_;
@@ -369,31 +391,24 @@ class Parser {
         return id;
     }
 
-    // Links `child` after `prev` (or as the first child) of container `idx`.
+    // Links `child` after `prev` (if any: a first child needs no link) in container `idx`.
     void link(uint32_t idx, uint32_t& prev, uint32_t child) {
-        if (prev == kNoNode) doc_.nodes_[idx].first = child;
-        else doc_.nodes_[prev].next = child;
+        if (prev != kNoNode) doc_.nodes_[prev].next = child - prev;
         prev = child;
         ++doc_.nodes_[idx].len;
     }
 
     // Drops the nodes of element `at` (the last parsed), except the subtree of its member `kept`,
-    // which moves to `at`. Links are node indices: those inside the subtree shift with it.
+    // which moves to `at`: as links are offsets, the subtree moves as a block.
     void drop_element(uint32_t at, uint32_t kept) {
         auto& nodes = doc_.nodes_;
         if (kept == kNoNode) {
             nodes.resize(at);
             return;
         }
-        const uint32_t end = nodes[kept].next == kNoNode ? static_cast<uint32_t>(nodes.size()) : nodes[kept].next;
-        const uint32_t shift = kept - at;
-        for (uint32_t k = kept; k < end; ++k) {
-            JNode n = nodes[k];
-            if ((n.type == JType::Arr || n.type == JType::Obj) && n.len) n.first -= shift;
-            if (n.next != kNoNode) n.next -= shift;
-            nodes[k - shift] = n;
-        }
-        nodes[at].next = kNoNode;  // it was the next member of the dropped element
+        const uint32_t end = nodes[kept].next ? kept + nodes[kept].next : static_cast<uint32_t>(nodes.size());
+        std::memmove(&nodes[at], &nodes[kept], (end - kept) * sizeof(JNode));
+        nodes[at].next = 0;  // it was the next member of the dropped element
         nodes.resize(at + (end - kept));
     }
 

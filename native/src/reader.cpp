@@ -1,3 +1,4 @@
+#include <cstring>
 #include <string>
 
 #include "otelprof/trace.hpp"
@@ -75,6 +76,20 @@ TraceReader::TraceReader(std::optional<int64_t> base_override)
     : base_override_(base_override), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
 
 uint32_t TraceReader::name_id(std::string_view name) {
+    // Traces repeat few names: a direct-mapped cache on the name's length and ends is tried before
+    // hashing the whole name. One entry per line, so crafted names cost a hash, never a long probe.
+    uint64_t head = 0, tail = 0;
+    if (!name.empty()) std::memcpy(&head, name.data(), std::min<size_t>(8, name.size()));
+    if (name.size() > 8) std::memcpy(&tail, name.data() + name.size() - 8, 8);
+    uint64_t line = (head * 0x9E3779B97F4A7C15ULL) ^ (tail * 0xC2B2AE3D27D4EB4FULL) ^ name.size();
+    uint32_t& cached = name_cache_[(line ^ (line >> 29)) % kNameCacheSize];
+    if (cached && same(trace_.names[cached - 1].text, name)) return cached - 1;
+    const uint32_t id = hashed_name_id(name);
+    cached = id + 1;
+    return id;
+}
+
+uint32_t TraceReader::hashed_name_id(std::string_view name) {
     const uint64_t hash = hash_text(name, name_seed_);
     if (name_slots_.empty()) name_slots_.assign(1024, 0);
     const size_t mask = name_slots_.size() - 1;
@@ -94,7 +109,7 @@ uint32_t TraceReader::name_id(std::string_view name) {
         }
         name_slots_ = std::move(grown);
     }
-    if (name.substr(0, 13) == "ProfilerStep#") trace_.names[id].row = name_id("ProfilerStep*");
+    if (name.substr(0, 13) == "ProfilerStep#") trace_.names[id].row = hashed_name_id("ProfilerStep*");
     return id;
 }
 
@@ -238,6 +253,7 @@ void TraceReader::begin(uint32_t array) {
     strings_.clear();
     name_slots_.clear();
     name_hashes_.clear();
+    name_cache_.fill(0);
     stored_args_.clear();
     streamed_ = array;
     total_ = 0;

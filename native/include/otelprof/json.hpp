@@ -67,17 +67,17 @@ constexpr uint32_t kNoNode = UINT32_MAX;
 using KeyId = uint32_t;
 constexpr KeyId kNoKey = UINT32_MAX;
 
-// Nodes are stored in pre-order; a container's children are linked through `next`, so the
-// parser writes each node once, where it stays.
+// Nodes are stored in pre-order: a container's first child follows it, and its children are
+// linked through `next`, an offset, so the parser writes each node once, and a subtree can move
+// as a block (see ElementSink).
 struct JNode {
     JType type = JType::Null;
-    uint32_t len = 0;         // string/number text length, or child count
-    KeyId key = kNoKey;       // member key when inside an object (Document::key)
-    uint32_t next = kNoNode;  // next sibling
+    uint32_t len = 0;   // string/number text length, or child count
+    KeyId key = kNoKey; // member key when inside an object (Document::key)
+    uint32_t next = 0;  // the next sibling is this many nodes on (0: none)
     union {
-        int64_t i;            // Int
-        const char* s;        // Str / Num / BigInt text
-        uint32_t first;       // Arr / Obj: index of the first child
+        int64_t i;      // Int
+        const char* s;  // Str / Num / BigInt text
     };
     JNode() : i(0) {}
 
@@ -110,8 +110,8 @@ class Document {
     const JNode& node(uint32_t index) const { return nodes_[index]; }
     uint32_t index(const JNode& node) const { return static_cast<uint32_t>(&node - nodes_.data()); }
     // Children in order: for (auto* c = doc.first(node); c; c = doc.next(c)) ...
-    const JNode* first(const JNode& container) const { return container.len ? &nodes_[container.first] : nullptr; }
-    const JNode* next(const JNode* node) const { return node->next == kNoNode ? nullptr : &nodes_[node->next]; }
+    const JNode* first(const JNode& container) const { return container.len ? &container + 1 : nullptr; }
+    const JNode* next(const JNode* node) const { return node->next ? node + node->next : nullptr; }
     // Object member lookup with Python dict semantics: the last duplicate wins.
     const JNode* get(const JNode& object, KeyId key) const;
     const JNode* get(const JNode& object, std::string_view key) const { return get(object, key_id(key)); }
@@ -129,7 +129,7 @@ class Document {
     std::vector<std::unique_ptr<char[]>> arena_;  // decoded (escaped) strings
     std::vector<std::string_view> keys_;           // by KeyId
     std::vector<uint64_t> key_hashes_;             // by KeyId
-    std::vector<bool> plain_;                      // by KeyId: no quote, backslash or control character
+    std::vector<uint8_t> plain_;                   // by KeyId: no quote, backslash or control character
     uint64_t hash_seed_ = random_seed();
     std::vector<KeyId> key_slots_;                 // open-addressing table over keys_
 

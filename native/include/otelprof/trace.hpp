@@ -1,6 +1,7 @@
 // Kineto Chrome-trace events after validation (mirrors otelprof/converter/reference/reader.py).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -109,6 +110,8 @@ class TraceReader : public ElementSink {
     std::vector<uint32_t> name_slots_;  // open addressing over trace_.names: id + 1, or 0
     std::vector<uint64_t> name_hashes_;  // by name id
     uint64_t name_seed_;
+    static constexpr size_t kNameCacheSize = 256;
+    std::array<uint32_t, kNameCacheSize> name_cache_{};  // name id + 1, or 0 (see name_id)
     uint32_t streamed_ = kNoNode;  // the streamed traceEvents array node
     uint32_t total_ = 0;           // its elements so far
     bool failed_ = false;          // an event was rejected
@@ -120,6 +123,7 @@ class TraceReader : public ElementSink {
     Ident ident(const JNode* n, Where&& where);
     Ident intern(std::string_view s);
     uint32_t name_id(std::string_view name);
+    uint32_t hashed_name_id(std::string_view name);
     uint32_t add_name(std::string_view name, uint64_t hash);
 };
 
