@@ -86,6 +86,26 @@ class SparseLists {
     std::vector<std::vector<T>> lists_;
 };
 
+// The children of every event in the order of `order` (which lists each child once): those of p
+// are kids[begin[p]] .. kids[begin[p + 1] - 1]. One array, not a list per event.
+struct Children {
+    std::vector<size_t> begin;
+    std::vector<int> kids;
+};
+
+Children children_in_order(const std::vector<int>& parent, const std::vector<int>& order) {
+    Children out;
+    out.begin.assign(parent.size() + 1, 0);
+    for (int c : order)
+        if (parent[c] >= 0) ++out.begin[static_cast<size_t>(parent[c]) + 1];
+    for (size_t p = 0; p < parent.size(); ++p) out.begin[p + 1] += out.begin[p];
+    out.kids.resize(out.begin.back());
+    std::vector<size_t> next(out.begin.begin(), out.begin.end() - 1);
+    for (int c : order)
+        if (parent[c] >= 0) out.kids[next[static_cast<size_t>(parent[c])]++] = c;
+    return out;
+}
+
 // int64 -> event index where the first insertion of a key wins (as unordered_map::try_emplace),
 // with open addressing: one probe array instead of a heap node per entry.
 class EventByInt {
@@ -245,7 +265,6 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- CPU-side nesting per thread, with probes ------------------------------------------
     std::vector<int> parent(n, -1);
-    std::vector<std::vector<int>> children(n);
     std::unordered_map<std::pair<Ident, Ident>, std::vector<Item>, IdentPairHash, IdentPairEq> groups;
     for (int i = 0; i < n; ++i) {
         const Event& e = ev[i];
@@ -282,10 +301,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                         break;
                     }
                 }
-                if (!stack.empty()) {
-                    parent[item.idx] = stack.back();
-                    children[stack.back()].push_back(item.idx);
-                }
+                if (!stack.empty()) parent[item.idx] = stack.back();
                 stack.push_back(item.idx);
             } else {
                 while (!stack.empty() && item.t >= ev[stack.back()].end) stack.pop_back();
@@ -363,16 +379,17 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- trace ids, roots ------------------------------------------------------------------------
     const uint32_t n_total = trace.total;
-    std::vector<TraceId> step_trace(n), detail_trace(split ? n : 0);
+    // by step index (step_index), as are the step peaks below
+    std::vector<TraceId> step_trace(steps.size()), detail_trace(split ? steps.size() : 0);
     for (int s : steps) {
-        step_trace[s] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
-        if (split) detail_trace[s] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
+        step_trace[step_index[s]] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
+        if (split) detail_trace[step_index[s]] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
     }
     const TraceId window_trace = make_trace_id("window|" + run_id + "|" + rank_s);
     auto trace_of = [&](int i) -> const TraceId& {
         int o = owner[i];
         if (o < 0) return window_trace;
-        return (i == o || !split) ? step_trace[o] : detail_trace[o];
+        return (i == o || !split) ? step_trace[step_index[o]] : detail_trace[step_index[o]];
     };
 
     int window_root_ev = -1;
@@ -425,13 +442,15 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     BigVector<Span>& by_order = out.spans;
     by_order.reserve(static_cast<size_t>(n) + steps.size() + 1);
     if (!full) {
+        const Children children = children_in_order(parent, sweep_order);
         std::vector<int> run;
         for (int p = 0; p < n; ++p) {
             if (!keep[p] || ev[p].device()) continue;
             run.clear();
-            const auto& kids = children[p];
-            for (size_t idx = 0; idx <= kids.size(); ++idx) {
-                int c = idx < kids.size() ? kids[idx] : -1;
+            const int* kids = &children.kids[children.begin[p]];
+            const size_t n_kids = children.begin[p + 1] - children.begin[p];
+            for (size_t idx = 0; idx <= n_kids; ++idx) {
+                int c = idx < n_kids ? kids[idx] : -1;
                 bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
                 if (cand && !run.empty() && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
                     run.push_back(c);
@@ -507,7 +526,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- span events (memory) and step peaks ------------------------------------------------------
     SparseLists<SpanEvent> span_events(n_slots);
-    std::vector<int64_t> cpu_peak(n, -1), acc_peak(n, -1);
+    std::vector<int64_t> cpu_peak(steps.size(), -1), acc_peak(steps.size(), -1);
     static const int total_allocated = memory_arg("Total Allocated"), device_type = memory_arg("Device Type");
     std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
     const std::vector<int> memory_attribute = key_table(doc, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
@@ -520,8 +539,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         if (s >= 0 && as_int64(member(total_allocated), total)) {
             int64_t dtype = 0;
             bool accel = as_int64(member(device_type), dtype) && dtype != 0;
-            if (accel) acc_peak[s] = std::max(acc_peak[s], total);
-            else cpu_peak[s] = std::max(cpu_peak[s], total);
+            int64_t& peak = (accel ? acc_peak : cpu_peak)[step_index[s]];
+            peak = std::max(peak, total);
         }
         int o = probe_owner[k];
         int target = -1;
@@ -685,7 +704,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     if (split) {
         for (int s : steps) {
             Span sp;
-            sp.trace_id = detail_trace[s];
+            sp.trace_id = detail_trace[step_index[s]];
             sp.span_id = slot_id(detail_root(s));
             sp.name = ev[s].name;
             sp.start = ev[s].start;
@@ -695,7 +714,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             if (rank) add(sp, kRankKey, AttrValue::integer(*rank));
             if (int64_t d = dropped_count[static_cast<size_t>(detail_root(s))]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
             add(sp, kSyntheticKey, AttrValue::boolean(true));
-            sp.links.push_back(SpanLink{step_trace[s], sid(ev[s].ordinal), "step"});
+            sp.links.push_back(SpanLink{step_trace[step_index[s]], sid(ev[s].ordinal), "step"});
             finish(sp, detail_root(s));
             synthetic.push_back(std::move(sp));
         }
@@ -749,7 +768,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
         if (is_step(i)) {
             add(sp, kStepKey, AttrValue::integer(step_num[i]));
-            int64_t peak = acc_peak[i] >= 0 ? acc_peak[i] : cpu_peak[i];
+            const int k = step_index[i];
+            int64_t peak = acc_peak[k] >= 0 ? acc_peak[k] : cpu_peak[k];
             if (peak >= 0) add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
         }
         if (int64_t d = dropped_count[static_cast<size_t>(i)]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
@@ -769,7 +789,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         sp.start = e.start;
         sp.end = e.end;
         if (auto* found = links.find(static_cast<size_t>(i))) sp.links = std::move(*found);
-        if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[i], slot_id(detail_root(i)), "rank_detail"});
+        if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[step_index[i]], slot_id(detail_root(i)), "rank_detail"});
         finish(sp, i);
         by_order.push_back(std::move(sp));
     }
@@ -801,8 +821,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         std::unordered_map<TraceId, size_t, TidHash> slot_of;
         size_t n_slots = 0;
         for (int s : steps) {
-            slot_of.emplace(step_trace[s], n_slots++);
-            if (split) slot_of.emplace(detail_trace[s], n_slots++);
+            slot_of.emplace(step_trace[step_index[s]], n_slots++);
+            if (split) slot_of.emplace(detail_trace[step_index[s]], n_slots++);
         }
         slot_of.emplace(window_trace, n_slots++);
         std::vector<std::vector<uint32_t>> by_slot(n_slots);
