@@ -16,7 +16,7 @@ ConvertOutput convert_trace(std::string_view json, const Options& options) {
     auto t0 = clock::now();
     // The reader takes the events as the document is parsed: "parse" includes reading them,
     // "read" is what remains (metadata, time base).
-    TraceReader reader(options.base_time_ns);
+    TraceReader reader(options.base_time_ns, json.size());
     auto doc = std::make_unique<Document>(json, &reader);
     auto t1 = clock::now();
     Trace trace = reader.finish(doc, json);

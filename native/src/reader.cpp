@@ -72,8 +72,8 @@ void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::op
 
 }  // namespace
 
-TraceReader::TraceReader(std::optional<int64_t> base_override)
-    : base_override_(base_override), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
+TraceReader::TraceReader(std::optional<int64_t> base_override, size_t json_size)
+    : base_override_(base_override), json_size_(json_size), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
 
 uint32_t TraceReader::name_id(std::string_view name) {
     // Traces repeat few names: a direct-mapped cache on the name's length and ends is tried before
@@ -250,6 +250,9 @@ Trace TraceReader::read(const Document& doc) {
 void TraceReader::begin(uint32_t array) {
     // a duplicate "traceEvents" replaces the earlier one (the last wins, as in a Python dict)
     trace_ = Trace();
+    // Kineto spends a few hundred bytes of JSON on a complete event: room for one per 256 bytes
+    // grows the array rarely, and the pages past its end are never touched
+    trace_.events.reserve(json_size_ / 256);
     strings_.clear();
     name_slots_.clear();
     name_hashes_.clear();

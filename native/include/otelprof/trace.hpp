@@ -81,7 +81,9 @@ struct Trace {
 // a whole Document (read). Either way the result refers to the document, which must outlive it.
 class TraceReader : public ElementSink {
   public:
-    explicit TraceReader(std::optional<int64_t> base_override);
+    // `json_size`: the size of the JSON to be parsed with this reader as its sink, to size the
+    // event array up front (0: unknown).
+    explicit TraceReader(std::optional<int64_t> base_override, size_t json_size = 0);
 
     // Reads `doc` whole. Throws TraceError.
     Trace read(const Document& doc);
@@ -102,6 +104,7 @@ class TraceReader : public ElementSink {
     };
 
     std::optional<int64_t> base_override_;
+    size_t json_size_;
     int64_t base_;  // time base the events are read with: the override, or 0 until the metadata is read
     Trace trace_;
     std::unordered_map<std::string_view, int64_t> strings_;  // interned pid/tid/id strings
