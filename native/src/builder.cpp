@@ -447,7 +447,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         for (int p = 0; p < n; ++p) {
             if (!keep[p] || ev[p].device()) continue;
             run.clear();
-            const int* kids = &children.kids[children.begin[p]];
+            const int* kids = children.kids.data() + children.begin[p];
             const size_t n_kids = children.begin[p + 1] - children.begin[p];
             for (size_t idx = 0; idx <= n_kids; ++idx) {
                 int c = idx < n_kids ? kids[idx] : -1;

@@ -270,9 +270,14 @@ uint32_t TraceReader::element(const Document& doc, uint32_t at) {
     try {
         // The stored record points at the args node once it has moved to `at` (see finish).
         switch (event(doc, doc.node(at), ordinal)) {
-            case Stored::None: return kNoNode;
-            case Stored::EventArgs: stored_args_.push_back({false, trace_.events.size() - 1, at}); return doc.index(*trace_.events.back().args);
-            case Stored::MemoryArgs: stored_args_.push_back({true, trace_.memory.size() - 1, at}); return doc.index(*trace_.memory.back().args);
+            case Stored::None:
+                return kNoNode;
+            case Stored::EventArgs:
+                stored_args_.push_back({false, trace_.events.size() - 1, at});
+                return doc.index(*trace_.events.back().args);
+            case Stored::MemoryArgs:
+                stored_args_.push_back({true, trace_.memory.size() - 1, at});
+                return doc.index(*trace_.memory.back().args);
         }
     } catch (const TraceError&) {
         failed_ = true;  // read again from the whole document, for the error the reference gives

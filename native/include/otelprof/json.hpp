@@ -73,7 +73,7 @@ constexpr KeyId kNoKey = UINT32_MAX;
 struct JNode {
     JType type = JType::Null;
     uint32_t len = 0;   // string/number text length, or child count
-    KeyId key = kNoKey; // member key when inside an object (Document::key)
+    KeyId key = kNoKey;  // member key when inside an object (Document::key)
     uint32_t next = 0;  // the next sibling is this many nodes on (0: none)
     union {
         int64_t i;      // Int
