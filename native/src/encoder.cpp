@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <stdexcept>
 
 namespace otelprof {
@@ -105,11 +106,18 @@ class Buf {
     const char* data() const { return data_.get(); }
     // Starts over with room for `capacity` bytes, the first `skip` of them left unwritten.
     void reset(size_t capacity, size_t skip) {
-        data_.reset(new char[capacity]);
+        data_.reset(static_cast<char*>(std::malloc(capacity)));
+        if (!data_) throw std::bad_alloc();
         cap_ = capacity;
         len_ = skip;
     }
-    std::unique_ptr<char[]> release() {
+    // The bytes written, in an allocation cut to their size (realloc shrinks in place): many
+    // small requests must not each keep a batch's spare room.
+    Bytes release() {
+        if (char* fitted = static_cast<char*>(std::realloc(data_.get(), std::max<size_t>(len_, 1)))) {
+            data_.release();
+            data_.reset(fitted);
+        }
         cap_ = len_ = 0;
         return std::move(data_);
     }
@@ -121,9 +129,10 @@ class Buf {
     char* ensure(size_t n) {
         if (len_ + n > cap_) {
             size_t cap = std::max(cap_ * 2, len_ + n + 256);
-            std::unique_ptr<char[]> grown(new char[cap]);
-            if (len_) std::memcpy(grown.get(), data_.get(), len_);
-            data_ = std::move(grown);
+            char* grown = static_cast<char*>(std::realloc(data_.get(), cap));
+            if (!grown) throw std::bad_alloc();
+            data_.release();
+            data_.reset(grown);
             cap_ = cap;
         }
         return data_.get() + len_;
@@ -171,10 +180,10 @@ class Buf {
         size_t need = varint_len(n);
         if (need != guess) {
             ensure(need);  // room to shift right (shifting left needs none)
-            std::memmove(&data_[len_pos + need], &data_[start], n);
+            std::memmove(data_.get() + len_pos + need, data_.get() + start, n);
             len_ = len_pos + need + n;
         }
-        char* p = &data_[len_pos];
+        char* p = data_.get() + len_pos;
         uint64_t v = n;
         while (v >= 0x80) {
             *p++ = static_cast<char>((v & 0x7F) | 0x80);
@@ -184,7 +193,7 @@ class Buf {
     }
 
   private:
-    std::unique_ptr<char[]> data_;
+    Bytes data_;
     size_t cap_ = 0;
     size_t len_ = 0;
 };

@@ -2,6 +2,7 @@
 // and serializes exactly as the official protobuf runtime does for these messages).
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -11,10 +12,16 @@
 
 namespace otelprof {
 
+// Frees what malloc allocated.
+struct FreeBytes {
+    void operator()(char* p) const { std::free(p); }
+};
+using Bytes = std::unique_ptr<char, FreeBytes>;
+
 // One serialized request: bytes [begin, begin + size) of `data`. The request is written in
 // place, its header in room left before its spans, so that no copy is made to assemble it.
 struct Request {
-    std::unique_ptr<char[]> data;
+    Bytes data;
     size_t begin = 0, size = 0;
     std::string_view bytes() const { return {data.get() + begin, size}; }
 };
