@@ -52,7 +52,11 @@ py::tuple convert(const py::bytes& data, const py::dict& options) {
     py::dict phases;
     for (const auto& [k, v] : out.phase_ns) phases[py::str(k)] = v;
     py::list requests;
-    for (auto& r : out.requests) requests.append(py::bytes(r));
+    for (auto& r : out.requests) {
+        std::string_view b = r.bytes();
+        requests.append(py::bytes(b.data(), b.size()));
+        r.data.reset();  // each request's buffer is freed once copied, so they are not all held twice
+    }
     py::list ops;
     for (const auto& row : out.ops)
         ops.append(py::make_tuple(row.name, row.kind, row.input_shapes, row.calls, row.cpu_total_ns, row.self_cpu_ns,

@@ -65,18 +65,6 @@ void sort_items(std::vector<Item>& items) {
                            items.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 1]));
 }
 
-bool step_number(std::string_view name, int64_t& out) {
-    constexpr std::string_view prefix = "ProfilerStep#";
-    if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.substr(0, prefix.size()) != prefix) return false;
-    int64_t v = 0;
-    for (char c : name.substr(prefix.size())) {
-        if (c < '0' || c > '9') return false;
-        v = v * 10 + (c - '0');
-    }
-    out = v;
-    return true;
-}
-
 // Per-slot lists where few slots have any: an index per slot, the lists allocated on demand.
 template <typename T>
 class SparseLists {
@@ -97,6 +85,26 @@ class SparseLists {
     std::vector<uint32_t> index_;
     std::vector<std::vector<T>> lists_;
 };
+
+// The children of every event in the order of `order` (which lists each child once): those of p
+// are kids[begin[p]] .. kids[begin[p + 1] - 1]. One array, not a list per event.
+struct Children {
+    std::vector<size_t> begin;
+    std::vector<int> kids;
+};
+
+Children children_in_order(const std::vector<int>& parent, const std::vector<int>& order) {
+    Children out;
+    out.begin.assign(parent.size() + 1, 0);
+    for (int c : order)
+        if (parent[c] >= 0) ++out.begin[static_cast<size_t>(parent[c]) + 1];
+    for (size_t p = 0; p < parent.size(); ++p) out.begin[p + 1] += out.begin[p];
+    out.kids.resize(out.begin.back());
+    std::vector<size_t> next(out.begin.begin(), out.begin.end() - 1);
+    for (int c : order)
+        if (parent[c] >= 0) out.kids[next[static_cast<size_t>(parent[c])]++] = c;
+    return out;
+}
 
 // int64 -> event index where the first insertion of a key wins (as unordered_map::try_emplace),
 // with open addressing: one probe array instead of a heap node per entry.
@@ -169,6 +177,7 @@ int memory_arg(std::string_view key) {
 
 Built build_spans(const Document& doc, const Trace& trace, const Options& opts) {
     const std::vector<Event>& ev = trace.events;
+    const std::vector<Name>& names = trace.names;
     const int n = static_cast<int>(ev.size());
     const bool full = opts.full;
     Built out;
@@ -186,11 +195,12 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         return std::string_view(chunk.data() + at, s.size());
     };
     Attrs& pool = out.attrs;
-    pool.reserve(static_cast<size_t>(n) * 8 + 64);
+    pool.reserve(static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount + 64);
     // Appends an attribute to `sp`, whose range must be the last one in the pool.
-    auto add = [&pool](Span& sp, std::string_view key, AttrValue value) {
+    auto add = [&pool](Span& sp, AttrKey key, AttrValue value) {
         if (sp.attrs.count == 0) sp.attrs.begin = static_cast<uint32_t>(pool.size());
-        pool.emplace_back(key, value);
+        value.key = key;
+        pool.push_back(value);
         ++sp.attrs.count;
     };
 
@@ -228,8 +238,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     {
         std::unordered_set<int64_t> seen;
         for (int i = 0; i < n; ++i) {
-            int64_t num;
-            if (!ev[i].device() && step_number(ev[i].name, num) && seen.insert(num).second) {
+            const int64_t num = names[ev[i].name_id].step;
+            if (!ev[i].device() && num >= 0 && seen.insert(num).second) {
                 step_num[i] = num;
                 steps.push_back(i);
             }
@@ -255,7 +265,6 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- CPU-side nesting per thread, with probes ------------------------------------------
     std::vector<int> parent(n, -1);
-    std::vector<std::vector<int>> children(n);
     std::unordered_map<std::pair<Ident, Ident>, std::vector<Item>, IdentPairHash, IdentPairEq> groups;
     for (int i = 0; i < n; ++i) {
         const Event& e = ev[i];
@@ -292,10 +301,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                         break;
                     }
                 }
-                if (!stack.empty()) {
-                    parent[item.idx] = stack.back();
-                    children[stack.back()].push_back(item.idx);
-                }
+                if (!stack.empty()) parent[item.idx] = stack.back();
                 stack.push_back(item.idx);
             } else {
                 while (!stack.empty() && item.t >= ev[stack.back()].end) stack.pop_back();
@@ -373,16 +379,17 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- trace ids, roots ------------------------------------------------------------------------
     const uint32_t n_total = trace.total;
-    std::vector<TraceId> step_trace(n), detail_trace(split ? n : 0);
+    // by step index (step_index), as are the step peaks below
+    std::vector<TraceId> step_trace(steps.size()), detail_trace(split ? steps.size() : 0);
     for (int s : steps) {
-        step_trace[s] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
-        if (split) detail_trace[s] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
+        step_trace[step_index[s]] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
+        if (split) detail_trace[step_index[s]] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
     }
     const TraceId window_trace = make_trace_id("window|" + run_id + "|" + rank_s);
     auto trace_of = [&](int i) -> const TraceId& {
         int o = owner[i];
         if (o < 0) return window_trace;
-        return (i == o || !split) ? step_trace[o] : detail_trace[o];
+        return (i == o || !split) ? step_trace[step_index[o]] : detail_trace[step_index[o]];
     };
 
     int window_root_ev = -1;
@@ -435,15 +442,17 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     BigVector<Span>& by_order = out.spans;
     by_order.reserve(static_cast<size_t>(n) + steps.size() + 1);
     if (!full) {
+        const Children children = children_in_order(parent, sweep_order);
         std::vector<int> run;
         for (int p = 0; p < n; ++p) {
             if (!keep[p] || ev[p].device()) continue;
             run.clear();
-            const auto& kids = children[p];
-            for (size_t idx = 0; idx <= kids.size(); ++idx) {
-                int c = idx < kids.size() ? kids[idx] : -1;
+            const int* kids = children.kids.data() + children.begin[p];
+            const size_t n_kids = children.begin[p + 1] - children.begin[p];
+            for (size_t idx = 0; idx <= n_kids; ++idx) {
+                int c = idx < n_kids ? kids[idx] : -1;
                 bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
-                if (cand && !run.empty() && ev[c].name == ev[run[0]].name && ev[c].cat == ev[run[0]].cat) {
+                if (cand && !run.empty() && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
                     run.push_back(c);
                     continue;
                 }
@@ -464,10 +473,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                     sp.name = first.name;
                     sp.start = first.start;
                     sp.end = end;
-                    add(sp, "pytorch.event.category", AttrValue::str(first.cat));
-                    if (!first.tid.is_str) add(sp, "thread.id", AttrValue::integer(first.tid.value));
-                    add(sp, "otelprof.aggregated_count", AttrValue::integer(static_cast<int64_t>(run.size())));
-                    add(sp, "otelprof.aggregated_duration_ns", AttrValue::integer(total));
+                    add(sp, kCategoryKey, AttrValue::str(first.cat));
+                    if (!first.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
+                    add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
+                    add(sp, kAggregatedDurationKey, AttrValue::integer(total));
                     by_order.push_back(std::move(sp));
                     stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
                 }
@@ -492,7 +501,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     // --- key_averages tree: self CPU / device time ---------------------------------------------
     std::vector<char> in_a(n);
     for (int i = 0; i < n; ++i)
-        in_a[i] = !ev[i].device() && in_aggregate_kinds(ev[i].kind) && !is_filtered_name(ev[i].name);
+        in_a[i] = !ev[i].device() && in_aggregate_kinds(ev[i].kind) && !names[ev[i].name_id].filtered;
     std::vector<int> a_parent(n, -1), a_children(n, 0);
     std::vector<int64_t> child_dur(n, 0), self_dev(n, 0);
     for (int i = 0; i < n; ++i) {
@@ -517,7 +526,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- span events (memory) and step peaks ------------------------------------------------------
     SparseLists<SpanEvent> span_events(n_slots);
-    std::vector<int64_t> cpu_peak(n, -1), acc_peak(n, -1);
+    std::vector<int64_t> cpu_peak(steps.size(), -1), acc_peak(steps.size(), -1);
     static const int total_allocated = memory_arg("Total Allocated"), device_type = memory_arg("Device Type");
     std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
     const std::vector<int> memory_attribute = key_table(doc, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
@@ -525,18 +534,13 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         const Instant& m = trace.memory[k];
         const uint64_t present = find_args(doc, m.args, memory_attribute, mem_args.data());
         auto member = [&](int a) { return present >> a & 1 ? mem_args[a] : nullptr; };
-        Attrs attrs;
-        for (int a = 0; a < kMemoryAttributeCount; ++a) {
-            int64_t v;
-            if (as_int64(member(a), v)) attrs.emplace_back(kMemoryAttributes[a][1], AttrValue::integer(v));
-        }
         int s = step_at(m.ts);
         int64_t total;
         if (s >= 0 && as_int64(member(total_allocated), total)) {
             int64_t dtype = 0;
             bool accel = as_int64(member(device_type), dtype) && dtype != 0;
-            if (accel) acc_peak[s] = std::max(acc_peak[s], total);
-            else cpu_peak[s] = std::max(cpu_peak[s], total);
+            int64_t& peak = (accel ? acc_peak : cpu_peak)[step_index[s]];
+            peak = std::max(peak, total);
         }
         int o = probe_owner[k];
         int target = -1;
@@ -549,7 +553,16 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             ++stats[MEMORY_EVENTS_DROPPED];
             continue;
         }
-        span_events.at(static_cast<size_t>(target)).push_back(SpanEvent{m.ts, m.ordinal, std::move(attrs)});
+        SpanEvent event{m.ts, m.ordinal, AttrRange{static_cast<uint32_t>(pool.size()), 0}};
+        for (int a = 0; a < kMemoryAttributeCount; ++a) {
+            int64_t v;
+            if (!as_int64(member(a), v)) continue;
+            AttrValue attr = AttrValue::integer(v);
+            attr.key = memory_key(a);
+            pool.push_back(attr);
+            ++event.attrs.count;
+        }
+        span_events.at(static_cast<size_t>(target)).push_back(event);
     }
 
     // --- forward -> backward links -----------------------------------------------------------------
@@ -683,25 +696,25 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
     };
     for (Span& sp : synthetic) {  // the window root, when synthetic
-        add(sp, "pytorch.event.category", AttrValue::str("otelprof"));
-        if (int64_t d = dropped_count[static_cast<size_t>(window_slot)]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
-        add(sp, "otelprof.synthetic", AttrValue::boolean(true));
+        add(sp, kCategoryKey, AttrValue::str("otelprof"));
+        if (int64_t d = dropped_count[static_cast<size_t>(window_slot)]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
+        add(sp, kSyntheticKey, AttrValue::boolean(true));
         finish(sp, window_slot);
     }
     if (split) {
         for (int s : steps) {
             Span sp;
-            sp.trace_id = detail_trace[s];
+            sp.trace_id = detail_trace[step_index[s]];
             sp.span_id = slot_id(detail_root(s));
             sp.name = ev[s].name;
             sp.start = ev[s].start;
             sp.end = ev[s].end;
-            add(sp, "pytorch.event.category", AttrValue::str("otelprof"));
-            add(sp, "pytorch.step", AttrValue::integer(step_num[s]));
-            if (rank) add(sp, "pytorch.distributed.rank", AttrValue::integer(*rank));
-            if (int64_t d = dropped_count[static_cast<size_t>(detail_root(s))]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
-            add(sp, "otelprof.synthetic", AttrValue::boolean(true));
-            sp.links.push_back(SpanLink{step_trace[s], sid(ev[s].ordinal), "step"});
+            add(sp, kCategoryKey, AttrValue::str("otelprof"));
+            add(sp, kStepKey, AttrValue::integer(step_num[s]));
+            if (rank) add(sp, kRankKey, AttrValue::integer(*rank));
+            if (int64_t d = dropped_count[static_cast<size_t>(detail_root(s))]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
+            add(sp, kSyntheticKey, AttrValue::boolean(true));
+            sp.links.push_back(SpanLink{step_trace[step_index[s]], sid(ev[s].ordinal), "step"});
             finish(sp, detail_root(s));
             synthetic.push_back(std::move(sp));
         }
@@ -715,8 +728,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         const Event& e = ev[i];
         Span sp;
         sp.order = e.ordinal;
-        add(sp, "pytorch.event.category", AttrValue::str(e.cat));
-        if (!e.device() && !e.tid.is_str) add(sp, "thread.id", AttrValue::integer(e.tid.value));
+        add(sp, kCategoryKey, AttrValue::str(e.cat));
+        if (!e.device() && !e.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
         if (e.args) {
             // one pass over the args; the table decides order and aliases (first key present wins)
             std::string_view last_attr;
@@ -729,36 +742,37 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 switch (spec.type) {
                     case ArgType::Int: {
                         int64_t x;
-                        if (as_int64(v, x)) add(sp, spec.attr, AttrValue::integer(x));
+                        if (as_int64(v, x)) add(sp, arg_key(a), AttrValue::integer(x));
                         break;
                     }
                     case ArgType::Double: {
                         double x;
-                        if (as_double(v, x)) add(sp, spec.attr, AttrValue::dbl(x));
+                        if (as_double(v, x)) add(sp, arg_key(a), AttrValue::dbl(x));
                         break;
                     }
                     case ArgType::String:
-                        if (v->type == JType::Str && v->len) add(sp, spec.attr, AttrValue::str(v->str()));
+                        if (v->type == JType::Str && v->len) add(sp, arg_key(a), AttrValue::str(v->str()));
                         break;
                     case ArgType::Json:
                         rendered.clear();
                         render_json(doc, *v, rendered);
-                        add(sp, spec.attr, AttrValue::str(keep_str(rendered)));
+                        add(sp, arg_key(a), AttrValue::str(keep_str(rendered)));
                         break;
                 }
                 if (sp.attrs.count != before) last_attr = spec.attr;
             }
         }
         if (in_a[i]) {
-            add(sp, "pytorch.op.self_cpu_time_ns", AttrValue::integer(e.dur() - child_dur[i]));
-            add(sp, "pytorch.op.self_device_time_ns", AttrValue::integer(self_dev[i]));
+            add(sp, kSelfCpuKey, AttrValue::integer(e.dur() - child_dur[i]));
+            add(sp, kSelfDeviceKey, AttrValue::integer(self_dev[i]));
         }
         if (is_step(i)) {
-            add(sp, "pytorch.step", AttrValue::integer(step_num[i]));
-            int64_t peak = acc_peak[i] >= 0 ? acc_peak[i] : cpu_peak[i];
-            if (peak >= 0) add(sp, "pytorch.memory.peak_allocated_bytes", AttrValue::integer(peak));
+            add(sp, kStepKey, AttrValue::integer(step_num[i]));
+            const int k = step_index[i];
+            int64_t peak = acc_peak[k] >= 0 ? acc_peak[k] : cpu_peak[k];
+            if (peak >= 0) add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
         }
-        if (int64_t d = dropped_count[static_cast<size_t>(i)]) add(sp, "otelprof.dropped_spans", AttrValue::integer(d));
+        if (int64_t d = dropped_count[static_cast<size_t>(i)]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
         int parent_slot = -1;
         if (!is_step(i) && i != window_root_ev) {
             int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
@@ -775,7 +789,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         sp.start = e.start;
         sp.end = e.end;
         if (auto* found = links.find(static_cast<size_t>(i))) sp.links = std::move(*found);
-        if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[i], slot_id(detail_root(i)), "rank_detail"});
+        if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[step_index[i]], slot_id(detail_root(i)), "rank_detail"});
         finish(sp, i);
         by_order.push_back(std::move(sp));
     }
@@ -807,8 +821,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         std::unordered_map<TraceId, size_t, TidHash> slot_of;
         size_t n_slots = 0;
         for (int s : steps) {
-            slot_of.emplace(step_trace[s], n_slots++);
-            if (split) slot_of.emplace(detail_trace[s], n_slots++);
+            slot_of.emplace(step_trace[step_index[s]], n_slots++);
+            if (split) slot_of.emplace(detail_trace[step_index[s]], n_slots++);
         }
         slot_of.emplace(window_trace, n_slots++);
         std::vector<std::vector<uint32_t>> by_slot(n_slots);
@@ -839,7 +853,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     {
         std::vector<char> merged(n, 0);
         for (int i = 0; i < n; ++i)
-            merged[i] = in_a[i] && a_parent[i] >= 0 && a_children[a_parent[i]] == 1 && ev[a_parent[i]].name == ev[i].name;
+            merged[i] = in_a[i] && a_parent[i] >= 0 && a_children[a_parent[i]] == 1 && ev[a_parent[i]].name_id == ev[i].name_id;
         // the sweep order puts every parent before its children (a parent is on the child's thread)
         std::vector<int> sorted_a;
         for (int i : sweep_order)
@@ -859,19 +873,21 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             device_total[i] += self_dev[i];
             if (a_parent[i] >= 0) device_total[a_parent[i]] += device_total[i];
         }
-        // rows keyed by (name, kind[, shapes]); names are views into the document
-        std::unordered_map<std::string_view, size_t> row_index[3];
+        // rows keyed by (name, kind[, shapes]): by name id (see Name::row) and kind, or by text with shapes
+        constexpr size_t kNoRow = SIZE_MAX;
+        std::vector<size_t> row_index[3];
+        for (auto& rows : row_index) rows.assign(names.size(), kNoRow);
         std::unordered_map<std::string, size_t> shaped_index;
         std::string key;
         for (int i = 0; i < n; ++i) {
             const Event& e = ev[i];
             bool a_row = in_a[i] && !merged[i];
             if (!a_row && !is_device_time(e.kind)) continue;
-            std::string_view name = e.name;
+            const uint32_t name_id = a_row ? names[e.name_id].row : e.name_id;
+            const std::string_view name = names[name_id].text;
             const char* kind = "device";
             std::string shapes;
             if (a_row) {
-                if (name.substr(0, 13) == "ProfilerStep#") name = "ProfilerStep*";
                 kind = e.kind == Kind::Annotation ? "annotation" : "op";
                 if (opts.group_by_input_shapes && e.args) {
                     const JNode* dims = doc.get(*e.args, "Input Dims");
@@ -892,9 +908,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 inserted = res.second;
             } else {
                 int slot = kind[0] == 'd' ? 0 : kind[0] == 'a' ? 1 : 2;
-                auto res = row_index[slot].try_emplace(name, out.ops.size());
-                row_at = res.first->second;
-                inserted = res.second;
+                size_t& at = row_index[slot][name_id];
+                inserted = at == kNoRow;
+                if (inserted) at = out.ops.size();
+                row_at = at;
             }
             if (inserted) out.ops.push_back(OpRow{std::string(name), kind, shapes});
             OpRow& row = out.ops[row_at];
@@ -913,17 +930,17 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // --- resource ----------------------------------------------------------------------------------
     {
-        Attrs& res = out.resource;
+        std::vector<ResourceAttr>& res = out.resource;
         std::unordered_set<std::string_view> keys;
         for (const auto& [k, v] : opts.resource_attributes) {
             res.emplace_back(k, AttrValue::str(v));
             keys.insert(k);
         }
         if (!keys.count("service.name")) {
-            res.insert(res.begin(), Attr{"service.name", AttrValue::str("unknown_service")});
+            res.insert(res.begin(), ResourceAttr{"service.name", AttrValue::str("unknown_service")});
             keys.insert("service.name");
         }
-        Attrs computed;
+        std::vector<ResourceAttr> computed;
         computed.emplace_back("telemetry.sdk.name", AttrValue::str("otelprof"));
         computed.emplace_back("telemetry.sdk.language", AttrValue::str("python"));
         if (!opts.scope_version.empty()) computed.emplace_back("telemetry.sdk.version", AttrValue::str(opts.scope_version));

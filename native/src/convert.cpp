@@ -14,11 +14,14 @@ ConvertOutput convert_trace(std::string_view json, const Options& options) {
         return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
     };
     auto t0 = clock::now();
-    Document doc(json);
+    // The reader takes the events as the document is parsed: "parse" includes reading them,
+    // "read" is what remains (metadata, time base).
+    TraceReader reader(options.base_time_ns, json.size());
+    auto doc = std::make_unique<Document>(json, &reader);
     auto t1 = clock::now();
-    Trace trace = read_trace(doc, options.base_time_ns);
+    Trace trace = reader.finish(doc, json);
     auto t2 = clock::now();
-    Built built = build_spans(doc, trace, options);
+    Built built = build_spans(*doc, trace, options);
     auto t3 = clock::now();
     ConvertOutput out;
     out.requests = encode_requests(built, options.scope_version, static_cast<size_t>(options.max_request_bytes));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <stdexcept>
 
 namespace otelprof {
 
@@ -22,6 +24,76 @@ size_t varint_len(uint64_t v) {
 
 size_t field_len(size_t n) { return 1 + varint_len(n) + n; }
 
+char* put_varint(char* p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = static_cast<char>((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    *p++ = static_cast<char>(v);
+    return p;
+}
+
+char* put_fixed64(char* p, uint64_t v) {
+    for (int k = 0; k < 8; ++k) p[k] = static_cast<char>((v >> (8 * k)) & 0xFF);
+    return p + 8;
+}
+
+// Copies n bytes; short strings (most here) without a call to memcpy, in two overlapping words.
+char* put_bytes(char* p, const char* s, size_t n) {
+    auto copy_word = [&](size_t at, auto word) {
+        std::memcpy(&word, s + at, sizeof word);
+        std::memcpy(p + at, &word, sizeof word);
+    };
+    if (n > 16) {
+        std::memcpy(p, s, n);
+    } else if (n >= 8) {
+        copy_word(0, uint64_t{});
+        copy_word(n - 8, uint64_t{});
+    } else if (n >= 4) {
+        copy_word(0, uint32_t{});
+        copy_word(n - 4, uint32_t{});
+    } else {
+        for (size_t k = 0; k < n; ++k) p[k] = s[k];
+    }
+    return p + n;
+}
+
+// KeyValue.key of every AttrKey, encoded once; written whole (a fixed-size copy), then the
+// write position advances by `size`.
+struct KeyField {
+    static constexpr size_t kMax = 64;
+    size_t size;
+    char bytes[kMax];
+};
+
+const std::vector<KeyField>& key_fields() {
+    static const std::vector<KeyField> table = [] {
+        std::vector<KeyField> fields(key_count());
+        for (size_t k = 0; k < fields.size(); ++k) {
+            const std::string_view name = key_name(static_cast<AttrKey>(k));
+            KeyField& f = fields[k];
+            char* end = put_varint(f.bytes + 1, name.size());
+            f.bytes[0] = static_cast<char>(tag(1, 2));
+            if (end - f.bytes + name.size() > KeyField::kMax) throw std::logic_error("attribute key too long");
+            end = put_bytes(end, name.data(), name.size());
+            f.size = static_cast<size_t>(end - f.bytes);
+        }
+        return fields;
+    }();
+    return table;
+}
+
+// Size of an AnyValue message holding `v`.
+size_t any_value_len(const AttrValue& v) {
+    switch (v.type) {
+        case AttrValue::Type::Str: return field_len(v.len);
+        case AttrValue::Type::Bool: return 2;
+        case AttrValue::Type::Int: return 1 + varint_len(static_cast<uint64_t>(v.i));
+        case AttrValue::Type::Double: return 9;
+    }
+    return 0;
+}
+
 // Append-only byte buffer with amortised growth and unchecked writes after ensure().
 class Buf {
   public:
@@ -32,14 +104,35 @@ class Buf {
         return out;
     }
     const char* data() const { return data_.get(); }
+    // Starts over with room for `capacity` bytes, the first `skip` of them left unwritten.
+    void reset(size_t capacity, size_t skip) {
+        data_.reset(static_cast<char*>(std::malloc(capacity)));
+        if (!data_) throw std::bad_alloc();
+        cap_ = capacity;
+        len_ = skip;
+    }
+    // The bytes written, in an allocation cut to their size (realloc shrinks in place): many
+    // small requests must not each keep a batch's spare room.
+    Bytes release() {
+        if (char* fitted = static_cast<char*>(std::realloc(data_.get(), std::max<size_t>(len_, 1)))) {
+            data_.release();
+            data_.reset(fitted);
+        }
+        cap_ = len_ = 0;
+        return std::move(data_);
+    }
+    void truncate(size_t n) { len_ = n; }
+    // Marks the bytes written up to p (from ensure()) as part of the buffer.
+    void advance_to(const char* p) { len_ = static_cast<size_t>(p - data_.get()); }
 
     // Room for n more bytes (uninitialised: every byte is written before it is read).
     char* ensure(size_t n) {
         if (len_ + n > cap_) {
             size_t cap = std::max(cap_ * 2, len_ + n + 256);
-            std::unique_ptr<char[]> grown(new char[cap]);
-            if (len_) std::memcpy(grown.get(), data_.get(), len_);
-            data_ = std::move(grown);
+            char* grown = static_cast<char*>(std::realloc(data_.get(), cap));
+            if (!grown) throw std::bad_alloc();
+            data_.release();
+            data_.reset(grown);
             cap_ = cap;
         }
         return data_.get() + len_;
@@ -87,10 +180,10 @@ class Buf {
         size_t need = varint_len(n);
         if (need != guess) {
             ensure(need);  // room to shift right (shifting left needs none)
-            std::memmove(&data_[len_pos + need], &data_[start], n);
+            std::memmove(data_.get() + len_pos + need, data_.get() + start, n);
             len_ = len_pos + need + n;
         }
-        char* p = &data_[len_pos];
+        char* p = data_.get() + len_pos;
         uint64_t v = n;
         while (v >= 0x80) {
             *p++ = static_cast<char>((v & 0x7F) | 0x80);
@@ -98,14 +191,9 @@ class Buf {
         }
         *p = static_cast<char>(v);
     }
-    // Moves bytes [from, size()) to the front (the start of the next batch).
-    void keep_tail(size_t from) {
-        std::memmove(data_.get(), data_.get() + from, len_ - from);
-        len_ -= from;
-    }
 
   private:
-    std::unique_ptr<char[]> data_;
+    Bytes data_;
     size_t cap_ = 0;
     size_t len_ = 0;
 };
@@ -137,28 +225,91 @@ void put_attribute(Buf& out, int field, std::string_view key, const AttrValue& v
     });
 }
 
-void put_attributes(Buf& out, int field, const Attrs& attrs) {
+void put_attributes(Buf& out, int field, const std::vector<ResourceAttr>& attrs) {
     for (const auto& [key, value] : attrs) put_attribute(out, field, key, value);
 }
 
-void put_span(Buf& out, const Span& sp, const Attrs& pool) {
-    out.bytes(1, sp.trace_id.data(), 16);
-    out.bytes(2, sp.span_id.data(), 8);
-    if (sp.has_parent) out.bytes(4, sp.parent_id.data(), 8);
-    if (!sp.name.empty()) out.bytes(5, sp.name.data(), sp.name.size());
-    out.byte(tag(6, 0));
-    out.byte(1);  // SPAN_KIND_INTERNAL
-    if (sp.start) out.fixed64(7, static_cast<uint64_t>(sp.start));
-    if (sp.end) out.fixed64(8, static_cast<uint64_t>(sp.end));
-    for (uint32_t k = 0; k < sp.attrs.count; ++k) {
-        const Attr& a = pool[sp.attrs.begin + k];
-        put_attribute(out, 9, a.first, a.second);
+// A span or span-event attribute (KeyValue, as field `field`), written in one go: its size is
+// known before it is written, and its key's bytes come from key_fields().
+void put_attribute(Buf& out, int field, const AttrValue& v, const std::vector<KeyField>& keys) {
+    const KeyField& key = keys[v.key];
+    const size_t any = any_value_len(v);
+    const size_t body = key.size + 1 + varint_len(any) + any;
+    char* p = out.ensure(1 + 10 + KeyField::kMax + 1 + 10 + 1 + 10 + v.len + 8);
+    *p++ = static_cast<char>(tag(field, 2));
+    p = put_varint(p, body);
+    std::memcpy(p, key.bytes, KeyField::kMax);
+    p += key.size;
+    *p++ = static_cast<char>(tag(2, 2));
+    p = put_varint(p, any);
+    switch (v.type) {
+        case AttrValue::Type::Str:
+            *p++ = static_cast<char>(tag(1, 2));
+            p = put_varint(p, v.len);
+            p = put_bytes(p, v.s, v.len);
+            break;
+        case AttrValue::Type::Bool:
+            *p++ = static_cast<char>(tag(2, 0));
+            *p++ = static_cast<char>(v.i ? 1 : 0);
+            break;
+        case AttrValue::Type::Int:
+            *p++ = static_cast<char>(tag(3, 0));
+            p = put_varint(p, static_cast<uint64_t>(v.i));
+            break;
+        case AttrValue::Type::Double: {
+            uint64_t bits;
+            std::memcpy(&bits, &v.d, 8);
+            *p++ = static_cast<char>(tag(4, 1));
+            p = put_fixed64(p, bits);
+            break;
+        }
     }
+    out.advance_to(p);
+}
+
+// The span's fields before its attributes, in one go.
+void put_span_head(Buf& out, const Span& sp) {
+    char* p = out.ensure(18 + 10 + 10 + 1 + 10 + sp.name.size() + 2 + 9 + 9);
+    *p++ = static_cast<char>(tag(1, 2));
+    *p++ = 16;
+    std::memcpy(p, sp.trace_id.data(), 16);
+    p += 16;
+    *p++ = static_cast<char>(tag(2, 2));
+    *p++ = 8;
+    std::memcpy(p, sp.span_id.data(), 8);
+    p += 8;
+    if (sp.has_parent) {
+        *p++ = static_cast<char>(tag(4, 2));
+        *p++ = 8;
+        std::memcpy(p, sp.parent_id.data(), 8);
+        p += 8;
+    }
+    if (!sp.name.empty()) {
+        *p++ = static_cast<char>(tag(5, 2));
+        p = put_varint(p, sp.name.size());
+        p = put_bytes(p, sp.name.data(), sp.name.size());
+    }
+    *p++ = static_cast<char>(tag(6, 0));
+    *p++ = 1;  // SPAN_KIND_INTERNAL
+    if (sp.start) {
+        *p++ = static_cast<char>(tag(7, 1));
+        p = put_fixed64(p, static_cast<uint64_t>(sp.start));
+    }
+    if (sp.end) {
+        *p++ = static_cast<char>(tag(8, 1));
+        p = put_fixed64(p, static_cast<uint64_t>(sp.end));
+    }
+    out.advance_to(p);
+}
+
+void put_span(Buf& out, const Span& sp, const Attrs& pool, const std::vector<KeyField>& keys) {
+    put_span_head(out, sp);
+    for (uint32_t k = 0; k < sp.attrs.count; ++k) put_attribute(out, 9, pool[sp.attrs.begin + k], keys);
     for (const SpanEvent& e : sp.events) {
         out.message(11, [&] {
             if (e.ts) out.fixed64(1, static_cast<uint64_t>(e.ts));
             out.bytes(2, "pytorch.memory", 14);
-            put_attributes(out, 3, e.attrs);
+            for (uint32_t k = 0; k < e.attrs.count; ++k) put_attribute(out, 3, pool[e.attrs.begin + k], keys);
         });
     }
     if (sp.dropped_events) {
@@ -180,26 +331,30 @@ void put_span(Buf& out, const Span& sp, const Attrs& pool) {
 
 }  // namespace
 
-std::vector<std::string> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes) {
+std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes) {
     Buf resource_buf, scope_buf;
     put_attributes(resource_buf, 1, built.resource);
     scope_buf.bytes(1, "otelprof", 8);
     if (!scope_version.empty()) scope_buf.bytes(2, scope_version.data(), scope_version.size());
     const std::string resource = resource_buf.take(), scope = scope_buf.take();
 
-    std::vector<std::string> requests;
-    Buf body;  // the ScopeSpans.spans fields of the current batch, written in place
-    size_t count = 0;
     auto request_size = [&](size_t body_size, size_t& scope_spans, size_t& resource_spans) {
         scope_spans = field_len(scope.size()) + body_size;
         resource_spans = field_len(resource.size()) + field_len(scope_spans);
         return field_len(resource_spans);
     };
-    // Emits the first `n` body bytes as one request; the lengths are known up front, so the
-    // request string is allocated once and the body copied once.
+    // Each batch's spans are written after `room` bytes, enough for any request header; the
+    // header is then written just before the spans, and the buffer becomes the request.
+    const size_t room = 2 * (1 + 10) + field_len(resource.size()) + field_len(scope.size());
+    // Batches fill up to max_bytes; the span that overflows one is written before it is moved on.
+    const size_t batch_capacity = room + std::min<size_t>(max_bytes, size_t{64} << 20) + (size_t{64} << 10);
+    std::vector<Request> requests;
+    Buf body;
+    auto open_batch = [&] { body.reset(batch_capacity, room); };
+    // Emits the first `n` bytes of the batch's spans as one request.
     auto flush = [&](size_t n) {
         size_t scope_spans, resource_spans;
-        size_t total = request_size(n, scope_spans, resource_spans);
+        const size_t total = request_size(n, scope_spans, resource_spans);
         Buf head;
         head.byte(tag(1, 2));  // ExportTraceServiceRequest.resource_spans
         head.varint(resource_spans);
@@ -207,24 +362,32 @@ std::vector<std::string> encode_requests(const Built& built, const std::string& 
         head.byte(tag(2, 2));                              // ResourceSpans.scope_spans
         head.varint(scope_spans);
         head.bytes(1, scope.data(), scope.size());  // ScopeSpans.scope
-        std::string req;
-        req.reserve(total);
-        req.append(head.data(), head.size());
-        req.append(body.data(), n);
+        Request req;
+        req.begin = room - head.size();
+        req.size = total;
+        req.data = body.release();
+        std::memcpy(req.data.get() + req.begin, head.data(), head.size());
         requests.push_back(std::move(req));
-        body.keep_tail(n);
     };
+    open_batch();
+    size_t count = 0;
+    const std::vector<KeyField>& keys = key_fields();
     for (uint32_t idx : built.order) {
         const size_t before = body.size();
-        body.message(2, [&] { put_span(body, built.spans[idx], built.attrs); }, 2);
+        body.message(2, [&] { put_span(body, built.spans[idx], built.attrs, keys); }, 2);
         size_t scope_spans, resource_spans;
-        if (count && request_size(body.size(), scope_spans, resource_spans) > max_bytes) {
-            flush(before);  // this span opens the next batch
+        if (count && request_size(body.size() - room, scope_spans, resource_spans) > max_bytes) {
+            // this span opens the next batch
+            const std::string span(body.data() + before, body.size() - before);
+            body.truncate(before);
+            flush(before - room);
+            open_batch();
+            body.raw(span.data(), span.size());
             count = 0;
         }
         ++count;
     }
-    if (count) flush(body.size());
+    if (count) flush(body.size() - room);
     return requests;
 }
 

@@ -59,20 +59,6 @@ void validate_utf8(std::string_view text) {
     }
 }
 
-// Keys are short: mix them a word at a time. The seed is random per document, so a crafted
-// trace cannot make its keys collide in the open-addressing table (which would turn the
-// parse quadratic); ids never depend on it.
-uint64_t key_hash(std::string_view key, uint64_t seed) {
-    uint64_t h = seed ^ (key.size() * 0x9E3779B97F4A7C15ULL);
-    for (size_t at = 0; at < key.size(); at += 8) {
-        uint64_t w = 0;
-        std::memcpy(&w, key.data() + at, std::min<size_t>(8, key.size() - at));
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
-        h ^= h >> 31;
-    }
-    return h;
-}
-
 void put_utf8(uint32_t cp, std::string& out) {
     if (cp < 0x80) {
         out.push_back(static_cast<char>(cp));
@@ -93,9 +79,12 @@ void put_utf8(uint32_t cp, std::string& out) {
 
 }  // namespace
 
+uint64_t random_seed() { return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}(); }
+
 class Parser {
   public:
-    Parser(Document& doc, std::string_view text) : doc_(doc), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
+    Parser(Document& doc, std::string_view text, ElementSink* sink)
+        : doc_(doc), sink_(sink), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
 
     void run() {
         validate_utf8(std::string_view(begin_, end_ - begin_));
@@ -107,6 +96,7 @@ class Parser {
 
   private:
     Document& doc_;
+    ElementSink* sink_;
     const char* p_;
     const char* begin_;
     const char* end_;
@@ -194,6 +184,22 @@ class Parser {
         return push(type);
     }
 
+    // Whether the 8 bytes at p are all digits; if so, `value` is their decimal value.
+    static bool eight_digits(const char* p, uint64_t& value) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);
+        // a byte is a digit iff its high nibble is 3 and adding 6 does not carry out of the low one
+        if (((w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4)) !=
+            0x3333333333333333ULL)
+            return false;
+        w -= 0x3030303030303030ULL;                               // digit values, first digit lowest
+        w = (w * 10) + (w >> 8);                                  // pairs: 10 * d0 + d1 in every other byte
+        w = (((w & 0x000000FF000000FFULL) * (100 + (1000000ULL << 32))) +
+             (((w >> 16) & 0x000000FF000000FFULL) * (1 + (10000ULL << 32)))) >> 32;
+        value = w;
+        return true;
+    }
+
     void number(JNode& out) {
         const char* start = p_;
         bool neg = false;
@@ -211,6 +217,12 @@ class Parser {
         if (*p_ == '0') {
             ++p_;
         } else {
+            // eight digits at a time (timestamps have 16); acc wraps past 2^64 exactly as digit by digit
+            uint64_t eight;
+            while (end_ - p_ >= 8 && eight_digits(p_, eight)) {
+                acc = acc * 100000000 + eight;
+                p_ += 8;
+            }
             while (p_ < end_ && static_cast<unsigned>(*p_ - '0') < 10) {
                 acc = acc * 10 + static_cast<unsigned>(*p_ - '0');
                 ++p_;
@@ -356,10 +368,21 @@ class Parser {
     // the object, or for its first key the key the object is the value of (events and their
     // "args" objects alternate). Two guesses per slot, as two kinds of objects often alternate
     // (e.g. complete events and flow events differ after "ph").
+    // A guess is first compared with the input itself: a plain key (see Document::plain_) that the
+    // input holds, then a quote, is that key, without scanning it as a string.
     KeyId member_key(std::vector<KeyId>& guesses, size_t slot) {
-        std::string_view key = string();
         if (slot * kWays >= guesses.size()) guesses.resize((doc_.keys_.size() + 1) * kWays, kNoKey);
         KeyId* ways = &guesses[slot * kWays];
+        for (size_t w = 0; w < kWays; ++w) {
+            if (ways[w] == kNoKey || !doc_.plain_[ways[w]]) continue;
+            const std::string_view guess = doc_.keys_[ways[w]];
+            if (static_cast<size_t>(end_ - p_) > guess.size() + 1 && p_[guess.size() + 1] == '"' &&
+                same(guess, std::string_view(p_ + 1, guess.size()))) {
+                p_ += guess.size() + 2;
+                return ways[w];
+            }
+        }
+        std::string_view key = string();
         for (size_t w = 0; w < kWays; ++w)
             if (ways[w] != kNoKey && same(doc_.keys_[ways[w]], key)) return ways[w];
         KeyId id = doc_.intern(key);
@@ -368,18 +391,33 @@ class Parser {
         return id;
     }
 
-    // Links `child` after `prev` (or as the first child) of container `idx`.
+    // Links `child` after `prev` (if any: a first child needs no link) in container `idx`.
     void link(uint32_t idx, uint32_t& prev, uint32_t child) {
-        if (prev == kNoNode) doc_.nodes_[idx].first = child;
-        else doc_.nodes_[prev].next = child;
+        if (prev != kNoNode) doc_.nodes_[prev].next = child - prev;
         prev = child;
         ++doc_.nodes_[idx].len;
     }
 
-    uint32_t array(int depth) {
+    // Drops the nodes of element `at` (the last parsed), except the subtree of its member `kept`,
+    // which moves to `at`: as links are offsets, the subtree moves as a block.
+    void drop_element(uint32_t at, uint32_t kept) {
+        auto& nodes = doc_.nodes_;
+        if (kept == kNoNode) {
+            nodes.resize(at);
+            return;
+        }
+        const uint32_t end = nodes[kept].next ? kept + nodes[kept].next : static_cast<uint32_t>(nodes.size());
+        std::memmove(&nodes[at], &nodes[kept], (end - kept) * sizeof(JNode));
+        nodes[at].next = 0;  // it was the next member of the dropped element
+        nodes.resize(at + (end - kept));
+    }
+
+    // `sink`: hand the elements to it instead of keeping them (see ElementSink).
+    uint32_t array(int depth, ElementSink* sink = nullptr) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
         uint32_t idx = push(JType::Arr), prev = kNoNode;
+        if (sink) sink->begin(idx);
         skip_ws();
         if (p_ < end_ && *p_ == ']') {
             ++p_;
@@ -387,7 +425,9 @@ class Parser {
         }
         while (true) {
             skip_ws();
-            link(idx, prev, value(depth, kNoKey));
+            const uint32_t child = value(depth, kNoKey);
+            if (sink) drop_element(child, sink->element(doc_, child));
+            else link(idx, prev, child);
             skip_ws();
             if (p_ >= end_) fail("Expecting ',' delimiter");
             if (*p_ == ',') {
@@ -400,6 +440,11 @@ class Parser {
             }
             fail("Expecting ',' delimiter");
         }
+    }
+
+    // Whether the value at p_ is the root object's "traceEvents" array, for the sink.
+    bool events_member(int depth, KeyId member, KeyId key) const {
+        return sink_ && depth == 1 && member == kNoKey && p_ < end_ && *p_ == '[' && doc_.keys_[key] == "traceEvents";
     }
 
     uint32_t object(int depth, KeyId member) {
@@ -421,7 +466,7 @@ class Parser {
             if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
             ++p_;
             skip_ws();
-            uint32_t child = value(depth, key);
+            uint32_t child = events_member(depth, member, key) ? array(depth + 1, sink_) : value(depth, key);
             doc_.nodes_[child].key = key;
             link(idx, prev, child);
             skip_ws();
@@ -439,11 +484,11 @@ class Parser {
     }
 };
 
-Document::Document(std::string_view text) {
+Document::Document(std::string_view text, ElementSink* sink) {
     if (text.size() >= UINT32_MAX) throw TraceError("trace too large (over 4 GiB of JSON)");
     nodes_.reserve(text.size() / 12 + 16);
     key_slots_.assign(64, kNoKey);
-    Parser(*this, text).run();
+    Parser(*this, text, sink).run();
 }
 
 const JNode* Document::get(const JNode& object, KeyId key) const {
@@ -465,17 +510,18 @@ KeyId Document::find_key(std::string_view key, uint64_t hash, size_t& slot) cons
 
 KeyId Document::key_id(std::string_view key) const {
     size_t slot;
-    return find_key(key, key_hash(key, hash_seed_), slot);
+    return find_key(key, hash_text(key, hash_seed_), slot);
 }
 
 KeyId Document::intern(std::string_view key) {
-    const uint64_t hash = key_hash(key, hash_seed_);
+    const uint64_t hash = hash_text(key, hash_seed_);
     size_t slot;
     KeyId id = find_key(key, hash, slot);
     if (id != kNoKey) return id;
     id = static_cast<KeyId>(keys_.size());
     keys_.push_back(key);
     key_hashes_.push_back(hash);
+    plain_.push_back(std::none_of(key.begin(), key.end(), [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; }));
     key_slots_[slot] = id;
     if (keys_.size() * 2 > key_slots_.size()) {  // keep the load under a half: rehash into twice the slots
         std::vector<KeyId> grown(key_slots_.size() * 2, kNoKey);

@@ -1,5 +1,5 @@
+#include <cstring>
 #include <string>
-#include <unordered_map>
 
 #include "otelprof/trace.hpp"
 
@@ -13,60 +13,32 @@ constexpr std::string_view kMemoryEventName = "[memory]";
 enum EventField { PH, NAME, CAT, PID, TID, TS, DUR, ARGS, ID, kFieldCount };
 constexpr std::string_view kFieldKeys[kFieldCount] = {"ph", "name", "cat", "pid", "tid", "ts", "dur", "args", "id"};
 
-class Reader {
-  public:
-    Reader(const Document& doc, Trace& trace) : doc_(doc), trace_(trace) {}
-
-    // pid/tid/flow id (mirrors `norm_ident`).
-    template <typename Where>
-    Ident ident(const JNode* n, Where&& where) {
-        if (!n || n->type == JType::Null) return intern("");
-        if (n->type == JType::Str) {
-            int64_t v;
-            if (canonical_int(n->str(), v)) return Ident{false, v};
-            return intern(n->str());
-        }
-        if (n->type == JType::Int) return Ident{false, n->i};
-        throw TraceError(where() + ": expected an integer or string, got " + type_name(n));
+bool canonical_int(std::string_view s, int64_t& out) {
+    size_t i = 0;
+    bool neg = false;
+    if (i < s.size() && s[i] == '-') {
+        neg = true;
+        ++i;
     }
-
-    template <typename Where>
-    std::string_view opt_str(const JNode* n, Where&& where) {
-        if (!n || n->type == JType::Null) return {};
-        if (n->type == JType::Str) return n->str();
-        throw TraceError(where() + ": expected a string, got " + type_name(n));
+    if (i >= s.size()) return false;
+    if (s[i] == '0' && i + 1 != s.size()) return false;
+    unsigned __int128 acc = 0;
+    for (; i < s.size(); ++i) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        acc = acc * 10 + static_cast<unsigned>(s[i] - '0');
+        if (acc > (static_cast<unsigned __int128>(1) << 64)) return false;
     }
+    if (neg ? acc > (static_cast<unsigned __int128>(1) << 63) : acc > static_cast<unsigned __int128>(INT64_MAX)) return false;
+    out = neg ? static_cast<int64_t>(0 - static_cast<uint64_t>(acc)) : static_cast<int64_t>(acc);
+    return true;
+}
 
-  private:
-    const Document& doc_;
-    Trace& trace_;
-    std::unordered_map<std::string_view, int64_t> strings_;
-
-    Ident intern(std::string_view s) {
-        auto it = strings_.emplace(s, static_cast<int64_t>(strings_.size())).first;
-        return Ident{true, it->second};
-    }
-
-    static bool canonical_int(std::string_view s, int64_t& out) {
-        size_t i = 0;
-        bool neg = false;
-        if (i < s.size() && s[i] == '-') {
-            neg = true;
-            ++i;
-        }
-        if (i >= s.size()) return false;
-        if (s[i] == '0' && i + 1 != s.size()) return false;
-        unsigned __int128 acc = 0;
-        for (; i < s.size(); ++i) {
-            if (s[i] < '0' || s[i] > '9') return false;
-            acc = acc * 10 + static_cast<unsigned>(s[i] - '0');
-            if (acc > (static_cast<unsigned __int128>(1) << 64)) return false;
-        }
-        if (neg ? acc > (static_cast<unsigned __int128>(1) << 63) : acc > static_cast<unsigned __int128>(INT64_MAX)) return false;
-        out = neg ? static_cast<int64_t>(0 - static_cast<uint64_t>(acc)) : static_cast<int64_t>(acc);
-        return true;
-    }
-};
+template <typename Where>
+std::string_view opt_str(const JNode* n, Where&& where) {
+    if (!n || n->type == JType::Null) return {};
+    if (n->type == JType::Str) return n->str();
+    throw TraceError(where() + ": expected a string, got " + type_name(n));
+}
 
 void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::optional<int64_t> base_override) {
     const JNode* base = doc.get(root, "baseTimeNanoseconds");
@@ -100,8 +72,159 @@ void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::op
 
 }  // namespace
 
-Trace read_trace(const Document& doc, std::optional<int64_t> base_override) {
-    Trace trace;
+TraceReader::TraceReader(std::optional<int64_t> base_override, size_t json_size)
+    : base_override_(base_override), json_size_(json_size), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
+
+uint32_t TraceReader::name_id(std::string_view name) {
+    // Traces repeat few names: a direct-mapped cache on the name's length and ends is tried before
+    // hashing the whole name. One entry per line, so crafted names cost a hash, never a long probe.
+    uint64_t head = 0, tail = 0;
+    if (!name.empty()) std::memcpy(&head, name.data(), std::min<size_t>(8, name.size()));
+    if (name.size() > 8) std::memcpy(&tail, name.data() + name.size() - 8, 8);
+    uint64_t line = (head * 0x9E3779B97F4A7C15ULL) ^ (tail * 0xC2B2AE3D27D4EB4FULL) ^ name.size();
+    uint32_t& cached = name_cache_[(line ^ (line >> 29)) % kNameCacheSize];
+    if (cached && same(trace_.names[cached - 1].text, name)) return cached - 1;
+    const uint32_t id = hashed_name_id(name);
+    cached = id + 1;
+    return id;
+}
+
+uint32_t TraceReader::hashed_name_id(std::string_view name) {
+    const uint64_t hash = hash_text(name, name_seed_);
+    if (name_slots_.empty()) name_slots_.assign(1024, 0);
+    const size_t mask = name_slots_.size() - 1;
+    size_t at = hash & mask;
+    for (; name_slots_[at]; at = (at + 1) & mask) {
+        const uint32_t id = name_slots_[at] - 1;
+        if (name_hashes_[id] == hash && same(trace_.names[id].text, name)) return id;
+    }
+    const uint32_t id = add_name(name, hash);
+    name_slots_[at] = id + 1;
+    if (trace_.names.size() * 2 > name_slots_.size()) {  // keep the load under a half
+        std::vector<uint32_t> grown(name_slots_.size() * 2, 0);
+        for (uint32_t k = 0; k < trace_.names.size(); ++k) {
+            size_t to = name_hashes_[k] & (grown.size() - 1);
+            while (grown[to]) to = (to + 1) & (grown.size() - 1);
+            grown[to] = k + 1;
+        }
+        name_slots_ = std::move(grown);
+    }
+    if (name.substr(0, 13) == "ProfilerStep#") trace_.names[id].row = hashed_name_id("ProfilerStep*");
+    return id;
+}
+
+uint32_t TraceReader::add_name(std::string_view name, uint64_t hash) {
+    const auto id = static_cast<uint32_t>(trace_.names.size());
+    Name n;
+    n.text = name;
+    n.filtered = is_filtered_name(name);
+    step_number(name, n.step);
+    n.row = id;
+    trace_.names.push_back(n);
+    name_hashes_.push_back(hash);
+    return id;
+}
+
+// pid/tid/flow id (mirrors `norm_ident`).
+template <typename Where>
+Ident TraceReader::ident(const JNode* n, Where&& where) {
+    if (!n || n->type == JType::Null) return intern("");
+    if (n->type == JType::Str) {
+        int64_t v;
+        if (canonical_int(n->str(), v)) return Ident{false, v};
+        return intern(n->str());
+    }
+    if (n->type == JType::Int) return Ident{false, n->i};
+    throw TraceError(where() + ": expected an integer or string, got " + type_name(n));
+}
+
+Ident TraceReader::intern(std::string_view s) {
+    auto it = strings_.emplace(s, static_cast<int64_t>(strings_.size())).first;
+    return Ident{true, it->second};
+}
+
+int TraceReader::field(KeyId key, const Document& doc) {
+    if (key >= field_of_.size()) {  // keys first seen since the last call
+        const size_t known = field_of_.size();
+        field_of_.resize(doc.key_count(), -1);
+        for (size_t k = known; k < field_of_.size(); ++k)
+            for (int f = 0; f < kFieldCount; ++f)
+                if (doc.key_name(static_cast<KeyId>(k)) == kFieldKeys[f]) {
+                    field_of_[k] = static_cast<int8_t>(f);
+                    break;
+                }
+    }
+    return field_of_[key];
+}
+
+TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, uint32_t ordinal) {
+    auto where = [&]() { return "traceEvents[" + std::to_string(ordinal) + "]"; };
+    if (raw.type != JType::Obj) throw TraceError(where() + ": expected an object, got " + type_name(&raw));
+    // One pass over the members (last duplicate wins, as in a Python dict).
+    const JNode* fields[kFieldCount] = {};
+    for (const JNode* m = doc.first(raw); m; m = doc.next(m))
+        if (int f = field(m->key, doc); f >= 0) fields[f] = m;
+    const JNode *ph_node = fields[PH], *ts = fields[TS], *dur_node = fields[DUR], *args = fields[ARGS];
+    if (!ph_node || ph_node->type != JType::Str)
+        throw TraceError(where() + ".ph: expected a string, got " + type_name(ph_node));
+    std::string_view ph = ph_node->str();
+    if (ph == "M") {
+        ++trace_.metadata_events;
+        return Stored::None;
+    }
+    if (!(ph == "X" || ph == "i" || ph == "I" || ph == "s" || ph == "f" || ph == "t")) {
+        ++trace_.ignored_events;
+        return Stored::None;
+    }
+    std::string_view name = opt_str(fields[NAME], [&] { return where() + ".name"; });
+    std::string_view cat = opt_str(fields[CAT], [&] { return where() + ".cat"; });
+    Ident pid = ident(fields[PID], [&] { return where() + ".pid"; });
+    Ident tid = ident(fields[TID], [&] { return where() + ".tid"; });
+    if (!ts) throw TraceError(where() + ": missing 'ts'");
+    __int128 start = static_cast<__int128>(base_) + micros_to_ns(*ts, "ts", ordinal);
+    if (start < 0 || start > INT64_MAX) throw TraceError(where() + ".ts: timestamp is outside 0..2^63-1");
+    if (args && args->type == JType::Null) args = nullptr;
+    if (args && args->type != JType::Obj) throw TraceError(where() + ".args: expected an object, got " + type_name(args));
+    latest_ = std::max(latest_, static_cast<int64_t>(start));
+    if (ph == "X") {
+        if (!dur_node) throw TraceError(where() + ": complete event without 'dur'");
+        int64_t dur = micros_to_ns(*dur_node, "dur", ordinal);
+        if (dur < 0) throw TraceError(where() + ".dur: negative duration");
+        if (start + dur > INT64_MAX) throw TraceError(where() + ".dur: end time is outside 0..2^63-1");
+        Event e;
+        e.start = static_cast<int64_t>(start);
+        e.end = static_cast<int64_t>(start + dur);
+        e.ordinal = ordinal;
+        e.name_id = name_id(name);
+        e.kind = classify_category(cat);
+        e.cat = cat;
+        e.name = trace_.names[e.name_id].text;
+        e.pid = pid;
+        e.tid = tid;
+        e.args = args;
+        trace_.events.push_back(e);
+        latest_ = std::max(latest_, e.end);
+        return args ? Stored::EventArgs : Stored::None;
+    }
+    if (ph == "i" || ph == "I") {
+        if (name == kMemoryEventName) {
+            trace_.memory.push_back(Instant{ordinal, pid, tid, static_cast<int64_t>(start), args});
+            return args ? Stored::MemoryArgs : Stored::None;
+        }
+        ++trace_.ignored_events;
+        return Stored::None;
+    }
+    bool fwdbwd = cat == "fwdbwd";
+    if (fwdbwd || is_correlation_flow(cat)) {
+        Ident id = ident(fields[ID], [&] { return where() + ".id"; });
+        trace_.flows.push_back(Flow{ordinal, fwdbwd, ph[0], id, pid, tid, static_cast<int64_t>(start)});
+    } else {
+        ++trace_.ignored_events;
+    }
+    return Stored::None;
+}
+
+Trace TraceReader::read(const Document& doc) {
     const JNode& root = doc.root();
     const JNode* events = nullptr;
     if (root.type == JType::Arr) {
@@ -111,82 +234,88 @@ Trace read_trace(const Document& doc, std::optional<int64_t> base_override) {
         if (!events) throw TraceError("not a Kineto trace: no 'traceEvents' array");
         if (events->type != JType::Arr)
             throw TraceError(std::string("traceEvents: expected an array, got ") + type_name(events));
-        read_metadata(doc, root, trace, base_override);
+        read_metadata(doc, root, trace_, base_override_);
     } else {
         throw TraceError(std::string("not a Kineto trace: top level is ") + type_name(&root) + ", not an object");
     }
-    if (base_override) trace.base_ns = *base_override;
-    trace.total = events->len;
-    trace.events.reserve(events->len);
-    Reader reader(doc, trace);
-    const int64_t base = trace.base_ns;
-    const std::vector<int> field_of = key_table(doc, kFieldCount, [](int f) { return kFieldKeys[f]; });
+    if (base_override_) trace_.base_ns = *base_override_;
+    base_ = trace_.base_ns;
+    trace_.total = events->len;
+    trace_.events.reserve(events->len);
     uint32_t ordinal = 0;
-    for (const JNode* raw_ptr = doc.first(*events); raw_ptr; raw_ptr = doc.next(raw_ptr), ++ordinal) {
-        const JNode& raw = *raw_ptr;
-        auto where = [&]() { return "traceEvents[" + std::to_string(ordinal) + "]"; };
-        if (raw.type != JType::Obj) throw TraceError(where() + ": expected an object, got " + type_name(&raw));
-        // One pass over the members (last duplicate wins, as in a Python dict).
-        const JNode* field[kFieldCount] = {};
-        for (const JNode* m = doc.first(raw); m; m = doc.next(m))
-            if (int f = field_of[m->key]; f >= 0) field[f] = m;
-        const JNode *ph_node = field[PH], *name_node = field[NAME], *cat_node = field[CAT], *pid_node = field[PID],
-                    *tid_node = field[TID], *ts = field[TS], *dur_node = field[DUR], *args = field[ARGS], *id_node = field[ID];
-        if (!ph_node || ph_node->type != JType::Str)
-            throw TraceError(where() + ".ph: expected a string, got " + type_name(ph_node));
-        std::string_view ph = ph_node->str();
-        if (ph == "M") {
-            ++trace.metadata_events;
-            continue;
-        }
-        if (!(ph == "X" || ph == "i" || ph == "I" || ph == "s" || ph == "f" || ph == "t")) {
-            ++trace.ignored_events;
-            continue;
-        }
-        std::string_view name = reader.opt_str(name_node, [&] { return where() + ".name"; });
-        std::string_view cat = reader.opt_str(cat_node, [&] { return where() + ".cat"; });
-        Ident pid = reader.ident(pid_node, [&] { return where() + ".pid"; });
-        Ident tid = reader.ident(tid_node, [&] { return where() + ".tid"; });
-        if (!ts) throw TraceError(where() + ": missing 'ts'");
-        __int128 start = static_cast<__int128>(base) + micros_to_ns(*ts, "ts", ordinal);
-        if (start < 0 || start > INT64_MAX)
-            throw TraceError(where() + ".ts: timestamp is outside 0..2^63-1");
-        if (args && args->type == JType::Null) args = nullptr;
-        if (args && args->type != JType::Obj)
-            throw TraceError(where() + ".args: expected an object, got " + type_name(args));
-        if (ph == "X") {
-            if (!dur_node) throw TraceError(where() + ": complete event without 'dur'");
-            int64_t dur = micros_to_ns(*dur_node, "dur", ordinal);
-            if (dur < 0) throw TraceError(where() + ".dur: negative duration");
-            if (start + dur > INT64_MAX) throw TraceError(where() + ".dur: end time is outside 0..2^63-1");
-            Event e;
-            e.start = static_cast<int64_t>(start);
-            e.end = static_cast<int64_t>(start + dur);
-            e.ordinal = ordinal;
-            e.kind = category_kind(cat);
-            e.cat = cat;
-            e.name = name;
-            e.pid = pid;
-            e.tid = tid;
-            e.args = args;
-            trace.events.push_back(e);
-        } else if (ph == "i" || ph == "I") {
-            if (name == kMemoryEventName) {
-                trace.memory.push_back(Instant{ordinal, pid, tid, static_cast<int64_t>(start), args});
-            } else {
-                ++trace.ignored_events;
-            }
-        } else {
-            bool fwdbwd = cat == "fwdbwd";
-            if (fwdbwd || is_correlation_flow(cat)) {
-                Ident id = reader.ident(id_node, [&] { return where() + ".id"; });
-                trace.flows.push_back(Flow{ordinal, fwdbwd, ph[0], id, pid, tid, static_cast<int64_t>(start)});
-            } else {
-                ++trace.ignored_events;
-            }
-        }
-    }
-    return trace;
+    for (const JNode* raw = doc.first(*events); raw; raw = doc.next(raw), ++ordinal) event(doc, *raw, ordinal);
+    return std::move(trace_);
 }
+
+void TraceReader::begin(uint32_t array) {
+    // a duplicate "traceEvents" replaces the earlier one (the last wins, as in a Python dict)
+    trace_ = Trace();
+    // Kineto spends a few hundred bytes of JSON on a complete event: room for one per 256 bytes
+    // grows the array rarely, and the pages past its end are never touched
+    trace_.events.reserve(json_size_ / 256);
+    strings_.clear();
+    name_slots_.clear();
+    name_hashes_.clear();
+    name_cache_.fill(0);
+    stored_args_.clear();
+    streamed_ = array;
+    total_ = 0;
+    failed_ = false;
+    latest_ = 0;
+}
+
+uint32_t TraceReader::element(const Document& doc, uint32_t at) {
+    const uint32_t ordinal = total_++;
+    if (failed_) return kNoNode;
+    try {
+        // The stored record points at the args node once it has moved to `at` (see finish).
+        switch (event(doc, doc.node(at), ordinal)) {
+            case Stored::None:
+                return kNoNode;
+            case Stored::EventArgs:
+                stored_args_.push_back({false, trace_.events.size() - 1, at});
+                return doc.index(*trace_.events.back().args);
+            case Stored::MemoryArgs:
+                stored_args_.push_back({true, trace_.memory.size() - 1, at});
+                return doc.index(*trace_.memory.back().args);
+        }
+    } catch (const TraceError&) {
+        failed_ = true;  // read again from the whole document, for the error the reference gives
+    }
+    return kNoNode;
+}
+
+Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json) {
+    const JNode& root = doc->root();
+    // Without a streamed array, or when the last "traceEvents" is not it, the document is whole
+    // where the reader looks.
+    if (streamed_ == kNoNode || doc->get(root, "traceEvents") != &doc->node(streamed_)) return read(*doc);
+    read_metadata(*doc, root, trace_, base_override_);
+    if (base_override_) trace_.base_ns = *base_override_;
+    // Events were read with base_ as the time base: shift them to the trace's.
+    const int64_t shift = trace_.base_ns - base_;
+    if (!failed_ && static_cast<__int128>(latest_) + shift <= INT64_MAX) {
+        trace_.total = total_;
+        for (const StoredArgs& s : stored_args_) {
+            const JNode* args = &doc->node(s.node);
+            if (s.memory) trace_.memory[s.index].args = args;
+            else trace_.events[s.index].args = args;
+        }
+        if (shift) {
+            for (Event& e : trace_.events) e.start += shift, e.end += shift;
+            for (Instant& m : trace_.memory) m.ts += shift;
+            for (Flow& f : trace_.flows) f.ts += shift;
+        }
+        return std::move(trace_);
+    }
+    // An event failed (perhaps only for want of the trace's time base): the whole document
+    // gives the reference's verdict and message.
+    doc.reset();
+    doc = std::make_unique<Document>(json);
+    TraceReader again(base_override_);
+    return again.read(*doc);
+}
+
+Trace read_trace(const Document& doc, std::optional<int64_t> base_override) { return TraceReader(base_override).read(doc); }
 
 }  // namespace otelprof

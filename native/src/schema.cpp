@@ -1,11 +1,13 @@
 #include "otelprof/schema.hpp"
 
+#include "otelprof/spans.hpp"
+
 #include <string_view>
 #include <utility>
 
 namespace otelprof {
 
-Kind category_kind(std::string_view cat) {
+Kind classify_category(std::string_view& cat) {
     // a linear table beats hashing here: the common categories come first
     static constexpr std::pair<std::string_view, Kind> table[] = {
         {"cpu_op", Kind::CpuOp},
@@ -31,15 +33,33 @@ Kind category_kind(std::string_view cat) {
         {"privateuse1_runtime", Kind::Runtime},
         {"privateuse1_driver", Kind::Runtime},
     };
-    for (const auto& [name, kind] : table)
-        if (name.size() == cat.size() && !cat.empty() && name[0] == cat[0] && name == cat) return kind;
+    for (const auto& [name, kind] : table) {
+        if (name.size() == cat.size() && !cat.empty() && name[0] == cat[0] && name == cat) {
+            cat = name;
+            return kind;
+        }
+    }
     return Kind::Other;
 }
+
+Kind category_kind(std::string_view cat) { return classify_category(cat); }
 
 bool is_filtered_name(std::string_view name) {
     return name == "[memory]" || name == "[OutOfMemory]" || name == "profiler::_record_function_enter" ||
            name == "profiler::_record_function_enter_new" || name == "profiler::_record_function_exit" ||
            name == "aten::is_leaf" || name == "aten::output_nr" || name == "aten::_version";
+}
+
+bool step_number(std::string_view name, int64_t& out) {
+    constexpr std::string_view prefix = "ProfilerStep#";
+    if (name.size() <= prefix.size() || name.size() > prefix.size() + 18 || name.substr(0, prefix.size()) != prefix) return false;
+    int64_t v = 0;
+    for (char c : name.substr(prefix.size())) {
+        if (c < '0' || c > '9') return false;
+        v = v * 10 + (c - '0');
+    }
+    out = v;
+    return true;
 }
 
 bool is_correlation_flow(std::string_view cat) { return cat == "ac2g" || cat == "async" || cat == "async_cpu_to_gpu"; }
@@ -84,6 +104,14 @@ const ArgAttribute kArgAttributes[] = {
 const int kArgAttributeCount = sizeof(kArgAttributes) / sizeof(kArgAttributes[0]);
 static_assert(sizeof(kArgAttributes) / sizeof(kArgAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
 
+namespace {
+constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
+    "pytorch.event.category", "thread.id", "otelprof.aggregated_count", "otelprof.aggregated_duration_ns",
+    "otelprof.dropped_spans", "otelprof.synthetic", "pytorch.step", "pytorch.distributed.rank",
+    "pytorch.op.self_cpu_time_ns", "pytorch.op.self_device_time_ns", "pytorch.memory.peak_allocated_bytes",
+};
+}  // namespace
+
 const std::string_view kMemoryAttributes[][2] = {
     {"Bytes", "pytorch.memory.bytes"},
     {"Total Allocated", "pytorch.memory.total_allocated_bytes"},
@@ -94,5 +122,14 @@ const std::string_view kMemoryAttributes[][2] = {
 };
 const int kMemoryAttributeCount = sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]);
 static_assert(sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
+
+AttrKey arg_key(int arg_attribute) { return static_cast<AttrKey>(kFixedKeyCount + arg_attribute); }
+AttrKey memory_key(int memory_attribute) { return static_cast<AttrKey>(kFixedKeyCount + kArgAttributeCount + memory_attribute); }
+size_t key_count() { return kFixedKeyCount + kArgAttributeCount + kMemoryAttributeCount; }
+std::string_view key_name(AttrKey key) {
+    if (key < kFixedKeyCount) return kFixedKeyNames[key];
+    if (key < kFixedKeyCount + kArgAttributeCount) return kArgAttributes[key - kFixedKeyCount].attr;
+    return kMemoryAttributes[key - kFixedKeyCount - kArgAttributeCount][1];
+}
 
 }  // namespace otelprof

@@ -5,12 +5,13 @@
 #include <string_view>
 #include <vector>
 
+#include "otelprof/encoder.hpp"
 #include "otelprof/spans.hpp"
 
 namespace otelprof {
 
 struct ConvertOutput {
-    std::vector<std::string> requests;
+    std::vector<Request> requests;
     std::vector<OpRow> ops;
     Stats stats;
     Stats phase_ns;  // wall time of parse / read / build / encode, for benchmarks

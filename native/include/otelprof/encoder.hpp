@@ -2,13 +2,30 @@
 // and serializes exactly as the official protobuf runtime does for these messages).
 #pragma once
 
+#include <cstdlib>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "otelprof/spans.hpp"
 
 namespace otelprof {
 
-std::vector<std::string> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes);
+// Frees what malloc allocated.
+struct FreeBytes {
+    void operator()(char* p) const { std::free(p); }
+};
+using Bytes = std::unique_ptr<char, FreeBytes>;
+
+// One serialized request: bytes [begin, begin + size) of `data`. The request is written in
+// place, its header in room left before its spans, so that no copy is made to assemble it.
+struct Request {
+    Bytes data;
+    size_t begin = 0, size = 0;
+    std::string_view bytes() const { return {data.get() + begin, size}; }
+};
+
+std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes);
 
 }  // namespace otelprof

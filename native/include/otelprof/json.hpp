@@ -3,9 +3,9 @@
 // Semantics mirror Python's json module (duplicate keys: last value wins).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -43,6 +43,21 @@ inline bool same(std::string_view a, std::string_view b) {
     return true;
 }
 
+// Hash of short strings (keys, names), a word at a time. Tables of input strings use a seed
+// random per table, so a crafted trace cannot make its strings collide (which would make
+// lookups linear); nothing that is output depends on the seed.
+inline uint64_t hash_text(std::string_view text, uint64_t seed) {
+    uint64_t h = seed ^ (text.size() * 0x9E3779B97F4A7C15ULL);
+    for (size_t at = 0; at < text.size(); at += 8) {
+        uint64_t w = 0;
+        std::memcpy(&w, text.data() + at, std::min<size_t>(8, text.size() - at));
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 31;
+    }
+    return h;
+}
+uint64_t random_seed();
+
 enum class JType : uint8_t { Null, False, True, Int, BigInt, Num, Str, Arr, Obj };
 
 constexpr uint32_t kNoNode = UINT32_MAX;
@@ -52,17 +67,17 @@ constexpr uint32_t kNoNode = UINT32_MAX;
 using KeyId = uint32_t;
 constexpr KeyId kNoKey = UINT32_MAX;
 
-// Nodes are stored in pre-order; a container's children are linked through `next`, so the
-// parser writes each node once, where it stays.
+// Nodes are stored in pre-order: a container's first child follows it, and its children are
+// linked through `next`, an offset, so the parser writes each node once, and a subtree can move
+// as a block (see ElementSink).
 struct JNode {
     JType type = JType::Null;
-    uint32_t len = 0;         // string/number text length, or child count
-    KeyId key = kNoKey;       // member key when inside an object (Document::key)
-    uint32_t next = kNoNode;  // next sibling
+    uint32_t len = 0;   // string/number text length, or child count
+    KeyId key = kNoKey;  // member key when inside an object (Document::key)
+    uint32_t next = 0;  // the next sibling is this many nodes on (0: none)
     union {
-        int64_t i;            // Int
-        const char* s;        // Str / Num / BigInt text
-        uint32_t first;       // Arr / Obj: index of the first child
+        int64_t i;      // Int
+        const char* s;  // Str / Num / BigInt text
     };
     JNode() : i(0) {}
 
@@ -71,15 +86,32 @@ struct JNode {
 };
 static_assert(sizeof(JNode) == 24, "a large trace has millions of nodes");
 
+class Document;
+
+// Takes the elements of the root object's "traceEvents" array as they are parsed, so that the
+// document need not keep them: most of a trace's nodes are event members read only once.
+class ElementSink {
+  public:
+    virtual ~ElementSink() = default;
+    // A "traceEvents" array of the root object starts at node `array` (a duplicate key starts
+    // another). The document keeps the array node, without elements.
+    virtual void begin(uint32_t array) = 0;
+    // The array's next element, just parsed at node `at`. The document then drops the element's
+    // nodes, except the subtree of the member returned (kNoNode: none), which moves to index `at`.
+    virtual uint32_t element(const Document& doc, uint32_t at) = 0;
+};
+
 class Document {
   public:
     // Parses `text` (kept alive by the caller). Throws TraceError.
-    explicit Document(std::string_view text);
+    explicit Document(std::string_view text, ElementSink* sink = nullptr);
 
     const JNode& root() const { return nodes_[root_]; }
+    const JNode& node(uint32_t index) const { return nodes_[index]; }
+    uint32_t index(const JNode& node) const { return static_cast<uint32_t>(&node - nodes_.data()); }
     // Children in order: for (auto* c = doc.first(node); c; c = doc.next(c)) ...
-    const JNode* first(const JNode& container) const { return container.len ? &nodes_[container.first] : nullptr; }
-    const JNode* next(const JNode* node) const { return node->next == kNoNode ? nullptr : &nodes_[node->next]; }
+    const JNode* first(const JNode& container) const { return container.len ? &container + 1 : nullptr; }
+    const JNode* next(const JNode* node) const { return node->next ? node + node->next : nullptr; }
     // Object member lookup with Python dict semantics: the last duplicate wins.
     const JNode* get(const JNode& object, KeyId key) const;
     const JNode* get(const JNode& object, std::string_view key) const { return get(object, key_id(key)); }
@@ -87,6 +119,7 @@ class Document {
     // The id of `key`, or kNoKey when no object in the document has such a member.
     KeyId key_id(std::string_view key) const;
     std::string_view key(const JNode& member) const { return keys_[member.key]; }
+    std::string_view key_name(KeyId id) const { return keys_[id]; }
     size_t key_count() const { return keys_.size(); }
 
   private:
@@ -96,7 +129,8 @@ class Document {
     std::vector<std::unique_ptr<char[]>> arena_;  // decoded (escaped) strings
     std::vector<std::string_view> keys_;           // by KeyId
     std::vector<uint64_t> key_hashes_;             // by KeyId
-    uint64_t hash_seed_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    std::vector<uint8_t> plain_;                   // by KeyId: no quote, backslash or control character
+    uint64_t hash_seed_ = random_seed();
     std::vector<KeyId> key_slots_;                 // open-addressing table over keys_
 
     KeyId intern(std::string_view key);

@@ -19,12 +19,17 @@ struct ArgAttribute {
 };
 
 Kind category_kind(std::string_view cat);
+// As category_kind; a known category's `cat` becomes the table's copy of its text (the same
+// bytes, read later from the cache instead of from all over the trace's text).
+Kind classify_category(std::string_view& cat);
 inline bool is_device(Kind k) { return k >= Kind::Kernel; }
 inline bool is_device_time(Kind k) { return k == Kind::Kernel || k == Kind::Memcpy || k == Kind::Memset; }
 inline bool in_aggregate_kinds(Kind k) {
     return k == Kind::CpuOp || k == Kind::Annotation || k == Kind::Python || k == Kind::Runtime;
 }
 bool is_filtered_name(std::string_view name);
+// N of a "ProfilerStep#N" (at most 18 digits), else false.
+bool step_number(std::string_view name, int64_t& out);
 bool is_correlation_flow(std::string_view cat);
 
 extern const ArgAttribute kArgAttributes[];

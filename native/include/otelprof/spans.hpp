@@ -17,11 +17,25 @@ namespace otelprof {
 using TraceId = std::array<uint8_t, 16>;
 using SpanId = std::array<uint8_t, 8>;
 
+// Keys of span and span-event attributes, numbered: the fixed keys below, then the attributes of
+// kArgAttributes (arg_key), then those of kMemoryAttributes (memory_key). See key_name.
+using AttrKey = uint16_t;
+enum FixedKey : AttrKey {
+    kCategoryKey, kThreadIdKey, kAggregatedCountKey, kAggregatedDurationKey, kDroppedSpansKey, kSyntheticKey,
+    kStepKey, kRankKey, kSelfCpuKey, kSelfDeviceKey, kPeakAllocatedKey, kFixedKeyCount
+};
+AttrKey arg_key(int arg_attribute);
+AttrKey memory_key(int memory_attribute);
+std::string_view key_name(AttrKey key);
+size_t key_count();
+
 // Strings are views: into the parsed document, static tables, or Built::strings.
 // 16 bytes: the string's pointer shares the union (a million of these per large trace); string
-// lengths fit in 32 bits, as inputs are under 4 GiB.
+// lengths fit in 32 bits, as inputs are under 4 GiB. A span or span-event attribute (in an
+// Attrs pool) keeps its key in the padding.
 struct AttrValue {
     enum class Type : uint8_t { Str, Int, Double, Bool } type = Type::Str;
+    AttrKey key = 0;
     uint32_t len = 0;  // Str only
     union {
         const char* s = "";
@@ -34,24 +48,26 @@ struct AttrValue {
     static AttrValue boolean(bool v) { AttrValue a; a.type = Type::Bool; a.i = v ? 1 : 0; return a; }
 };
 
-using Attr = std::pair<std::string_view, AttrValue>;
-using Attrs = BigVector<Attr>;
+static_assert(sizeof(AttrValue) == 16, "a large trace has a million attributes");
+
+using Attrs = BigVector<AttrValue>;  // attributes, keyed by AttrValue::key
+using ResourceAttr = std::pair<std::string_view, AttrValue>;
+
+// A span's attributes: a contiguous range of Built::attrs (one pool, not a vector per span).
+struct AttrRange {
+    uint32_t begin = 0, count = 0;
+};
 
 struct SpanEvent {
     int64_t ts;
     uint32_t ordinal;
-    Attrs attrs;
+    AttrRange attrs;  // in Built::attrs
 };
 
 struct SpanLink {
     TraceId trace_id;
     SpanId span_id;
     const char* kind;  // otelprof.link.kind
-};
-
-// A span's attributes: a contiguous range of Built::attrs (one pool, not a vector per span).
-struct AttrRange {
-    uint32_t begin = 0, count = 0;
 };
 
 struct Span {
@@ -93,11 +109,11 @@ using Stats = std::vector<std::pair<std::string, int64_t>>;
 
 struct Built {
     std::deque<std::string> strings;  // owns strings that attribute views point at
-    Attrs attrs;                      // every span's attributes, range by range
+    Attrs attrs;                      // every span's and span event's attributes, range by range
     BigVector<Span> spans;
     std::vector<uint32_t> order;  // indices into spans, in output order
     std::vector<OpRow> ops;
-    Attrs resource;
+    std::vector<ResourceAttr> resource;
     Stats stats;
 };
 

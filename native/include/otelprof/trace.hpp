@@ -1,10 +1,13 @@
 // Kineto Chrome-trace events after validation (mirrors otelprof/converter/reference/reader.py).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "otelprof/json.hpp"
@@ -19,13 +22,23 @@ struct Ident {
     bool operator==(const Ident& o) const { return is_str == o.is_str && value == o.value; }
 };
 
+// A distinct name of complete events, with what the builder asks of names (worked out once per
+// name, where the name's text is at hand, instead of once per event).
+struct Name {
+    std::string_view text;
+    int64_t step = -1;      // N of a "ProfilerStep#N", or -1
+    bool filtered = false;  // is_filtered_name
+    uint32_t row = 0;       // the name its op row goes by: itself, or "ProfilerStep*" for any step
+};
+
 struct Event {
     int64_t start = 0;
     int64_t end = 0;
     uint32_t ordinal = 0;
+    uint32_t name_id = 0;  // in Trace::names; equal names, equal ids
     Kind kind = Kind::Other;
     std::string_view cat;
-    std::string_view name;
+    std::string_view name;  // names[name_id].text
     Ident pid, tid;
     const JNode* args = nullptr;  // object or nullptr
     int64_t dur() const { return end - start; }
@@ -49,6 +62,7 @@ struct Flow {
 
 struct Trace {
     std::vector<Event> events;
+    std::vector<Name> names;
     std::vector<Instant> memory;
     std::vector<Flow> flows;
     uint32_t total = 0;
@@ -61,6 +75,59 @@ struct Trace {
     std::optional<std::string_view> trace_id;
     std::string_view trace_name;
     std::optional<std::string_view> host_name;
+};
+
+// Reads the events of a trace, as a Document's sink while it is parsed (convert_trace), or from
+// a whole Document (read). Either way the result refers to the document, which must outlive it.
+class TraceReader : public ElementSink {
+  public:
+    // `json_size`: the size of the JSON to be parsed with this reader as its sink, to size the
+    // event array up front (0: unknown).
+    explicit TraceReader(std::optional<int64_t> base_override, size_t json_size = 0);
+
+    // Reads `doc` whole. Throws TraceError.
+    Trace read(const Document& doc);
+    // The trace of `doc`, parsed from `json` with this reader as its sink. Where the reference
+    // rejects an event, or events cannot be read without the whole document, `json` is parsed
+    // again (without a sink) into `doc`. Throws TraceError.
+    Trace finish(std::unique_ptr<Document>& doc, std::string_view json);
+
+    void begin(uint32_t array) override;
+    uint32_t element(const Document& doc, uint32_t at) override;
+
+  private:
+    enum class Stored { None, EventArgs, MemoryArgs };  // what event() kept that points at args
+    struct StoredArgs {
+        bool memory;
+        size_t index;   // in trace_.memory or trace_.events
+        uint32_t node;  // where the args node is once its event is dropped
+    };
+
+    std::optional<int64_t> base_override_;
+    size_t json_size_;
+    int64_t base_;  // time base the events are read with: the override, or 0 until the metadata is read
+    Trace trace_;
+    std::unordered_map<std::string_view, int64_t> strings_;  // interned pid/tid/id strings
+    std::vector<int8_t> field_of_;                            // by KeyId: the event field, or -1
+    std::vector<StoredArgs> stored_args_;
+    std::vector<uint32_t> name_slots_;  // open addressing over trace_.names: id + 1, or 0
+    std::vector<uint64_t> name_hashes_;  // by name id
+    uint64_t name_seed_;
+    static constexpr size_t kNameCacheSize = 256;
+    std::array<uint32_t, kNameCacheSize> name_cache_{};  // name id + 1, or 0 (see name_id)
+    uint32_t streamed_ = kNoNode;  // the streamed traceEvents array node
+    uint32_t total_ = 0;           // its elements so far
+    bool failed_ = false;          // an event was rejected
+    int64_t latest_ = 0;           // the latest start or end time read
+
+    Stored event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
+    int field(KeyId key, const Document& doc);
+    template <typename Where>
+    Ident ident(const JNode* n, Where&& where);
+    Ident intern(std::string_view s);
+    uint32_t name_id(std::string_view name);
+    uint32_t hashed_name_id(std::string_view name);
+    uint32_t add_name(std::string_view name, uint64_t hash);
 };
 
 // Reads `doc` (which must outlive the result). Throws TraceError.
