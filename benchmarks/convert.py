@@ -103,7 +103,8 @@ def main() -> int:
     span_work = nat["build"] + nat["encode"]
     print(
         f"native     : {nat['spans']:,} spans in {nat['wall_s'] * 1e3:.0f} ms = {native_rate:,.0f} spans/s end to end "
-        f"(parse {nat['parse'] * 1e3:.0f} ms, read {nat['read'] * 1e3:.0f} ms, build {nat['build'] * 1e3:.0f} ms, "
+        f"(parse + read events {nat['parse'] * 1e3:.0f} ms, metadata {nat['read'] * 1e3:.0f} ms, "
+        f"build {nat['build'] * 1e3:.0f} ms, "
         f"encode {nat['encode'] * 1e3:.0f} ms; build + encode alone: {nat['spans'] / span_work:,.0f} spans/s)"
     )
 
