@@ -13,13 +13,11 @@ import pytest
 from export.receivers import HttpReceiver, http_receiver
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
-from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 import otelprof
+from capture import live_session
 from otelprof.converter.reference import ids
-from otelprof.export import exporter_config_from_env
-from otelprof.export.exporter import Exporter
 
 torch = pytest.importorskip("torch")
 
@@ -54,20 +52,9 @@ def receiver() -> Iterator[HttpReceiver]:
 
 @pytest.fixture
 def session(receiver: HttpReceiver, tmp_path: Path) -> Iterator[otelprof.instrumentation.Session]:
-    env = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
-        "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
-        "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
-        "OTELPROF_RUN_ID": "test-run",
-        "OTEL_SERVICE_NAME": "trainer",
-    }
-    registry = CollectorRegistry()
-    exporter = Exporter(exporter_config_from_env(env), spool_dir=tmp_path, registry=registry)
-    session = otelprof.instrument(environ=env, registry=registry, exporter=exporter)
-    assert session is not None
+    session = live_session.start(receiver.port, tmp_path, OTELPROF_RUN_ID="test-run", OTEL_SERVICE_NAME="trainer")
     yield session
-    otelprof.uninstrument()
-    exporter.shutdown()
+    live_session.stop(session)
 
 
 def _flush(session: otelprof.instrumentation.Session) -> None:

@@ -9,12 +9,10 @@ from typing import Any
 
 import pytest
 from export.receivers import HttpReceiver, http_receiver
-from prometheus_client import CollectorRegistry
 
 import otelprof
+from capture import live_session
 from otelprof.converter.reference import ids
-from otelprof.export import exporter_config_from_env
-from otelprof.export.exporter import Exporter
 
 torch = pytest.importorskip("torch")
 
@@ -42,19 +40,8 @@ def receiver() -> Iterator[HttpReceiver]:
 
 
 def _instrument(rec: HttpReceiver, tmp_path: Path, **extra: str) -> otelprof.instrumentation.Session:
-    env = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
-        "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
-        "OTELPROF_RUN_ID": "windows",
-        "OTELPROF_TRIGGER_SIGNAL": "none",
-        "OTELPROF_ANOMALY_FACTOR": "0",
-        **extra,
-    }
-    registry = CollectorRegistry()
-    exporter = Exporter(exporter_config_from_env(env), spool_dir=tmp_path, registry=registry)
-    session = otelprof.instrument(environ=env, registry=registry, exporter=exporter)
-    assert session is not None
-    return session
+    quiet = {"OTELPROF_TRIGGER_SIGNAL": "none", "OTELPROF_ANOMALY_FACTOR": "0"}
+    return live_session.start(rec.port, tmp_path, **{"OTELPROF_RUN_ID": "windows", **quiet, **extra})
 
 
 def _by_trace(rec: HttpReceiver) -> dict[bytes, list[Any]]:
@@ -80,8 +67,7 @@ def test_schedule_profiles_exactly_the_active_steps(receiver: HttpReceiver, tmp_
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "2", "OTELPROF_PROFILE_WARMUP": "1"}
     session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_ACTIVE="2", OTELPROF_PROFILE_REPEAT="1")
     _train()
-    otelprof.uninstrument()
-    assert session.exporter is not None and session.exporter.flush(30)
+    live_session.stop(session)
     # skip 0-1, wait 2-3, warm up 4, record 5-6 (torch.profiler.schedule's semantics)
     assert _profiled_steps(receiver) == [5, 6]
     traces = _by_trace(receiver)
@@ -106,8 +92,7 @@ def test_trigger_file_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: 
             trigger.write_text("")
 
     _train(between=touch_after_step_3)
-    otelprof.uninstrument()
-    assert session.exporter is not None and session.exporter.flush(30)
+    live_session.stop(session)
     # seen at the next boundary (where step 4 begins): step 4 warms up, 5 and 6 are recorded
     assert _profiled_steps(receiver) == [5, 6]
     assert not trigger.exists()  # consumed
@@ -127,10 +112,9 @@ def test_signal_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) 
             os.kill(os.getpid(), signal.SIGUSR2)
 
     _train(between=signal_at_step_2)
-    otelprof.uninstrument()
+    live_session.stop(session)
     assert handlers[0] not in (signal.SIG_DFL, None)
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # restored
-    assert session.exporter is not None and session.exporter.flush(30)
     assert _profiled_steps(receiver) == [4, 5]
 
 
@@ -140,6 +124,5 @@ def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: P
     session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_ANOMALY_FACTOR="3")
     # step 12 is slow (its loop body sleeps): far over 3x the median of the twelve before it
     _train(steps=STEPS + 6, between=lambda i: time.sleep(0.5) if i == 12 else None)
-    otelprof.uninstrument()
-    assert session.exporter is not None and session.exporter.flush(30)
+    live_session.stop(session)
     assert _profiled_steps(receiver, STEPS + 6) == [14, 15]
