@@ -1,8 +1,26 @@
 """otelprof: PyTorch profiling in the OpenTelemetry stack you already run."""
 
+from typing import TYPE_CHECKING
+
 from ._version import __version__
 from .converter import ConvertOptions, ConvertResult, OpStats, TraceFormatError, convert
-from .instrumentation import instrument, set_batch_size, step, step_scope, uninstrument
+
+#: The live-instrumentation API, imported on first use: converting and shipping traces (a host
+#: without torch) should not pay for prometheus-client and the capture package at import.
+_INSTRUMENTATION = ("instrument", "set_batch_size", "step", "step_scope", "uninstrument")
+
+
+if TYPE_CHECKING:
+    from .instrumentation import instrument, set_batch_size, step, step_scope, uninstrument
+
+
+def __getattr__(name: str) -> object:
+    if name in _INSTRUMENTATION:
+        from . import instrumentation
+
+        return getattr(instrumentation, name)
+    raise AttributeError(f"module 'otelprof' has no attribute {name!r}")
+
 
 __all__ = [
     "ConvertOptions",

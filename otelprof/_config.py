@@ -12,7 +12,6 @@ from .capture.windows import WindowSettings
 from .environment_variables import (
     OTEL_EXPORTER_PROMETHEUS_HOST,
     OTEL_EXPORTER_PROMETHEUS_PORT,
-    OTEL_SDK_DISABLED,
     OTELPROF_ANOMALY_FACTOR,
     OTELPROF_ENABLED,
     OTELPROF_ON_DEMAND_STEPS,
@@ -26,6 +25,7 @@ from .environment_variables import (
     OTELPROF_TRIGGER_FILE,
     OTELPROF_TRIGGER_SIGNAL,
 )
+from .export.config import sdk_disabled
 
 PROFILER_OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 
@@ -69,7 +69,7 @@ def env_int(environ: Mapping[str, str], name: str, default: int, low: int = 0, h
 
 
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
-    enabled = _flag(environ, OTELPROF_ENABLED, True) and not _flag(environ, OTEL_SDK_DISABLED, False)
+    enabled = _flag(environ, OTELPROF_ENABLED, True) and not sdk_disabled(environ)
     return Settings(
         enabled=enabled,
         metrics_host=environ.get(OTEL_EXPORTER_PROMETHEUS_HOST, "").strip() or "localhost",

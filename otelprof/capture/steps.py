@@ -77,11 +77,6 @@ class StepTracker:
         self._samples: int | None = None
         self._tokens: int | None = None
 
-    @property
-    def step_number(self) -> int:
-        """The number the step now running will have when it completes."""
-        return self._next_number
-
     # --- phases (called by the hooks) -------------------------------------------------------
 
     def phase_begin(self, phase: str) -> None:

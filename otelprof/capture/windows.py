@@ -100,7 +100,7 @@ class Windows:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        self._jobs: queue.Queue[tuple[Path, int] | None] = queue.Queue(maxsize=4)
+        self._jobs: queue.Queue[Path | None] = queue.Queue(maxsize=4)
         self._worker = threading.Thread(target=self._convert_loop, name="otelprof-windows", daemon=True)
         self._worker.start()
         self._prof = profile(
@@ -198,7 +198,7 @@ class Windows:
             fd, name = tempfile.mkstemp(prefix="otelprof-window-", suffix=".json")
             os.close(fd)
             prof.export_chrome_trace(name)
-            self._jobs.put_nowait((Path(name), prof.step_num))
+            self._jobs.put_nowait(Path(name))
         except queue.Full:
             self.windows_failed += 1
             Path(name).unlink(missing_ok=True)
@@ -208,8 +208,7 @@ class Windows:
             _log.warning("otelprof: saving a profiling window failed", exc_info=True)
 
     def _convert_loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            path, _step = job
+        while (path := self._jobs.get()) is not None:
             try:
                 result = convert(path, options=self._options)
                 for request in result.requests:

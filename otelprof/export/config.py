@@ -82,6 +82,11 @@ def _bool(found: tuple[str, str] | None) -> bool:
     return False
 
 
+def sdk_disabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """``OTEL_SDK_DISABLED``, read the same way by the exporter and the instrumentor."""
+    return _bool(_get(environ, ev.OTEL_SDK_DISABLED, ev.OTEL_SDK_DISABLED))
+
+
 def _protocol(environ: Mapping[str, str]) -> Protocol:
     found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, ev.OTEL_EXPORTER_OTLP_PROTOCOL)
     if found is None:
@@ -202,5 +207,5 @@ def exporter_config_from_env(environ: Mapping[str, str] = os.environ) -> Exporte
             environ, ev.OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE, ev.OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE
         ),
         insecure=insecure,
-        disabled=_bool(_get(environ, ev.OTEL_SDK_DISABLED, ev.OTEL_SDK_DISABLED)),
+        disabled=sdk_disabled(environ),
     )

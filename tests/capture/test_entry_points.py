@@ -44,15 +44,8 @@ def _otelprof_run(workers: int, *flags: str) -> list[str]:
 
 
 def _steps(rec: HttpReceiver) -> list[int]:
-    numbers = []
-    for request in rec.requests:
-        for rs in request.resource_spans:
-            for ss in rs.scope_spans:
-                for span in ss.spans:
-                    if span.name == "train.step":
-                        attrs = {kv.key: kv.value for kv in span.attributes}
-                        numbers.append(attrs["pytorch.step"].int_value)
-    return numbers
+    steps = [s for s in rec.spans if s.name == "train.step"]
+    return [next(kv.value.int_value for kv in s.attributes if kv.key == "pytorch.step") for s in steps]
 
 
 def test_import_otelprof_auto(tmp_path: Path) -> None:

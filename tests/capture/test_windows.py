@@ -46,11 +46,8 @@ def _instrument(rec: HttpReceiver, tmp_path: Path, **extra: str) -> otelprof.ins
 
 def _by_trace(rec: HttpReceiver) -> dict[bytes, list[Any]]:
     traces: dict[bytes, list[Any]] = {}
-    for request in rec.requests:
-        for rs in request.resource_spans:
-            for ss in rs.scope_spans:
-                for span in ss.spans:
-                    traces.setdefault(span.trace_id, []).append(span)
+    for span in rec.spans:
+        traces.setdefault(span.trace_id, []).append(span)
     return traces
 
 

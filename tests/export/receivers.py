@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 
 @dataclass
@@ -47,7 +49,7 @@ class HttpReceiver:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
-    def spans(self) -> list[object]:
+    def spans(self) -> list[Span]:
         return [s for r in self.requests for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> tuple[int, dict[str, str], bytes]:
@@ -177,3 +179,17 @@ def grpc_receiver(
         yield rec
     finally:
         server.stop(grace=None)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for a receiver that starts later, or never)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Polls ``predicate`` until it holds or ``timeout_s`` passes (the caller asserts after)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from otelprof.export import ExporterConfig, exporter_config_from_env
 from otelprof.export.exporter import Exporter
 from otelprof.export.spool import Spool
 
-from .receivers import HttpReceiver, Reply, http_receiver
+from .receivers import HttpReceiver, Reply, free_port, http_receiver, wait_until
 
 
 def _exporter(
@@ -40,12 +38,6 @@ def requests() -> list[bytes]:
     return convert(shared_trace("critical_path"), detail="full", max_request_bytes=8 * 1024).requests
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _config(port: int) -> ExporterConfig:
     return exporter_config_from_env(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_TIMEOUT": "2000"}
@@ -62,12 +54,6 @@ def _submit_all(exporter: Exporter, requests: list[bytes]) -> float:
     return worst
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 def test_everything_arrives_in_order(tmp_path: Path, requests: list[bytes]) -> None:
     with http_receiver() as rec:
         exporter = _exporter(_config(rec.port), tmp_path)
@@ -80,13 +66,13 @@ def test_everything_arrives_in_order(tmp_path: Path, requests: list[bytes]) -> N
 
 
 def test_receiver_down_at_start_then_up_loses_nothing(tmp_path: Path, requests: list[bytes]) -> None:
-    port = _free_port()
+    port = free_port()
     exporter = _exporter(_config(port), tmp_path)
     worst = _submit_all(exporter, requests)
     assert exporter.flush(30)
     assert exporter.counters.requests_spooled == len(requests)  # nowhere to send: all spooled
     with http_receiver(HttpReceiver(port=port)) as rec:
-        _wait(lambda: len(rec.requests) == len(requests))
+        wait_until(lambda: len(rec.requests) == len(requests))
         exporter.shutdown()
     assert [r.SerializeToString() for r in rec.requests] == requests  # replayed in order
     assert exporter.counters.requests_replayed == len(requests)
@@ -129,7 +115,7 @@ def test_no_endpoint_spools_everything(tmp_path: Path, requests: list[bytes]) ->
 
 
 def test_full_queue_spools_from_submit(tmp_path: Path, requests: list[bytes]) -> None:
-    port = _free_port()
+    port = free_port()
     exporter = _exporter(_config(port), tmp_path, queue_max_bytes=1)
     _submit_all(exporter, requests)
     exporter.shutdown(timeout_s=1)
@@ -160,7 +146,7 @@ def test_self_telemetry_in_the_prometheus_registry(tmp_path: Path, requests: lis
 def test_full_queue_and_full_spool_writer_drop_and_count(
     tmp_path: Path, requests: list[bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
-    exporter = _exporter(_config(_free_port()), tmp_path, queue_max_bytes=1, overflow_max_bytes=1)
+    exporter = _exporter(_config(free_port()), tmp_path, queue_max_bytes=1, overflow_max_bytes=1)
     worst = _submit_all(exporter, requests)
     exporter.shutdown(timeout_s=1)
     assert exporter.counters.requests_dropped == len(requests)
@@ -178,7 +164,7 @@ def test_spool_of_an_earlier_run_is_replayed_first_on_start(tmp_path: Path, requ
     with http_receiver() as rec:
         exporter = _exporter(_config(rec.port), tmp_path)
         _submit_all(exporter, requests[5:])
-        _wait(lambda: len(rec.requests) == len(requests))
+        wait_until(lambda: len(rec.requests) == len(requests))
         exporter.shutdown()
     assert [r.SerializeToString() for r in rec.requests] == requests  # the old ones first, in order
     assert exporter.counters.requests_replayed >= 5

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from otelprof.converter import convert
 from otelprof.export import ExporterConfig, exporter_config_from_env
 from otelprof.export.exporter import Exporter
 
-from .receivers import GrpcReceiver, GrpcReply, HttpReceiver, Reply, grpc_receiver, http_receiver
+from .receivers import GrpcReceiver, GrpcReply, HttpReceiver, Reply, free_port, grpc_receiver, http_receiver, wait_until
 
 TIMEOUT_MS = 10_000
 #: Far below the 10 s export timeout: only a submit() that waits on the network can exceed it.
@@ -43,12 +42,6 @@ MAX_BACKOFF_S = 2.0
 @pytest.fixture(scope="module")
 def requests() -> list[bytes]:
     return convert(shared_trace("critical_path"), detail="full", max_request_bytes=8 * 1024).requests[:12]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(protocol: str, port: int, timeout_ms: int = TIMEOUT_MS) -> ExporterConfig:
@@ -107,12 +100,6 @@ class Producer:
             self.worst_s = max(self.worst_s, time.perf_counter() - start)
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 def _received(rec: HttpReceiver | GrpcReceiver) -> list[bytes]:
     with rec.lock:
         return [r.SerializeToString() for r in rec.requests]
@@ -125,17 +112,17 @@ def _scrape(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_receiver_restarted_mid_stream(protocol: str, tmp_path: Path, requests: list[bytes]) -> None:
-    port = _free_port()
+    port = free_port()
     half = len(requests) // 2
     with _receiver(protocol, port) as rec:
         exporter = _exporter(_config(protocol, port), tmp_path)
         producer = Producer(exporter)
         producer.submit(requests[:half])
-        _wait(lambda: len(rec.requests) == half)
+        wait_until(lambda: len(rec.requests) == half)
     producer.submit(requests[half:])  # the receiver is gone: these are spooled
-    _wait(lambda: exporter.counters.requests_spooled == len(requests) - half)
+    wait_until(lambda: exporter.counters.requests_spooled == len(requests) - half)
     with _receiver(protocol, port) as restarted:
-        _wait(lambda: len(restarted.requests) == len(requests) - half)
+        wait_until(lambda: len(restarted.requests) == len(requests) - half)
         exporter.shutdown()
     assert _received(rec) + _received(restarted) == requests  # in order, none twice
     c = exporter.counters
@@ -187,7 +174,7 @@ def test_a_throttle_longer_than_the_backoff_cap_spools_then_replays(tmp_path: Pa
         producer = Producer(exporter)
         started = time.monotonic()
         producer.submit(requests)
-        _wait(lambda: len(rec.requests) == len(requests))
+        wait_until(lambda: len(rec.requests) == len(requests))
         elapsed = time.monotonic() - started
         exporter.shutdown()
     assert _received(rec) == requests  # order kept: later requests waited behind the spool
@@ -245,7 +232,7 @@ def test_sigkill_while_spooling_then_restart_loses_only_the_request_in_flight(
 ) -> None:
     """A job with its backend down spools; it is SIGKILLed mid-stream; the next start replays
     the spool to the (now reachable) backend. Every request the job saw spooled arrives, in order."""
-    port = _free_port()
+    port = free_port()
     payloads = tmp_path / "payloads"
     payloads.mkdir()
     for i, r in enumerate(requests):
@@ -268,7 +255,7 @@ def test_sigkill_while_spooling_then_restart_loses_only_the_request_in_flight(
         """
     )
     child = subprocess.Popen([sys.executable, "-c", script])
-    _wait(lambda: progress.exists() and len(progress.read_text().split()) == len(requests))
+    wait_until(lambda: progress.exists() and len(progress.read_text().split()) == len(requests))
     time.sleep(0.2)
     os.kill(child.pid, signal.SIGKILL)
     child.wait(timeout=10)
@@ -277,7 +264,7 @@ def test_sigkill_while_spooling_then_restart_loses_only_the_request_in_flight(
     assert confirmed == len(requests)
     with http_receiver(HttpReceiver(port=port)) as rec:
         exporter = _exporter(_config("http/protobuf", port), tmp_path / "spool")  # the next start
-        _wait(lambda: not exporter.spool.records())
+        wait_until(lambda: not exporter.spool.records())
         exporter.shutdown()
     received = _received(rec)
     assert received[: len(requests)] == requests  # every confirmed request, in order
@@ -288,7 +275,7 @@ def test_sigkill_while_spooling_then_restart_loses_only_the_request_in_flight(
 
 
 def test_full_spool_evicts_the_oldest_and_counts(tmp_path: Path, requests: list[bytes]) -> None:
-    port = _free_port()
+    port = free_port()
     keep = sum(len(r) for r in requests[-4:])  # room for about the last four requests
     registry = CollectorRegistry()
     exporter = _exporter(_config("http/protobuf", port), tmp_path, registry, spool_max_bytes=keep)
@@ -298,7 +285,7 @@ def test_full_spool_evicts_the_oldest_and_counts(tmp_path: Path, requests: list[
     evicted = int(_scrape(registry, "otelprof_export_spool_evicted_requests_total"))
     assert evicted >= len(requests) - 4 and evicted == exporter.spool.counters.evicted
     with http_receiver(HttpReceiver(port=port)) as rec:
-        _wait(lambda: len(rec.requests) == len(requests) - evicted)
+        wait_until(lambda: len(rec.requests) == len(requests) - evicted)
         exporter.shutdown()
     assert _received(rec) == requests[evicted:]  # the oldest went first; every loss is counted
     assert exporter.counters.requests_spooled == len(requests)

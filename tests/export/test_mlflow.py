@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,8 @@ from otelprof.export.http import send
 from otelprof.export.result import ExportResult
 from otelprof.resource import options_from_env
 
+from .receivers import free_port
+
 pytest.importorskip("mlflow", reason="mlflow is not installed (it is in the 'test' extra: pip install -e '.[test]')")
 
 from mlflow import MlflowClient
@@ -80,12 +81,6 @@ class MlflowServer:
     @property
     def traces_url(self) -> str:
         return f"{self.url}/v1/traces"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _log_tail(log: Path, lines: int = 80) -> str:
@@ -141,7 +136,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     root = tmp_path_factory.mktemp("mlflow")
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     log = root / "server.log"
     no_telemetry = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
     env = {**os.environ, **no_telemetry, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
