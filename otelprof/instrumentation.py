@@ -23,6 +23,7 @@ from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
 from .capture.step_spans import StepSpans
 from .capture.steps import Step, StepTracker
+from .capture.window_metrics import WindowMetrics
 from .capture.windows import Windows
 from .converter.reference.builder import Attrs
 from .export.exporter import Exporter
@@ -74,7 +75,9 @@ class Session:
                 atexit.unregister(_at_exit)
                 atexit.register(_at_exit, self)
             self.metrics = StepMetrics(self.identity.labels(), self.registry)
-            self.spans = StepSpans(exporter, self.identity, _resource(self.identity, self._environ))
+            self.spans = StepSpans(
+                exporter, self.identity, _resource(self.identity, self._environ), self.metrics.spans_dropped.inc
+            )
             self._serve_metrics()
             if self.settings.windows.enabled:
                 options = options_from_env(
@@ -84,7 +87,9 @@ class Session:
                     world_size=self.identity.world_size,
                     scope_version=__version__,
                 )
-                self.windows = Windows(self.settings.windows, options, exporter.submit)
+                window_metrics = WindowMetrics(self.identity.labels())
+                self.metrics.add_collector(window_metrics)
+                self.windows = Windows(self.settings.windows, options, exporter.submit, window_metrics)
                 self.windows.begin(number)
         except Exception:  # never into the training loop
             self._failed = True

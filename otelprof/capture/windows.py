@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..converter import ConvertOptions, convert
+from .window_metrics import WindowMetrics, summarize
 
 _log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class Windows:
         settings: WindowSettings,
         options: ConvertOptions,
         submit: Callable[[bytes], None],
-        on_converted: Callable[[Any], None] | None = None,
+        metrics: WindowMetrics | None = None,
     ) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
@@ -84,7 +85,7 @@ class Windows:
         self.on_demand = OnDemand()
         self._options = options
         self._submit = submit
-        self._on_converted = on_converted
+        self.metrics = metrics
         self._base = schedule(
             skip_first=settings.skip_first,
             wait=settings.wait,
@@ -93,6 +94,7 @@ class Windows:
             repeat=settings.repeat,
         )
         self._demand_start: int | None = None  # first warmup step of an on-demand window
+        self._demand_trigger: str | None = None  # "on_demand" or "anomaly", until its trace is saved
         self._durations: deque[float] = deque(maxlen=50)
         self._last_anomaly = 0.0
         self.windows_done = 0
@@ -100,7 +102,7 @@ class Windows:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        self._jobs: queue.Queue[Path | None] = queue.Queue(maxsize=4)
+        self._jobs: queue.Queue[tuple[Path, str] | None] = queue.Queue(maxsize=4)
         self._worker = threading.Thread(target=self._convert_loop, name="otelprof-windows", daemon=True)
         self._worker.start()
         self._prof = profile(
@@ -174,6 +176,7 @@ class Windows:
         if self._demand_start is not None or self._prof.current_action != ProfilerAction.NONE:
             return  # a window is already on its way
         self._demand_start = self._prof.step_num + 1
+        self._demand_trigger = "anomaly" if anomaly else "on_demand"
         _log.info("otelprof: profiling steps from %d on demand", self._demand_start + self.settings.warmup)
 
     def _is_anomaly(self, seconds: float) -> bool:
@@ -194,30 +197,37 @@ class Windows:
 
     def _ready(self, prof: Any) -> None:
         """On the training thread: save the trace (Kineto does it), queue it for conversion."""
+        trigger, self._demand_trigger = self._demand_trigger or "schedule", None
         try:
             fd, name = tempfile.mkstemp(prefix="otelprof-window-", suffix=".json")
             os.close(fd)
             prof.export_chrome_trace(name)
-            self._jobs.put_nowait(Path(name))
+            self._jobs.put_nowait((Path(name), trigger))
         except queue.Full:
-            self.windows_failed += 1
+            self._failed()
             Path(name).unlink(missing_ok=True)
             _log.warning("otelprof: windows arrive faster than they convert; dropping one (counted)")
         except Exception:
-            self.windows_failed += 1
+            self._failed()
             _log.warning("otelprof: saving a profiling window failed", exc_info=True)
 
+    def _failed(self) -> None:
+        self.windows_failed += 1
+        if self.metrics is not None:
+            self.metrics.window_failed()
+
     def _convert_loop(self) -> None:
-        while (path := self._jobs.get()) is not None:
+        while (job := self._jobs.get()) is not None:
+            path, trigger = job
             try:
                 result = convert(path, options=self._options)
                 for request in result.requests:
                     self._submit(request)
                 self.windows_done += 1
-                if self._on_converted is not None:
-                    self._on_converted(result)
+                if self.metrics is not None:
+                    self.metrics.window_done(trigger, summarize(result.ops))
             except Exception:
-                self.windows_failed += 1
+                self._failed()
                 _log.warning("otelprof: converting a profiling window failed", exc_info=True)
             finally:
                 path.unlink(missing_ok=True)
