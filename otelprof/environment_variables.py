@@ -277,6 +277,14 @@ A signal name (``SIGUSR2``) that profiles the next steps; installed only when th
 no handler of its own for it; ``none`` installs nothing. Default: ``SIGUSR2``.
 """
 
+OTELPROF_TRIGGER_HTTP = "OTELPROF_TRIGGER_HTTP"
+"""
+.. envvar:: OTELPROF_TRIGGER_HTTP
+
+Whether ``POST /profile[?steps=N]`` on the metrics endpoint profiles the next steps (it binds
+where ``/metrics`` does: ``OTEL_EXPORTER_PROMETHEUS_HOST``). Default: ``true``.
+"""
+
 OTELPROF_ON_DEMAND_STEPS = "OTELPROF_ON_DEMAND_STEPS"
 """
 .. envvar:: OTELPROF_ON_DEMAND_STEPS

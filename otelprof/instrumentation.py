@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ._config import Settings, settings_from_env
 from ._version import __version__
+from .capture import metrics_server
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
 from .capture.step_spans import StepSpans
@@ -109,13 +110,12 @@ class Session:
             _log.warning("otelprof stopped recording steps after an internal error", exc_info=True)
 
     def _serve_metrics(self) -> None:
-        from prometheus_client import start_http_server
-
         port = self.settings.metrics_port
         if port:
             port += self.identity.local_rank
         try:
-            server, _thread = start_http_server(port, self.settings.metrics_host, self.registry)
+            profile = self._profile_request if self.settings.http_trigger else None
+            server = metrics_server.serve(self.settings.metrics_host, port, self.registry, profile)
         except OSError as exc:
             _log.warning(
                 "cannot serve metrics on %s:%d (%s); set OTEL_EXPORTER_PROMETHEUS_PORT",
@@ -127,6 +127,13 @@ class Session:
         self.metrics_server = server
         self.metrics_port = int(server.server_port)
         _log.info("otelprof metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
+
+    def _profile_request(self, steps: int | None) -> bool:
+        """``POST /profile`` on the metrics port (a server thread)."""
+        if self.windows is None:
+            return False
+        self.windows.on_demand.request(steps)
+        return True
 
     def close(self) -> None:
         self.hooks.remove()
