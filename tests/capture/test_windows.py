@@ -169,9 +169,10 @@ def test_http_post_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Pat
 def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
     import time
 
-    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_ANOMALY_FACTOR="3")
-    # step 12 is slow (its loop body sleeps): far over 3x the median of the twelve before it
-    _train(steps=STEPS + 6, between=lambda i: time.sleep(0.5) if i == 12 else None)
+    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_ANOMALY_FACTOR="10")
+    # every step sleeps 30 ms, so a scheduling hiccup of a loaded machine is not 10x the median;
+    # step 12 sleeps 2 s: far over 10x the median of the twelve before it
+    _train(steps=STEPS + 6, between=lambda i: time.sleep(2.0 if i == 12 else 0.03))
     live_session.stop(session)
     assert _profiled_steps(receiver, STEPS + 6) == [14, 15]
     assert _window_metrics(session)["otelprof_profiling_windows_total"] == {"schedule": 0, "on_demand": 0, "anomaly": 1}
