@@ -209,6 +209,20 @@ Port of the ``/metrics`` endpoint; each local rank adds its local rank to it, so
 host do not collide. ``0`` picks a free port (logged). Default: ``9464``.
 """
 
+OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
+"""
+.. envvar:: OTEL_METRICS_EXPORTER
+
+Comma-separated: ``prometheus`` serves ``/metrics``, ``otlp`` also pushes the same metrics
+through the OpenTelemetry SDK (``pip install 'otelprof[metrics]'``), ``none`` neither.
+Default: ``prometheus`` (the specification's default is ``otlp``; otelprof's always-on
+metrics are made for scraping, so pushing is opt-in).
+"""
+
+OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_PROTOCOL` for the OTLP metrics (read with the
+other ``OTEL_EXPORTER_OTLP_METRICS_*`` variables by the SDK's exporter)."""
+
 # --- profiling windows ----------------------------------------------------------------------
 
 OTELPROF_PROFILE = "OTELPROF_PROFILE"

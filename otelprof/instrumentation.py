@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ._config import Settings, settings_from_env
 from ._version import __version__
-from .capture import metrics_server
+from .capture import metrics_server, otlp_metrics
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
 from .capture.step_spans import StepSpans
@@ -61,6 +61,7 @@ class Session:
         self.tracker = StepTracker(self._on_step, on_first_open=self._first_step_begins)
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
+        self.otlp_metrics: otlp_metrics.OtlpMetrics | None = None
         self.metrics_port: int | None = None
         self._failed = False
         self.hooks.install()
@@ -79,7 +80,11 @@ class Session:
             self.spans = StepSpans(
                 exporter, self.identity, _resource(self.identity, self._environ), self.metrics.spans_dropped.inc
             )
-            self._serve_metrics()
+            metric_exporters = otlp_metrics.exporters(self._environ)
+            if "prometheus" in metric_exporters:
+                self._serve_metrics()
+            if "otlp" in metric_exporters:
+                self._start_otlp_metrics()
             if self.settings.windows.enabled:
                 options = options_from_env(
                     self._environ,
@@ -102,6 +107,8 @@ class Session:
         try:
             ctx = self.spans.context(step)
             self.metrics.observe(step, ctx.trace_id)
+            if self.otlp_metrics is not None:
+                self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
             self.spans.add(step, ctx)
             if self.windows is not None:
                 self.windows.boundary(step.duration_s)
@@ -128,6 +135,18 @@ class Session:
         self.metrics_port = int(server.server_port)
         _log.info("otelprof metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
 
+    def _start_otlp_metrics(self) -> None:
+        assert self.metrics is not None
+        try:
+            resource = dict(_resource(self.identity, self._environ))
+            self.otlp_metrics = otlp_metrics.OtlpMetrics(self.registry, self.identity.labels(), resource, self._environ)
+        except ImportError as exc:
+            _log.warning(
+                "OTEL_METRICS_EXPORTER=otlp needs the OpenTelemetry SDK and OTLP exporters "
+                "(pip install 'otelprof[metrics]'): %s; metrics stay on /metrics only",
+                exc,
+            )
+
     def _profile_request(self, steps: int | None) -> bool:
         """``POST /profile`` on the metrics port (a server thread)."""
         if self.windows is None:
@@ -144,6 +163,8 @@ class Session:
             self.spans.close()
         if self.exporter is not None:
             self.exporter.flush(5.0)
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.shutdown()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()
