@@ -209,6 +209,15 @@ Port of the ``/metrics`` endpoint; each local rank adds its local rank to it, so
 host do not collide. ``0`` picks a free port (logged). Default: ``9464``.
 """
 
+OTELPROF_CUDA_EVENTS = "OTELPROF_CUDA_EVENTS"
+"""
+.. envvar:: OTELPROF_CUDA_EVENTS
+
+With CUDA in use, time steps and phases with CUDA events read back without synchronizing the
+device (steps are then reported a step or two late); ``false`` keeps CPU wall time. Default:
+``true``.
+"""
+
 OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
 """
 .. envvar:: OTEL_METRICS_EXPORTER

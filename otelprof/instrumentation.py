@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -20,9 +21,10 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from ._config import Settings, settings_from_env
 from ._version import __version__
 from .capture import metrics_server, otlp_metrics
+from .capture.device_timing import cuda_timing
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
-from .capture.step_spans import StepSpans
+from .capture.step_spans import StepContext, StepSpans
 from .capture.steps import Step, StepTracker
 from .capture.window_metrics import WindowMetrics
 from .capture.windows import Windows
@@ -58,7 +60,9 @@ class Session:
         self.metrics: StepMetrics | None = None
         self.spans: StepSpans | None = None
         self.windows: Windows | None = None
-        self.tracker = StepTracker(self._on_step, on_first_open=self._first_step_begins)
+        self.timing = cuda_timing(self._record) if settings.cuda_events else None
+        clock = self.timing.clock if self.timing is not None else time.time_ns
+        self.tracker = StepTracker(self._on_step, clock=clock, on_first_open=self._first_step_begins)
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
         self.otlp_metrics: otlp_metrics.OtlpMetrics | None = None
@@ -102,19 +106,27 @@ class Session:
             _log.warning("otelprof could not start; steps are not recorded", exc_info=True)
 
     def _on_step(self, step: Step) -> None:
+        """A step ended on the CPU (training thread): the profiler's step boundary is here."""
         if self._failed or self.metrics is None or self.spans is None:
             return
         try:
-            ctx = self.spans.context(step)
-            self.metrics.observe(step, ctx.trace_id)
-            if self.otlp_metrics is not None:
-                self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
-            self.spans.add(step, ctx)
+            ctx = self.spans.context(step)  # the application's current span is on this thread
             if self.windows is not None:
                 self.windows.boundary(step.duration_s)
+            if self.timing is not None:
+                self.timing.add(step, ctx)  # recorded once the GPU has run it
+            else:
+                self._record(step, ctx)
         except Exception:  # never into the training loop
             self._failed = True
             _log.warning("otelprof stopped recording steps after an internal error", exc_info=True)
+
+    def _record(self, step: Step, ctx: StepContext) -> None:
+        assert self.metrics is not None and self.spans is not None
+        self.metrics.observe(step, ctx.trace_id)
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
+        self.spans.add(step, ctx)
 
     def _serve_metrics(self) -> None:
         port = self.settings.metrics_port
@@ -157,6 +169,11 @@ class Session:
     def close(self) -> None:
         self.hooks.remove()
         self.tracker.finish()
+        if self.timing is not None and not self._failed:
+            try:
+                self.timing.drain(wait=True)
+            except Exception:
+                _log.warning("otelprof: reading the last steps' CUDA events failed", exc_info=True)
         if self.windows is not None:
             self.windows.close()
         if self.spans is not None:
