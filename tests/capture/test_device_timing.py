@@ -4,8 +4,6 @@ runs the real thing on a GPU machine)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from otelprof.capture.device_timing import MAX_PENDING, DeviceTiming
 from otelprof.capture.steps import Step, StepTracker
 
