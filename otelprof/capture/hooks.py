@@ -15,9 +15,11 @@ raises into the loop: a failure is logged once and the hook goes quiet.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +29,7 @@ from .steps import StepTracker
 _log = logging.getLogger(__name__)
 #: Global hooks come back for one step this often, to find models first called later.
 REDISCOVER_STEPS = 1000
+_COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 #: Roots hooked at most (a loop calling ever new modules at top level must not grow this).
 MAX_ROOTS = 64
 
@@ -86,6 +89,7 @@ class TorchHooks:
         )
         self.forward.discover()
         self._undo.append(self.forward.remove)
+        self._quiet_compile_warning()
 
         original_backward = torch.autograd.backward
 
@@ -117,6 +121,21 @@ class TorchHooks:
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+    def _quiet_compile_warning(self) -> None:
+        """torch.compile warns that global module hooks fire once more for its wrapper module:
+        ours count the outermost call only, so the warning (which would reach the user's log
+        at every discovery step) says nothing true about otelprof."""
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+        entry = warnings.filters[0]
+
+        def restore() -> None:
+            filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at runtime
+            with contextlib.suppress(ValueError):
+                filters.remove(entry)
+                warnings._filters_mutated()  # type: ignore[attr-defined]
+
+        self._undo.append(restore)
 
     def step_done(self) -> None:
         """A step ended (training thread): the forward hooks move to the roots found."""
