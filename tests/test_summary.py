@@ -223,6 +223,20 @@ def test_spool_at_default_detail_says_what_is_missing(
             assert row == full[key]
 
 
+def test_notes_go_to_stderr_unless_quiet(
+    kineto_trace: FindTrace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _spool(tmp_path / "spool", convert(kineto_trace(AMD_MI250)).requests)
+    assert main(["summary", str(folder)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[1].startswith("Name ")
+    assert captured.err.startswith("note: ") and "aggregated or dropped" in captured.err
+    for argv in (["-q", "summary", str(folder)], ["summary", "--quiet", str(folder)]):
+        assert main(argv) == 0
+        quiet = capsys.readouterr()
+        assert quiet.err == "" and quiet.out == captured.out
+
+
 def test_several_paths_add_up(kineto_trace: FindTrace, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = kineto_trace(DLRM_RANK0), kineto_trace("dlrm_kineto__worker1")
     both = _rows(_summary_json(capsys, str(a), str(b)))
