@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import run_cli, spool_cli
+from . import import_cli, run_cli, spool_cli
 from ._version import __version__
 from .converter import ConvertOptions, ConvertResult, OpStats, TraceFormatError, convert
 from .otlp_file import atomic_writer, write_delimited
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
     spool_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
     run_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
+    import_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
     return parser
 
 
@@ -381,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command is None:
         parser.print_usage(sys.stderr)
-        print("otelprof: error: a command is required (convert, demo, run or spool)", file=sys.stderr)
+        print("otelprof: error: a command is required (convert, demo, import, run or spool)", file=sys.stderr)
         return EXIT_USAGE
 
     logger = logging.getLogger("otelprof")
