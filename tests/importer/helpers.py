@@ -51,7 +51,7 @@ class Got:
 
 
 def received(requests: Iterable[ExportTraceServiceRequest]) -> list[Got]:
-    out = []
+    out: list[Got] = []
     for request in requests:
         for rs in request.resource_spans:
             resource = {kv.key: value([kv], kv.key) for kv in rs.resource.attributes}
