@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ def _db(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
 
 
+@cache  # each export is converted once for the module's tests
 def _convert(fragment: str) -> tuple[Path, list[Got]]:
     path = shared(fragment, NSYS)
     return path, decode(convert_nsys(path, ConvertOptions(run_id="test")).requests)

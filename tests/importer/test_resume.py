@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from export.receivers import HttpReceiver, Reply, http_receiver, wait_until
+from export.receivers import HttpReceiver, Reply, free_port, http_receiver, wait_until
 
 from otelprof.converter import convert
 from otelprof.export.spool import Spool
@@ -99,3 +99,18 @@ def test_without_endpoint_everything_goes_to_the_spool(tmp_path: Path, capsys: p
     assert len(decode(spooled)) == 100
     # the default ledger lives under ~/.cache/otelprof/imports
     assert len(list((tmp_path / "home" / ".cache" / "otelprof" / "imports").glob("*.json"))) == 1
+
+
+def test_unreachable_endpoint_spools_and_the_ledger_counts_it_delivered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = shared("amd_trace")
+    ledger = tmp_path / "ledger.json"
+    with import_env(tmp_path, free_port()):
+        assert run_import(trace, "--ledger", ledger) == 0
+    err = capsys.readouterr().err
+    assert "1 requests spooled to" in err and "no OTLP endpoint" not in err
+    spooled = [data for _record, data in Spool(tmp_path / "spool")]
+    assert ids(decode(spooled)) == ids(decode(convert(trace, run_id=f"kineto/{trace.name}").requests))
+    (entry,) = json.loads(ledger.read_text())["files"].values()
+    assert entry["sent"] == entry["requests"] == 1

@@ -54,6 +54,7 @@ def expected() -> list[Got]:
     return spans
 
 
+@pytest.mark.slow  # converts and ships every shared trace, 640k events
 def test_every_span_of_every_shared_trace_arrives_once(everything: Imported, expected: list[Got]) -> None:
     assert everything.code == 0
     got = ids(everything.spans)
@@ -66,6 +67,7 @@ def test_every_span_of_every_shared_trace_arrives_once(everything: Imported, exp
     assert len(run_ids) == len(list(KINETO.glob("*"))) + len(list(NSYS.glob("*"))) - 2  # two pairs share one
 
 
+@pytest.mark.slow
 def test_kernels_hang_under_a_cpu_span_and_the_launch_when_it_is_kept(everything: Imported) -> None:
     by_id = {(g.span.trace_id, g.span.span_id): g for g in everything.spans}
     launched = [g for g in everything.spans if g.category in LAUNCHED]
@@ -134,6 +136,7 @@ def _step_traces(spans: list[Got], step: str) -> dict[bytes, set[object]]:
     return traces
 
 
+@pytest.mark.slow
 def test_the_same_step_of_two_ranks_is_one_trace(everything: Imported) -> None:
     pair = [g for g in everything.spans if "trace_filter__sampled_rank-#" in str(g.resource["otelprof.run.id"])]
     for step in ("ProfilerStep#551", "ProfilerStep#552"):
