@@ -19,13 +19,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .converter import ConvertOptions, ConvertResult
 from .importer.discover import Source, SourceError, find_sources
 from .importer.ledger import Ledger, LedgerError, default_path
 from .importer.progress import Progress
 from .importer.session import DEFAULT_BATCH_BYTES, Importer, Report
+
+if TYPE_CHECKING:
+    from .export.exporter import Exporter
 
 _log = logging.getLogger(__name__)
 
@@ -223,6 +226,14 @@ def _cmd_import(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    evicted = exporter.spool.counters.evicted
+    if evicted:  # the spool is bounded: a big import with no backend pushes out its own oldest requests
+        print(
+            f"otelprof: error: the spool {exporter.spool.directory} was full: {evicted} older requests were "
+            "evicted; import again with a reachable endpoint",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     if counters.requests_dropped:
         print(
             f"otelprof: error: {counters.requests_dropped} requests were dropped (rejected by the backend; "
@@ -233,7 +244,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return EXIT_ERROR if report.files_failed else EXIT_OK
 
 
-def _print_summary(report: Report, files: int, exported: int, spooled: int, exporter: Any) -> None:
+def _print_summary(report: Report, files: int, exported: int, spooled: int, exporter: Exporter) -> None:
     rate = report.events / report.seconds if report.seconds > 0 else 0.0
     parts = [
         f"imported {report.files_sent} of {files} files: {report.events:,} events as {report.spans:,} spans "
