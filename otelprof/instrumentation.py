@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ._config import Settings, settings_from_env
 from ._version import __version__
+from .capture import distributed
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
 from .capture.step_spans import StepSpans
@@ -56,6 +57,7 @@ class Session:
         self.metrics: StepMetrics | None = None
         self.spans: StepSpans | None = None
         self.windows: Windows | None = None
+        self.straggler: distributed.Straggler | None = None
         self.tracker = StepTracker(self._on_step, on_first_open=self._first_step_begins)
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
@@ -66,6 +68,8 @@ class Session:
     def _first_step_begins(self, number: int) -> None:
         """Everything but the hooks starts here (training thread, inside a hook)."""
         try:
+            # torch.distributed's rank, the agreed run id (every rank is at this point)
+            self.identity, self.straggler = distributed.join(self.identity, self._environ)
             exporter = self.exporter
             if exporter is None:
                 exporter = self.exporter = Exporter(registry=self.registry)
@@ -74,6 +78,8 @@ class Session:
                 atexit.unregister(_at_exit)
                 atexit.register(_at_exit, self)
             self.metrics = StepMetrics(self.identity.labels(), self.registry)
+            if self.straggler is not None:
+                self.straggler.register(self.identity.labels(), self.registry)
             self.spans = StepSpans(exporter, self.identity, _resource(self.identity, self._environ))
             self._serve_metrics()
             if self.settings.windows.enabled:
@@ -96,6 +102,8 @@ class Session:
         try:
             ctx = self.spans.context(step)
             self.metrics.observe(step, ctx.trace_id)
+            if self.straggler is not None:
+                self.straggler.observe(step.duration_s)
             self.spans.add(step, ctx)
             if self.windows is not None:
                 self.windows.boundary(step.duration_s)
@@ -137,6 +145,8 @@ class Session:
             self.metrics_server.server_close()
         if self.metrics is not None:
             self.metrics.unregister()
+        if self.straggler is not None:
+            self.straggler.unregister(self.registry)
 
 
 def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
