@@ -26,14 +26,14 @@ def train(out: Path, steps: int, ddp: bool, slow_rank: int | None) -> None:
 
     rank = dist.get_rank()
     torch.manual_seed(0)
-    data = torch.randn(steps * 4 * dist.get_world_size(), 16)
+    data = torch.utils.data.TensorDataset(torch.randn(steps * 4 * dist.get_world_size(), 16))
     sampler = torch.utils.data.DistributedSampler(data, shuffle=False)
     loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
     model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for batch in loader:
+    for (batch,) in loader:
         model(batch).pow(2).mean().backward()
         if rank == slow_rank:
             time.sleep(0.03)
