@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,7 @@ def train(out: Path, steps: int, ddp: bool, slow_rank: int | None) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(steps * 4 * dist.get_world_size(), 16))
-    sampler = torch.utils.data.DistributedSampler(data, shuffle=False)
+    sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(data, shuffle=False)
     loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
     model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     if ddp:
