@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from converter_helpers import shared_trace
 
@@ -45,3 +46,11 @@ def test_overhead_benchmark_runs_both_loops() -> None:
     text, figures = _run("overhead.py", "--rounds", "1", "--steps", "3")
     assert set(figures) == {"bare_ms", "instrumented_ms", "ratio"} and figures["ratio"] > 0
     assert "ratio        :" in text
+
+
+def test_distributed_scale_benchmark_runs() -> None:
+    trace = shared_trace("bert-small")
+    text, figures = _run("distributed_scale.py", "--ranks", "4", "--steps", "7", "--trace", str(trace))
+    scaled = cast(dict[str, Any], figures["scaled"])  # this benchmark's figures are per world size
+    assert scaled["ranks"] == 4 and scaled["max_step_trace_spans"] == 6 * 4
+    assert "limits      : all met" in text
