@@ -108,9 +108,12 @@ class Traces:
                     self.bytes[trace_id] += _framed(resource + _framed(scope + spans_bytes))
 
 
-def _series(registry: CollectorRegistry) -> int:
-    text = generate_latest(registry).decode()
-    return sum(len(family.samples) for family in text_string_to_metric_families(text))
+def _series(registry: CollectorRegistry, scrape: bool = False) -> int:
+    """Series a scrape returns: the registry's samples, or (``scrape``) the exposition's, parsed."""
+    if scrape:
+        text = generate_latest(registry).decode()
+        return sum(len(family.samples) for family in text_string_to_metric_families(text))
+    return sum(len(family.samples) for family in registry.collect())
 
 
 def _step(number: int, start_ns: int, seconds: float) -> Step:
@@ -160,7 +163,10 @@ def simulate(world: int, steps: int, trace: Path, exporter_series: int) -> dict[
             sink.submit(request)
         for request in sink.requests:
             traces.add(request)
-        series.append(_series(registry) + exporter_series)
+        count = _series(registry)
+        if rank == 0 and count != _series(registry, scrape=True):
+            raise RuntimeError("the registry's samples and its exposition disagree")
+        series.append(count + exporter_series)
         ratios[rank] = straggler.ratio or 0.0
         metrics.unregister()
     step_ids = {_step_trace(n) for n in range(steps)}
@@ -196,7 +202,7 @@ def exporter_series() -> int:
     registry = CollectorRegistry()
     with tempfile.TemporaryDirectory() as spool:
         exporter = Exporter(exporter_config_from_env({}), spool_dir=Path(spool), registry=registry)
-        count = _series(registry)
+        count = _series(registry, scrape=True)
         exporter.shutdown()
     return count
 
@@ -211,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: trace not found: {args.trace}", file=sys.stderr)
         return 1
     exp = exporter_series()
-    anchor = simulate(min(ANCHOR_RANKS, args.ranks), args.steps, args.trace, exp)
     big = simulate(args.ranks, args.steps, args.trace, exp)
+    anchor = simulate(min(ANCHOR_RANKS, args.ranks), args.steps, args.trace, exp)  # second: both run warm
     for r in (anchor, big):
         print(
             f"{r['ranks']:>5} ranks: step trace {r['max_step_trace_bytes']:,} B / {r['max_step_trace_spans']:,} spans, "

@@ -3,6 +3,7 @@
     python dist_train.py OUT_DIR STEPS torchrun      # under torchrun (env://), a DDP model
     python dist_train.py OUT_DIR STEPS spawn PORT    # torch.multiprocessing.spawn, tcp:// init,
                                                      # no launcher env; rank 1 sleeps every step
+    python dist_train.py OUT_DIR STEPS mismatch PORT # the same, otelprof disabled on rank 1
 
 In torchrun mode the process is instrumented by whatever launched it (``otelprof run``); in spawn
 mode each worker imports ``otelprof.auto``. After training, each rank waits (bounded) until its
@@ -43,7 +44,9 @@ def train(out: Path, steps: int, ddp: bool, slow_rank: int | None) -> None:
     dist.barrier()
 
     session = otelprof.instrumentation.session()
-    assert session is not None and session.straggler is not None, "not instrumented as a distributed job"
+    if session is None or session.straggler is None:
+        print(f"rank {rank} trained {steps} without straggler metric", flush=True)
+        return
     exchanges = steps // session.straggler.interval
     deadline = time.monotonic() + 60
     while session.straggler.completed < exchanges and time.monotonic() < deadline:
@@ -58,7 +61,16 @@ def train(out: Path, steps: int, ddp: bool, slow_rank: int | None) -> None:
     print(f"rank {rank} trained {steps}", flush=True)
 
 
-def spawned(local_rank: int, out: Path, steps: int, port: int) -> None:
+def spawned(local_rank: int, out: Path, steps: int, port: int, mismatch: bool) -> None:
+    import os
+
+    if mismatch:
+        if local_rank == 1:
+            os.environ["OTELPROF_ENABLED"] = "false"
+        from otelprof.capture import distributed
+
+        distributed.TIMEOUT_S = 3.0  # rank 0 waits this long for rank 1 at the first step
+
     import otelprof.auto  # noqa: F401  (the one-line integration, in each worker)
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=2)
@@ -70,8 +82,8 @@ def spawned(local_rank: int, out: Path, steps: int, port: int) -> None:
 
 def main() -> None:
     out, steps, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    if mode == "spawn":
-        torch.multiprocessing.spawn(spawned, args=(out, steps, int(sys.argv[4])), nprocs=2)
+    if mode in ("spawn", "mismatch"):
+        torch.multiprocessing.spawn(spawned, args=(out, steps, int(sys.argv[4]), mode == "mismatch"), nprocs=2)
         return
     dist.init_process_group("gloo")
     try:

@@ -30,7 +30,7 @@ PROFILED = (3, 4)  # skip 0-1, warm up 2, record 3-4
 _LAUNCHER_VARS = ("OTELPROF_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
-def _run(command: list[str], rec: HttpReceiver, tmp_path: Path, **extra: str) -> None:
+def _run(command: list[str], rec: HttpReceiver, tmp_path: Path, **extra: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     env.update(
         {
@@ -54,6 +54,7 @@ def _run(command: list[str], rec: HttpReceiver, tmp_path: Path, **extra: str) ->
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "rank 0 trained" in out.stdout and "rank 1 trained" in out.stdout
+    return out.stderr
 
 
 def _by_rank(rec: HttpReceiver) -> dict[int, list[tuple[dict[str, Any], Any]]]:
@@ -168,3 +169,22 @@ def test_spawned_ranks_agree_on_the_run_id(tmp_path: Path) -> None:
     _check_traces(rec, run_ids[0])
     ratios = _ratios(tmp_path, run_ids[0])
     assert ratios[1] > 1 > ratios[0]
+
+
+def test_a_rank_without_otelprof_never_blocks_training(tmp_path: Path) -> None:
+    """otelprof disabled on rank 1 (a misconfiguration): rank 0 waits for it at the first step
+    for the group timeout (3 s here), logs once, and trains on with its own run id."""
+    command = [sys.executable, str(HERE / "dist_train.py"), str(tmp_path), str(STEPS), "mismatch", str(free_port())]
+    with http_receiver() as rec:
+        stderr = _run(command, rec, tmp_path)
+    assert stderr.count("otelprof could not join the torch.distributed job") == 1
+    assert "this rank's steps get their own traces" in stderr
+    spans = _by_rank(rec)
+    assert sorted(spans) == [0]  # rank 1 sends nothing
+    steps = sorted(
+        next(kv.value.int_value for kv in s.attributes if kv.key == "pytorch.step")
+        for _r, s in spans[0]
+        if s.name == "train.step"
+    )
+    assert steps == list(range(STEPS))
+    assert {r["pytorch.distributed.world_size"].int_value for r, _s in spans[0]} == {2}
