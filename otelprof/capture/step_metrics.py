@@ -12,7 +12,7 @@ import resource
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .steps import PHASES, Step
@@ -64,11 +64,20 @@ class StepMetrics:
         samples_rate = add(
             Gauge("otelprof_samples_per_second", "Samples per second in the last step.", LABELS, registry=registry)
         )
+        dropped = add(
+            Counter(
+                "otelprof_step_spans_dropped",
+                "Step spans dropped because the encoder fell behind.",
+                LABELS,
+                registry=registry,
+            )
+        )
         tokens_rate = add(
             Gauge("otelprof_tokens_per_second", "Tokens per second in the last step.", LABELS, registry=registry)
         )
         assert isinstance(duration, Histogram) and isinstance(phase, Histogram)
         assert isinstance(steps, Counter) and isinstance(samples, Counter) and isinstance(tokens, Counter)
+        assert isinstance(dropped, Counter)
         assert isinstance(last, Gauge) and isinstance(samples_rate, Gauge) and isinstance(tokens_rate, Gauge)
         self.step_duration = duration.labels(*values)
         self.phases = {p: phase.labels(*values, p) for p in PHASES}
@@ -78,7 +87,13 @@ class StepMetrics:
         self.tokens = tokens.labels(*values)
         self.samples_rate = samples_rate.labels(*values)
         self.tokens_rate = tokens_rate.labels(*values)
-        registry.register(add(_ResourceCollector(labels)))
+        self.spans_dropped = dropped.labels(*values)
+        self.add_collector(_ResourceCollector(labels))
+
+    def add_collector(self, collector: Collector) -> None:
+        """Registers ``collector`` with these series (and removes it with them)."""
+        self._registry.register(collector)
+        self._registered.append(collector)
 
     def observe(self, step: Step, trace_id: bytes) -> None:
         seconds = step.duration_s
@@ -109,9 +124,9 @@ class _ResourceCollector(Collector):
     def __init__(self, labels: Mapping[str, str]) -> None:
         self._labels = [labels[k] for k in LABELS]
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = GaugeMetricFamily("otelprof_process_cpu_seconds", "Process user + system CPU time.", labels=LABELS)
+        cpu = CounterMetricFamily("otelprof_process_cpu_seconds", "Process user + system CPU time.", labels=LABELS)
         cpu.add_metric(self._labels, usage.ru_utime + usage.ru_stime)
         rss = GaugeMetricFamily("otelprof_process_max_rss_bytes", "Peak resident set size.", labels=LABELS)
         rss.add_metric(self._labels, usage.ru_maxrss * 1024)
@@ -138,10 +153,14 @@ def _cuda_memory(labels: list[str]) -> Iterable[GaugeMetricFamily]:
         "peak": GaugeMetricFamily(
             "otelprof_gpu_memory_peak_bytes", "Peak CUDA memory held by tensors.", labels=[*LABELS, "device"]
         ),
+        "total": GaugeMetricFamily(
+            "otelprof_gpu_memory_total_bytes", "The device's memory capacity.", labels=[*LABELS, "device"]
+        ),
     }
     for device in range(torch.cuda.device_count()):
         d = [*labels, str(device)]
         families["allocated"].add_metric(d, torch.cuda.memory_allocated(device))
         families["reserved"].add_metric(d, torch.cuda.memory_reserved(device))
         families["peak"].add_metric(d, torch.cuda.max_memory_allocated(device))
+        families["total"].add_metric(d, torch.cuda.get_device_properties(device).total_memory)
     yield from families.values()

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._version import __version__
@@ -51,13 +52,16 @@ def current_parent() -> tuple[bytes, bytes] | None:
 
 
 class StepSpans:
-    def __init__(self, exporter: Exporter, identity: Identity, resource: Attrs) -> None:
+    def __init__(
+        self, exporter: Exporter, identity: Identity, resource: Attrs, on_drop: Callable[[], None] | None = None
+    ) -> None:
         self._exporter = exporter
         self._identity = identity
         self._resource = list(resource)
         self._base = ids.span_base(identity.run_id, f"live|{identity.rank}")
         self._ordinal = 0
         self.dropped = 0
+        self._on_drop = on_drop
         self._start()
         os.register_at_fork(after_in_child=self._start)
 
@@ -70,10 +74,16 @@ class StepSpans:
             return StepContext(parent[0], ordinal, parent[1])
         return StepContext(ids.trace_id(f"step|{self._identity.run_id}|{step.number}"), ordinal)
 
+    def span_id(self, ctx: StepContext) -> bytes:
+        """The step span's id (for the OTLP metrics' exemplars)."""
+        return ids.span_id(self._base, ctx.ordinal)
+
     def add(self, step: Step, ctx: StepContext) -> None:
         with self._cond:
             if len(self._pending) >= MAX_PENDING:
                 self.dropped += 1
+                if self._on_drop is not None:
+                    self._on_drop()
                 if self.dropped == 1:
                     _log.warning("step spans are produced faster than they can be encoded: dropping (counted)")
                 return

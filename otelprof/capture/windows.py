@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..converter import ConvertOptions, convert
+from .window_metrics import WindowMetrics, summarize
 
 _log = logging.getLogger(__name__)
 
@@ -56,17 +57,17 @@ class WindowSettings:
 class OnDemand:
     """A window for the next N steps, requested from another thread, a signal or a file."""
 
-    def __init__(self) -> None:
-        self._requested = threading.Event()
+    def __init__(self, default_steps: int) -> None:
+        self._default = default_steps
+        self._steps = 0  # 0: nothing requested (a plain int: set from a signal handler)
 
-    def request(self) -> None:
-        self._requested.set()
+    def request(self, steps: int | None = None) -> None:
+        self._steps = steps or self._default
 
-    def take(self) -> bool:
-        if self._requested.is_set():
-            self._requested.clear()
-            return True
-        return False
+    def take(self) -> int:
+        """Steps requested since the last call (0: none)."""
+        steps, self._steps = self._steps, 0
+        return steps
 
 
 class Windows:
@@ -75,16 +76,16 @@ class Windows:
         settings: WindowSettings,
         options: ConvertOptions,
         submit: Callable[[bytes], None],
-        on_converted: Callable[[Any], None] | None = None,
+        metrics: WindowMetrics | None = None,
     ) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
         self.settings = settings
-        self.on_demand = OnDemand()
+        self.on_demand = OnDemand(settings.on_demand_steps)
         self._options = options
         self._submit = submit
-        self._on_converted = on_converted
+        self.metrics = metrics
         self._base = schedule(
             skip_first=settings.skip_first,
             wait=settings.wait,
@@ -93,6 +94,8 @@ class Windows:
             repeat=settings.repeat,
         )
         self._demand_start: int | None = None  # first warmup step of an on-demand window
+        self._demand_trigger: str | None = None  # "on_demand" or "anomaly", until its trace is saved
+        self._demand_steps = settings.on_demand_steps
         self._durations: deque[float] = deque(maxlen=50)
         self._last_anomaly = 0.0
         self.windows_done = 0
@@ -100,7 +103,7 @@ class Windows:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        self._jobs: queue.Queue[Path | None] = queue.Queue(maxsize=4)
+        self._jobs: queue.Queue[tuple[Path, str] | None] = queue.Queue(maxsize=4)
         self._worker = threading.Thread(target=self._convert_loop, name="otelprof-windows", daemon=True)
         self._worker.start()
         self._prof = profile(
@@ -150,7 +153,7 @@ class Windows:
         start = self._demand_start
         if start is not None and step >= start:
             offset = step - start
-            warmup, active = self.settings.warmup, self.settings.on_demand_steps
+            warmup, active = self.settings.warmup, self._demand_steps
             if offset < warmup:
                 return ProfilerAction.WARMUP
             if offset < warmup + active - 1:
@@ -169,11 +172,14 @@ class Windows:
         if by_file and path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        if not (self.on_demand.take() or by_file or anomaly):
+        requested = self.on_demand.take()
+        if not (requested or by_file or anomaly):
             return
         if self._demand_start is not None or self._prof.current_action != ProfilerAction.NONE:
             return  # a window is already on its way
         self._demand_start = self._prof.step_num + 1
+        self._demand_steps = requested or self.settings.on_demand_steps
+        self._demand_trigger = "anomaly" if anomaly else "on_demand"
         _log.info("otelprof: profiling steps from %d on demand", self._demand_start + self.settings.warmup)
 
     def _is_anomaly(self, seconds: float) -> bool:
@@ -194,30 +200,37 @@ class Windows:
 
     def _ready(self, prof: Any) -> None:
         """On the training thread: save the trace (Kineto does it), queue it for conversion."""
+        trigger, self._demand_trigger = self._demand_trigger or "schedule", None
         try:
             fd, name = tempfile.mkstemp(prefix="otelprof-window-", suffix=".json")
             os.close(fd)
             prof.export_chrome_trace(name)
-            self._jobs.put_nowait(Path(name))
+            self._jobs.put_nowait((Path(name), trigger))
         except queue.Full:
-            self.windows_failed += 1
+            self._failed()
             Path(name).unlink(missing_ok=True)
             _log.warning("otelprof: windows arrive faster than they convert; dropping one (counted)")
         except Exception:
-            self.windows_failed += 1
+            self._failed()
             _log.warning("otelprof: saving a profiling window failed", exc_info=True)
 
+    def _failed(self) -> None:
+        self.windows_failed += 1
+        if self.metrics is not None:
+            self.metrics.window_failed()
+
     def _convert_loop(self) -> None:
-        while (path := self._jobs.get()) is not None:
+        while (job := self._jobs.get()) is not None:
+            path, trigger = job
             try:
                 result = convert(path, options=self._options)
                 for request in result.requests:
                     self._submit(request)
                 self.windows_done += 1
-                if self._on_converted is not None:
-                    self._on_converted(result)
+                if self.metrics is not None:
+                    self.metrics.window_done(trigger, summarize(result.ops))
             except Exception:
-                self.windows_failed += 1
+                self._failed()
                 _log.warning("otelprof: converting a profiling window failed", exc_info=True)
             finally:
                 path.unlink(missing_ok=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from export.receivers import HttpReceiver, http_receiver
+from prometheus_client import CollectorRegistry
 
 import otelprof
 from capture import live_session
@@ -77,6 +78,24 @@ def test_schedule_profiles_exactly_the_active_steps(receiver: HttpReceiver, tmp_
         assert by_id[addmm.parent_span_id].name == "aten::linear"  # operator nesting
     for n in (0, 4, 7, 9):  # unprofiled steps: the live step span and its phases only
         assert {s.name for s in traces[_tid(n)]} == {"train.step", "data", "forward", "backward", "optimizer"}
+    metrics = _window_metrics(session)
+    assert metrics["otelprof_profiling_windows_total"] == {"schedule": 1, "on_demand": 0, "anomaly": 0}
+    top = metrics["otelprof_window_op_self_cpu_seconds"]
+    assert "aten::addmm" in top and 0 < len(top) <= 11 and all(v > 0 for v in top.values())
+    assert "otelprof_window_gpu_busy_ratio" not in metrics  # a CPU run records no device time
+
+
+def _window_metrics(session: otelprof.instrumentation.Session) -> dict[str, dict[str, float]]:
+    """The session's window series after the run, by metric name and then by trigger/op label."""
+    assert session.windows is not None and session.windows.metrics is not None
+    registry = CollectorRegistry()
+    registry.register(session.windows.metrics)
+    out: dict[str, dict[str, float]] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            key = sample.labels.get("trigger") or sample.labels.get("op") or ""
+            out.setdefault(sample.name, {})[key] = sample.value
+    return out
 
 
 def test_trigger_file_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
@@ -94,6 +113,7 @@ def test_trigger_file_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: 
     assert _profiled_steps(receiver) == [5, 6]
     assert not trigger.exists()  # consumed
     assert session.windows is not None and session.windows.windows_done == 1
+    assert _window_metrics(session)["otelprof_profiling_windows_total"]["on_demand"] == 1
 
 
 def test_signal_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
@@ -115,11 +135,44 @@ def test_signal_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) 
     assert _profiled_steps(receiver) == [4, 5]
 
 
+def test_http_post_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999")
+    replies: list[tuple[int, dict[str, Any]]] = []
+
+    def call(method: str, query: str = "") -> None:
+        url = f"http://127.0.0.1:{session.metrics_port}/profile{query}"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
+                replies.append((r.status, json.load(r)))
+        except urllib.error.HTTPError as e:
+            replies.append((e.code, json.load(e)))
+
+    def post_after_step_1(i: int) -> None:
+        if i == 1:
+            call("GET")
+            call("POST", "?steps=0")
+            call("POST", "?steps=3")
+
+    _train(between=post_after_step_1)
+    live_session.stop(session)
+    assert [code for code, _ in replies] == [405, 400, 202]
+    assert replies[2][1]["steps"] == 3
+    # seen where step 2 begins: it warms up, and the three requested steps are recorded
+    assert _profiled_steps(receiver) == [3, 4, 5]
+    assert _window_metrics(session)["otelprof_profiling_windows_total"]["on_demand"] == 1
+
+
 def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
     import time
 
-    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_ANOMALY_FACTOR="3")
-    # step 12 is slow (its loop body sleeps): far over 3x the median of the twelve before it
-    _train(steps=STEPS + 6, between=lambda i: time.sleep(0.5) if i == 12 else None)
+    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_ANOMALY_FACTOR="10")
+    # every step sleeps 30 ms, so a scheduling hiccup of a loaded machine is not 10x the median;
+    # step 12 sleeps 2 s: far over 10x the median of the twelve before it
+    _train(steps=STEPS + 6, between=lambda i: time.sleep(2.0 if i == 12 else 0.03))
     live_session.stop(session)
     assert _profiled_steps(receiver, STEPS + 6) == [14, 15]
+    assert _window_metrics(session)["otelprof_profiling_windows_total"] == {"schedule": 0, "on_demand": 0, "anomaly": 1}
