@@ -61,11 +61,21 @@ number, fractions allowed) do not become spans of their own. Ignored at ``full``
 Default: ``10``.
 """
 
+OTELPROF_SPLIT_WORLD_SIZE = "OTELPROF_SPLIT_WORLD_SIZE"
+"""
+.. envvar:: OTELPROF_SPLIT_WORLD_SIZE
+
+From this world size on, a profiled step's operators and kernels go to a per-rank detail trace
+linked to the step trace, which then holds one step span per rank (a non-negative integer;
+``0`` never splits). Default: ``4``.
+"""
+
 __all__ = [
     "OTELPROF_DETAIL",
     "OTELPROF_MAX_REQUEST_BYTES",
     "OTELPROF_MIN_DURATION_US",
     "OTELPROF_RUN_ID",
+    "OTELPROF_SPLIT_WORLD_SIZE",
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_SERVICE_NAME",
 ]
@@ -231,6 +241,18 @@ metrics are made for scraping, so pushing is opt-in).
 OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
 """Signal-specific :envvar:`OTEL_EXPORTER_OTLP_PROTOCOL` for the OTLP metrics (read with the
 other ``OTEL_EXPORTER_OTLP_METRICS_*`` variables by the SDK's exporter)."""
+
+# --- distributed jobs ------------------------------------------------------------------------
+
+OTELPROF_STRAGGLER_STEPS = "OTELPROF_STRAGGLER_STEPS"
+"""
+.. envvar:: OTELPROF_STRAGGLER_STEPS
+
+With torch.distributed initialized and more than one rank, every this many steps each rank
+shares its mean step time with the others (one non-blocking all_gather of one float on
+otelprof's own gloo group) for ``otelprof_straggler_ratio``; ``0`` turns it off.
+Default: ``100``.
+"""
 
 # --- profiling windows ----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ._config import Settings, settings_from_env
 from ._version import __version__
-from .capture import metrics_server, otlp_metrics
+from .capture import distributed, metrics_server, otlp_metrics
 from .capture.device_timing import cuda_timing
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
@@ -60,6 +60,7 @@ class Session:
         self.metrics: StepMetrics | None = None
         self.spans: StepSpans | None = None
         self.windows: Windows | None = None
+        self.straggler: distributed.Straggler | None = None
         self.timing = cuda_timing(self._record) if settings.cuda_events else None
         clock = self.timing.clock if self.timing is not None else time.time_ns
         self.tracker = StepTracker(self._on_step, clock=clock, on_first_open=self._first_step_begins)
@@ -73,6 +74,8 @@ class Session:
     def _first_step_begins(self, number: int) -> None:
         """Everything but the hooks starts here (training thread, inside a hook)."""
         try:
+            # torch.distributed's rank, the agreed run id (every rank is at this point)
+            self.identity, self.straggler = distributed.join(self.identity, self._environ)
             exporter = self.exporter
             if exporter is None:
                 exporter = self.exporter = Exporter(registry=self.registry)
@@ -81,6 +84,8 @@ class Session:
                 atexit.unregister(_at_exit)
                 atexit.register(_at_exit, self)
             self.metrics = StepMetrics(self.identity.labels(), self.registry)
+            if self.straggler is not None:
+                self.straggler.register(self.identity.labels(), self.registry)
             self.spans = StepSpans(
                 exporter, self.identity, _resource(self.identity, self._environ), self.metrics.spans_dropped.inc
             )
@@ -125,6 +130,8 @@ class Session:
     def _record(self, step: Step, ctx: StepContext) -> None:
         assert self.metrics is not None and self.spans is not None
         self.metrics.observe(step, ctx.trace_id)
+        if self.straggler is not None:
+            self.straggler.observe(step.duration_s)
         if self.otlp_metrics is not None:
             self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
         self.spans.add(step, ctx)
@@ -188,6 +195,8 @@ class Session:
             self.metrics_server.server_close()
         if self.metrics is not None:
             self.metrics.unregister()
+        if self.straggler is not None:
+            self.straggler.unregister(self.registry)
 
 
 def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:

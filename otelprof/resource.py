@@ -14,9 +14,15 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
+from ._config import env_int
 from ._version import __version__
 from .converter import ConvertOptions
-from .converter._options import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MIN_DURATION_NS, Detail
+from .converter._options import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MIN_DURATION_NS,
+    DEFAULT_SPLIT_WORLD_SIZE,
+    Detail,
+)
 from .environment_variables import (
     OTEL_RESOURCE_ATTRIBUTES,
     OTEL_SERVICE_NAME,
@@ -24,6 +30,7 @@ from .environment_variables import (
     OTELPROF_MAX_REQUEST_BYTES,
     OTELPROF_MIN_DURATION_US,
     OTELPROF_RUN_ID,
+    OTELPROF_SPLIT_WORLD_SIZE,
 )
 
 _log = logging.getLogger(__name__)
@@ -147,6 +154,7 @@ def options_from_env(environ: Mapping[str, str] = os.environ, **overrides: Any) 
         detail=_detail(environ),
         min_duration_ns=_min_duration_ns(environ),
         max_request_bytes=_max_request_bytes(environ),
+        split_world_size=env_int(environ, OTELPROF_SPLIT_WORLD_SIZE, DEFAULT_SPLIT_WORLD_SIZE),
         resource_attributes=resource_attributes_from_env(environ),
         scope_version=__version__,
     )

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from converter_helpers import shared_trace
 
@@ -62,3 +63,11 @@ def test_import_benchmark_runs_import_and_anchor() -> None:
     assert set(figures) == {"import_events_per_s", "convert_events_per_s", "ratio"}
     assert all(v > 0 for v in figures.values())
     assert "input      : 2 files, 1,628 trace events" in text and "import / convert" in text
+
+
+def test_distributed_scale_benchmark_runs() -> None:
+    trace = shared_trace("bert-small")
+    text, figures = _run("distributed_scale.py", "--ranks", "4", "--steps", "7", "--trace", str(trace))
+    scaled = cast(dict[str, Any], figures["scaled"])  # this benchmark's figures are per world size
+    assert scaled["ranks"] == 4 and scaled["max_step_trace_spans"] == 6 * 4
+    assert "limits      : all met" in text

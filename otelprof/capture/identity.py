@@ -2,12 +2,12 @@
 
 All ranks of a run must agree on the run id, because step N's trace id derives from it. It
 comes from :envvar:`OTELPROF_RUN_ID`, else the launcher's job id (torchrun's
-``TORCHELASTIC_RUN_ID``, Slurm's ``SLURM_JOB_ID``), else a random id (single-process jobs).
+``TORCHELASTIC_RUN_ID``, Slurm's ``SLURM_JOB_ID``), else a random id, which rank 0 shares
+with the others through torch.distributed at the first step (distributed.py).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import uuid
 from collections.abc import Mapping
@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from .._config import env_int
 from ..environment_variables import OTELPROF_RUN_ID
-
-_log = logging.getLogger(__name__)
 
 #: (rank, local rank, world size) variables of the launchers we know, first match wins.
 _LAUNCHERS = (
@@ -51,6 +49,4 @@ def identity_from_env(environ: Mapping[str, str] = os.environ) -> Identity:
         value = environ.get(name, "").strip()
         if value and value != "none":  # torchrun's placeholder when no rendezvous id is given
             return Identity(value, rank, local, world, name)
-    if world > 1:
-        _log.warning("no run id shared by the ranks (set %s): each rank's steps get their own traces", OTELPROF_RUN_ID)
     return Identity(uuid.uuid4().hex, rank, local, world)
