@@ -352,3 +352,24 @@ def test_shipped_rules_evaluate_on_real_series(run: Run) -> None:
     # a healthy run: nothing fires
     firing = [a for a in run.prometheus.api("alerts")["alerts"] if a["state"] == "firing"]
     assert firing == []
+
+
+@pytest.mark.slow
+def test_gateway_filters_split_real_spans_into_steps_and_operator_detail(run: Run) -> None:
+    """The attributes the Collector's filter processors test (otelcol/gateway.yaml) tell the
+    step-level spans from the operator detail in what a real run sends."""
+    gateway = yaml.safe_load((REPO / "collector-config" / "otelcol" / "gateway.yaml").read_text())
+    (condition,) = gateway["processors"]["filter/step_spans"]["traces"]["span"]
+    keys = re.findall(r'attributes\["([\w.]+)"\] == nil', condition)
+    assert len(keys) == 2 and " and " in condition
+
+    def step_level(span: Any) -> bool:  # the spans filter/step_spans keeps
+        return any(kv.key in keys for kv in span.attributes)
+
+    wait_until(lambda: any(s.name.startswith("ProfilerStep#") for s in run.receiver.spans), 10)
+    spans = run.receiver.spans
+    assert {s.name for s in spans if step_level(s)} == {"train.step", "data", "forward", "backward", "optimizer"}
+    detail = {s.name for s in spans if not step_level(s)}
+    assert {"aten::embedding", "aten::linear"} <= detail
+    assert any(name.startswith("ProfilerStep#") for name in detail)
+    assert not detail & {"train.step", "data", "forward", "backward", "optimizer"}
