@@ -13,6 +13,7 @@ from .environment_variables import (
     OTEL_EXPORTER_PROMETHEUS_HOST,
     OTEL_EXPORTER_PROMETHEUS_PORT,
     OTELPROF_ANOMALY_FACTOR,
+    OTELPROF_CUDA_EVENTS,
     OTELPROF_ENABLED,
     OTELPROF_ON_DEMAND_STEPS,
     OTELPROF_PROFILE,
@@ -23,6 +24,7 @@ from .environment_variables import (
     OTELPROF_PROFILE_WAIT,
     OTELPROF_PROFILE_WARMUP,
     OTELPROF_TRIGGER_FILE,
+    OTELPROF_TRIGGER_HTTP,
     OTELPROF_TRIGGER_SIGNAL,
 )
 from .export.config import sdk_disabled
@@ -37,6 +39,8 @@ class Settings:
     enabled: bool = True
     metrics_host: str = "localhost"
     metrics_port: int = 9464
+    http_trigger: bool = True
+    cuda_events: bool = True
     windows: WindowSettings = field(default_factory=WindowSettings)
 
 
@@ -74,6 +78,8 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
         enabled=enabled,
         metrics_host=environ.get(OTEL_EXPORTER_PROMETHEUS_HOST, "").strip() or "localhost",
         metrics_port=env_int(environ, OTEL_EXPORTER_PROMETHEUS_PORT, 9464, 0, 65535),
+        http_trigger=_flag(environ, OTELPROF_TRIGGER_HTTP, True),
+        cuda_events=_flag(environ, OTELPROF_CUDA_EVENTS, True),
         windows=windows_from_env(environ),
     )
 

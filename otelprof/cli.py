@@ -11,14 +11,12 @@ import logging
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import run_cli, spool_cli
+from . import demo_cli, run_cli, spool_cli
 from ._version import __version__
-from .converter import ConvertOptions, ConvertResult, OpStats, TraceFormatError, convert
+from .converter import ConvertOptions, ConvertResult, TraceFormatError, convert
 from .otlp_file import atomic_writer, write_delimited
 from .otlp_json import encode_jsonl
 from .resource import options_from_env
@@ -30,9 +28,6 @@ EXIT_INTERRUPTED = 130
 
 FORMATS = ("otlp-proto", "otlp-json")
 ENGINES = ("auto", "native", "reference")
-DEFAULT_DEMO_DIR = "otelprof-demo"
-DEMO_TRACE = "trace.json"
-DEMO_OUTPUT = "trace.otlp.jsonl"
 
 _log = logging.getLogger(__name__)
 
@@ -155,27 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conv.set_defaults(func=_cmd_convert)
 
-    demo = sub.add_parser(
-        "demo",
-        help="profile a small CPU training run and convert its trace",
-        description=(
-            "Train a tiny transformer on random tokens for a few steps on the CPU under\n"
-            "torch.profiler (record_shapes, profile_memory), write DIR/trace.json, convert it to\n"
-            "DIR/trace.otlp.jsonl (OTLP/JSON) and print a summary. Needs torch."
-        ),
-        epilog=_EXIT_CODES,
-        formatter_class=fmt,
-    )
-    _add_verbosity(demo, top=False)
-    demo.add_argument("--steps", type=_int_at_least(1), default=3, metavar="N", help="profiled steps (default: 3)")
-    demo.add_argument(
-        "--out",
-        type=Path,
-        default=Path(DEFAULT_DEMO_DIR),
-        metavar="DIR",
-        help=f"output folder (default: {DEFAULT_DEMO_DIR})",
-    )
-    demo.set_defaults(func=_cmd_demo)
+    demo_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
     spool_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
     run_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
     return parser
@@ -272,100 +247,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             written, requests = run(stream)
     if not args.quiet and out != "-":
         print(f"wrote {out}: {_plural(requests, 'request')}, {written} bytes, {fmt}", file=sys.stderr)
-    return EXIT_OK
-
-
-# --- demo --------------------------------------------------------------------------------
-
-
-def _record_demo_trace(trace_path: Path, steps: int) -> None:
-    """Train a tiny transformer on the CPU under torch.profiler; write its Kineto trace."""
-    import torch
-    from torch import nn
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
-
-    torch.manual_seed(0)
-    vocab, seq_len, batch, width = 512, 32, 8, 64
-    model = nn.Sequential(
-        nn.Embedding(vocab, width),
-        nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=4 * width, dropout=0.0, batch_first=True),
-        nn.Linear(width, vocab),
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-    tmp = trace_path.with_name(f".{trace_path.name}.tmp")
-
-    def on_trace_ready(prof: Any) -> None:
-        prof.export_chrome_trace(str(tmp))
-
-    wait, warmup = 1, 1
-    # One intra-op thread: the model is too small to gain from more, and OpenMP threads
-    # competing for a busy machine's cores would make the recorded times mostly waiting.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with profile(
-            activities=[ProfilerActivity.CPU],
-            schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
-            record_shapes=True,
-            profile_memory=True,
-            on_trace_ready=on_trace_ready,
-        ) as prof:
-            for _ in range(wait + warmup + steps):
-                with record_function("data"):
-                    tokens = torch.randint(0, vocab, (batch, seq_len + 1))
-                    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-                with record_function("forward"):
-                    logits = model(inputs)
-                    loss = loss_fn(logits.reshape(-1, vocab), targets.reshape(-1))
-                with record_function("backward"):
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                with record_function("optimizer"):
-                    optimizer.step()
-                prof.step()
-    finally:
-        torch.set_num_threads(threads)
-    if not tmp.exists():
-        raise CliError("torch.profiler wrote no trace")
-    os.replace(tmp, trace_path)
-
-
-def _top_ops(ops: list[OpStats], n: int = 5) -> list[OpStats]:
-    return sorted((op for op in ops if op.kind == "op"), key=lambda op: (-op.self_cpu_ns, op.name))[:n]
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    try:
-        with warnings.catch_warnings():  # torch without numpy warns on import; the demo needs no numpy
-            warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-            import torch  # noqa: F401  # imported here to report a missing install clearly
-    except ImportError:
-        raise CliError("the demo needs PyTorch, which is not installed: pip install torch") from None
-    out_dir: Path = args.out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    trace_path = out_dir / DEMO_TRACE
-    output = out_dir / DEMO_OUTPUT
-
-    started = time.perf_counter()
-    _record_demo_trace(trace_path, args.steps)
-    train_seconds = time.perf_counter() - started
-    result, seconds = _convert_one(str(trace_path), options_from_env(os.environ), "auto")
-    with atomic_writer(output) as stream:
-        written = _write(stream, "otlp-json", result.requests)
-    if args.quiet:
-        return EXIT_OK
-    print(f"otelprof demo: trained a tiny transformer on the CPU, {args.steps} profiled steps ({train_seconds:.1f} s)")
-    print(f"  Kineto trace:  {trace_path} ({trace_path.stat().st_size} bytes)")
-    print(
-        f"  OTLP/JSON:     {output} ({written} bytes): {result.stats.get('steps', 0)} steps, "
-        f"{result.stats.get('spans', 0)} spans, {_plural(len(result.requests), 'request')}, "
-        f"converted in {seconds:.2f} s by the {result.engine} engine"
-    )
-    print("  top 5 ops by self CPU time:")
-    print(f"    {'self CPU':>10}  {'CPU total':>10}  {'calls':>5}  op")
-    for op in _top_ops(result.ops):
-        print(f"    {op.self_cpu_ns / 1e6:>7.3f} ms  {op.cpu_total_ns / 1e6:>7.3f} ms  {op.calls:>5}  {op.name}")
     return EXIT_OK
 
 

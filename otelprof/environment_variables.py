@@ -209,6 +209,29 @@ Port of the ``/metrics`` endpoint; each local rank adds its local rank to it, so
 host do not collide. ``0`` picks a free port (logged). Default: ``9464``.
 """
 
+OTELPROF_CUDA_EVENTS = "OTELPROF_CUDA_EVENTS"
+"""
+.. envvar:: OTELPROF_CUDA_EVENTS
+
+With CUDA in use, time steps and phases with CUDA events read back without synchronizing the
+device (steps are then reported a step or two late); ``false`` keeps CPU wall time. Default:
+``true``.
+"""
+
+OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
+"""
+.. envvar:: OTEL_METRICS_EXPORTER
+
+Comma-separated: ``prometheus`` serves ``/metrics``, ``otlp`` also pushes the same metrics
+through the OpenTelemetry SDK (``pip install 'otelprof[metrics]'``), ``none`` neither.
+Default: ``prometheus`` (the specification's default is ``otlp``; otelprof's always-on
+metrics are made for scraping, so pushing is opt-in).
+"""
+
+OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
+"""Signal-specific :envvar:`OTEL_EXPORTER_OTLP_PROTOCOL` for the OTLP metrics (read with the
+other ``OTEL_EXPORTER_OTLP_METRICS_*`` variables by the SDK's exporter)."""
+
 # --- profiling windows ----------------------------------------------------------------------
 
 OTELPROF_PROFILE = "OTELPROF_PROFILE"
@@ -275,6 +298,14 @@ OTELPROF_TRIGGER_SIGNAL = "OTELPROF_TRIGGER_SIGNAL"
 
 A signal name (``SIGUSR2``) that profiles the next steps; installed only when the program has
 no handler of its own for it; ``none`` installs nothing. Default: ``SIGUSR2``.
+"""
+
+OTELPROF_TRIGGER_HTTP = "OTELPROF_TRIGGER_HTTP"
+"""
+.. envvar:: OTELPROF_TRIGGER_HTTP
+
+Whether ``POST /profile[?steps=N]`` on the metrics endpoint profiles the next steps (it binds
+where ``/metrics`` does: ``OTEL_EXPORTER_PROMETHEUS_HOST``). Default: ``true``.
 """
 
 OTELPROF_ON_DEMAND_STEPS = "OTELPROF_ON_DEMAND_STEPS"

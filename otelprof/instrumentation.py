@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,9 +20,11 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ._config import Settings, settings_from_env
 from ._version import __version__
+from .capture import metrics_server, otlp_metrics
+from .capture.device_timing import cuda_timing
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
-from .capture.step_spans import StepSpans
+from .capture.step_spans import StepContext, StepSpans
 from .capture.steps import Step, StepTracker
 from .capture.window_metrics import WindowMetrics
 from .capture.windows import Windows
@@ -57,9 +60,12 @@ class Session:
         self.metrics: StepMetrics | None = None
         self.spans: StepSpans | None = None
         self.windows: Windows | None = None
-        self.tracker = StepTracker(self._on_step, on_first_open=self._first_step_begins)
+        self.timing = cuda_timing(self._record) if settings.cuda_events else None
+        clock = self.timing.clock if self.timing is not None else time.time_ns
+        self.tracker = StepTracker(self._on_step, clock=clock, on_first_open=self._first_step_begins)
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
+        self.otlp_metrics: otlp_metrics.OtlpMetrics | None = None
         self.metrics_port: int | None = None
         self._failed = False
         self.hooks.install()
@@ -78,7 +84,11 @@ class Session:
             self.spans = StepSpans(
                 exporter, self.identity, _resource(self.identity, self._environ), self.metrics.spans_dropped.inc
             )
-            self._serve_metrics()
+            metric_exporters = otlp_metrics.exporters(self._environ)
+            if "prometheus" in metric_exporters:
+                self._serve_metrics()
+            if "otlp" in metric_exporters:
+                self._start_otlp_metrics()
             if self.settings.windows.enabled:
                 options = options_from_env(
                     self._environ,
@@ -96,26 +106,35 @@ class Session:
             _log.warning("otelprof could not start; steps are not recorded", exc_info=True)
 
     def _on_step(self, step: Step) -> None:
+        """A step ended on the CPU (training thread): the profiler's step boundary is here."""
         if self._failed or self.metrics is None or self.spans is None:
             return
         try:
-            ctx = self.spans.context(step)
-            self.metrics.observe(step, ctx.trace_id)
-            self.spans.add(step, ctx)
+            ctx = self.spans.context(step)  # the application's current span is on this thread
             if self.windows is not None:
                 self.windows.boundary(step.duration_s)
+            if self.timing is not None:
+                self.timing.add(step, ctx)  # recorded once the GPU has run it
+            else:
+                self._record(step, ctx)
         except Exception:  # never into the training loop
             self._failed = True
             _log.warning("otelprof stopped recording steps after an internal error", exc_info=True)
 
-    def _serve_metrics(self) -> None:
-        from prometheus_client import start_http_server
+    def _record(self, step: Step, ctx: StepContext) -> None:
+        assert self.metrics is not None and self.spans is not None
+        self.metrics.observe(step, ctx.trace_id)
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
+        self.spans.add(step, ctx)
 
+    def _serve_metrics(self) -> None:
         port = self.settings.metrics_port
         if port:
             port += self.identity.local_rank
         try:
-            server, _thread = start_http_server(port, self.settings.metrics_host, self.registry)
+            profile = self._profile_request if self.settings.http_trigger else None
+            server = metrics_server.serve(self.settings.metrics_host, port, self.registry, profile)
         except OSError as exc:
             _log.warning(
                 "cannot serve metrics on %s:%d (%s); set OTEL_EXPORTER_PROMETHEUS_PORT",
@@ -128,15 +147,41 @@ class Session:
         self.metrics_port = int(server.server_port)
         _log.info("otelprof metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
 
+    def _start_otlp_metrics(self) -> None:
+        assert self.metrics is not None
+        try:
+            resource = dict(_resource(self.identity, self._environ))
+            self.otlp_metrics = otlp_metrics.OtlpMetrics(self.registry, self.identity.labels(), resource, self._environ)
+        except ImportError as exc:
+            _log.warning(
+                "OTEL_METRICS_EXPORTER=otlp needs the OpenTelemetry SDK and OTLP exporters "
+                "(pip install 'otelprof[metrics]'): %s; metrics stay on /metrics only",
+                exc,
+            )
+
+    def _profile_request(self, steps: int | None) -> bool:
+        """``POST /profile`` on the metrics port (a server thread)."""
+        if self.windows is None:
+            return False
+        self.windows.on_demand.request(steps)
+        return True
+
     def close(self) -> None:
         self.hooks.remove()
         self.tracker.finish()
+        if self.timing is not None and not self._failed:
+            try:
+                self.timing.drain(wait=True)
+            except Exception:
+                _log.warning("otelprof: reading the last steps' CUDA events failed", exc_info=True)
         if self.windows is not None:
             self.windows.close()
         if self.spans is not None:
             self.spans.close()
         if self.exporter is not None:
             self.exporter.flush(5.0)
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.shutdown()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()

@@ -14,7 +14,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _chain() -> None:
     """Imports the next ``sitecustomize`` on the path, the one ours hides."""
-    del sys.modules["sitecustomize"]
+    ours = sys.modules.pop("sitecustomize")
     saved = sys.path[:]
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     try:
@@ -23,6 +23,9 @@ def _chain() -> None:
         pass
     finally:
         sys.path[:] = saved
+        # the import of ours is still under way: importlib takes the name back out of
+        # sys.modules when it finishes, and reports an error if it is gone
+        sys.modules.setdefault("sitecustomize", ours)
 
 
 def _instrument() -> None:

@@ -74,6 +74,10 @@ class StepSpans:
             return StepContext(parent[0], ordinal, parent[1])
         return StepContext(ids.trace_id(f"step|{self._identity.run_id}|{step.number}"), ordinal)
 
+    def span_id(self, ctx: StepContext) -> bytes:
+        """The step span's id (for the OTLP metrics' exemplars)."""
+        return ids.span_id(self._base, ctx.ordinal)
+
     def add(self, step: Step, ctx: StepContext) -> None:
         with self._cond:
             if len(self._pending) >= MAX_PENDING:

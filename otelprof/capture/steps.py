@@ -81,6 +81,9 @@ class StepTracker:
 
     def phase_begin(self, phase: str) -> None:
         with self._lock:
+            if self._depth[phase] and self._current is not None and self._pending_end is None and phase != "data":
+                self._depth[phase] += 1  # a nested call (a submodule's forward): no timestamp needed
+                return
             now = self._clock()
             if phase == "data":
                 self._on_data_fetch(now)

@@ -57,17 +57,17 @@ class WindowSettings:
 class OnDemand:
     """A window for the next N steps, requested from another thread, a signal or a file."""
 
-    def __init__(self) -> None:
-        self._requested = threading.Event()
+    def __init__(self, default_steps: int) -> None:
+        self._default = default_steps
+        self._steps = 0  # 0: nothing requested (a plain int: set from a signal handler)
 
-    def request(self) -> None:
-        self._requested.set()
+    def request(self, steps: int | None = None) -> None:
+        self._steps = steps or self._default
 
-    def take(self) -> bool:
-        if self._requested.is_set():
-            self._requested.clear()
-            return True
-        return False
+    def take(self) -> int:
+        """Steps requested since the last call (0: none)."""
+        steps, self._steps = self._steps, 0
+        return steps
 
 
 class Windows:
@@ -82,7 +82,7 @@ class Windows:
         from torch.profiler import ProfilerActivity, profile, schedule
 
         self.settings = settings
-        self.on_demand = OnDemand()
+        self.on_demand = OnDemand(settings.on_demand_steps)
         self._options = options
         self._submit = submit
         self.metrics = metrics
@@ -95,6 +95,7 @@ class Windows:
         )
         self._demand_start: int | None = None  # first warmup step of an on-demand window
         self._demand_trigger: str | None = None  # "on_demand" or "anomaly", until its trace is saved
+        self._demand_steps = settings.on_demand_steps
         self._durations: deque[float] = deque(maxlen=50)
         self._last_anomaly = 0.0
         self.windows_done = 0
@@ -152,7 +153,7 @@ class Windows:
         start = self._demand_start
         if start is not None and step >= start:
             offset = step - start
-            warmup, active = self.settings.warmup, self.settings.on_demand_steps
+            warmup, active = self.settings.warmup, self._demand_steps
             if offset < warmup:
                 return ProfilerAction.WARMUP
             if offset < warmup + active - 1:
@@ -171,11 +172,13 @@ class Windows:
         if by_file and path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        if not (self.on_demand.take() or by_file or anomaly):
+        requested = self.on_demand.take()
+        if not (requested or by_file or anomaly):
             return
         if self._demand_start is not None or self._prof.current_action != ProfilerAction.NONE:
             return  # a window is already on its way
         self._demand_start = self._prof.step_num + 1
+        self._demand_steps = requested or self.settings.on_demand_steps
         self._demand_trigger = "anomaly" if anomaly else "on_demand"
         _log.info("otelprof: profiling steps from %d on demand", self._demand_start + self.settings.warmup)
 

@@ -34,6 +34,7 @@ def _run(command: list[str], rec: HttpReceiver, tmp_path: Path, **extra: str) ->
     }
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+    assert "Error in sitecustomize" not in out.stderr, out.stderr
     assert f"trained {STEPS}" in out.stdout
     return out
 

@@ -135,12 +135,44 @@ def test_signal_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) 
     assert _profiled_steps(receiver) == [4, 5]
 
 
+def test_http_post_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999")
+    replies: list[tuple[int, dict[str, Any]]] = []
+
+    def call(method: str, query: str = "") -> None:
+        url = f"http://127.0.0.1:{session.metrics_port}/profile{query}"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
+                replies.append((r.status, json.load(r)))
+        except urllib.error.HTTPError as e:
+            replies.append((e.code, json.load(e)))
+
+    def post_after_step_1(i: int) -> None:
+        if i == 1:
+            call("GET")
+            call("POST", "?steps=0")
+            call("POST", "?steps=3")
+
+    _train(between=post_after_step_1)
+    live_session.stop(session)
+    assert [code for code, _ in replies] == [405, 400, 202]
+    assert replies[2][1]["steps"] == 3
+    # seen where step 2 begins: it warms up, and the three requested steps are recorded
+    assert _profiled_steps(receiver) == [3, 4, 5]
+    assert _window_metrics(session)["otelprof_profiling_windows_total"]["on_demand"] == 1
+
+
 def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
     import time
 
-    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_ANOMALY_FACTOR="3")
-    # step 12 is slow (its loop body sleeps): far over 3x the median of the twelve before it
-    _train(steps=STEPS + 6, between=lambda i: time.sleep(0.5) if i == 12 else None)
+    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_SKIP_FIRST="999", OTELPROF_ANOMALY_FACTOR="10")
+    # every step sleeps 30 ms, so a scheduling hiccup of a loaded machine is not 10x the median;
+    # step 12 sleeps 2 s: far over 10x the median of the twelve before it
+    _train(steps=STEPS + 6, between=lambda i: time.sleep(2.0 if i == 12 else 0.03))
     live_session.stop(session)
     assert _profiled_steps(receiver, STEPS + 6) == [14, 15]
     assert _window_metrics(session)["otelprof_profiling_windows_total"] == {"schedule": 0, "on_demand": 0, "anomaly": 1}

@@ -17,6 +17,11 @@ import grpc
 from google.rpc import error_details_pb2
 from google.rpc.status_pb2 import Status
 from grpc_status import rpc_status
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
@@ -44,6 +49,7 @@ class HttpReceiver:
     script: list[Reply] = field(default_factory=list)
     max_body_bytes: int | None = None  # larger bodies get 413, as a size-limited collector answers
     requests: list[ExportTraceServiceRequest] = field(default_factory=list)
+    metric_requests: list[ExportMetricsServiceRequest] = field(default_factory=list)  # POST /v1/metrics
     paths: list[str] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -69,6 +75,10 @@ class HttpReceiver:
             return reply.status, reply.headers, Status(code=14, message=reply.message).SerializeToString()
         if headers.get("content-encoding") == "gzip":
             body = gzip.decompress(body)
+        if handler.path.endswith("/v1/metrics"):
+            with self.lock:
+                self.metric_requests.append(ExportMetricsServiceRequest.FromString(body))
+            return 200, {}, ExportMetricsServiceResponse().SerializeToString()
         request = ExportTraceServiceRequest.FromString(body)
         with self.lock:
             self.requests.append(request)
@@ -154,6 +164,20 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return response
 
 
+class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """The official OTLP metrics service: keeps every request."""
+
+    def __init__(self, rec: GrpcReceiver) -> None:
+        self.rec = rec
+
+    def Export(
+        self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext
+    ) -> ExportMetricsServiceResponse:
+        with self.rec.lock:
+            self.rec.metric_requests.append(request)
+        return ExportMetricsServiceResponse()
+
+
 @dataclass
 class GrpcReceiver:
     port: int = 0
@@ -161,6 +185,7 @@ class GrpcReceiver:
     script: list[GrpcReply] = field(default_factory=list)
     requests: list[ExportTraceServiceRequest] = field(default_factory=list)
     metadata_seen: list[dict[str, str]] = field(default_factory=list)
+    metric_requests: list[ExportMetricsServiceRequest] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -172,6 +197,7 @@ def grpc_receiver(
     rec = receiver or GrpcReceiver()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(rec), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(rec), server)
     address = f"127.0.0.1:{rec.port}"
     rec.port = server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
     server.start()

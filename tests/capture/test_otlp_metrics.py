@@ -1,0 +1,107 @@
+"""OTEL_METRICS_EXPORTER=otlp: a real training process pushes its live metrics through the
+OpenTelemetry SDK to a real OTLP receiver (HTTP and gRPC), exemplars carrying step trace ids."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from export.receivers import grpc_receiver, http_receiver
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
+
+from otelprof.capture.otlp_metrics import BRIDGED, DIRECT, exporters, otel_name
+from otelprof.converter.reference import ids
+
+pytest.importorskip("torch")
+pytest.importorskip("opentelemetry.exporter.otlp.proto.http.metric_exporter")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+STEPS = 5
+
+
+def _metrics(requests: list[Any]) -> dict[str, list[Metric]]:
+    out: dict[str, list[Metric]] = {}
+    for request in requests:
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    out.setdefault(metric.name, []).append(metric)
+    return out
+
+
+def _attrs(point: Any) -> dict[str, str]:
+    return {kv.key: kv.value.string_value for kv in point.attributes}
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_live_metrics_arrive_over_otlp_with_exemplars(protocol: str, tmp_path: Path) -> None:
+    receiver: AbstractContextManager[Any] = http_receiver() if protocol == "http/protobuf" else grpc_receiver()
+    with receiver as rec:
+        env = {
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_METRICS_EXPORTER": "prometheus,otlp",
+            "OTEL_METRIC_EXPORT_INTERVAL": "60000",  # only the export at shutdown
+            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+            "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+            "OTELPROF_RUN_ID": "otlp-metrics",
+            "OTELPROF_PROFILE": "false",
+            "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        script = [sys.executable, str(HERE / "train_loop.py"), str(STEPS), "0", "--auto"]
+        out = subprocess.run(script, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    metrics = _metrics(rec.metric_requests)
+    labels = {"run": "otlp-metrics", "rank": "0", "local_rank": "0"}
+
+    (duration,) = metrics["otelprof.step.duration"]
+    assert duration.unit == "s"
+    (point,) = duration.histogram.data_points
+    assert point.count == STEPS and _attrs(point) == labels
+    trace_ids = {ids.trace_id(f"step|otlp-metrics|{n}") for n in range(STEPS)}
+    assert point.exemplars and all(e.trace_id in trace_ids for e in point.exemplars)
+
+    (steps,) = metrics["otelprof.steps"]
+    assert steps.sum.is_monotonic and [p.as_int for p in steps.sum.data_points] == [STEPS]
+    (phases,) = metrics["otelprof.step.phase.duration"]
+    assert {_attrs(p)["phase"]: p.count for p in phases.histogram.data_points} == dict.fromkeys(
+        ("data", "forward", "backward", "optimizer"), STEPS
+    )
+    (samples,) = metrics["otelprof.samples"]
+    assert samples.sum.data_points[0].as_int == 4 * STEPS
+
+    # bridged from the prometheus-client registry: the same values under OTel names and units
+    (cpu,) = metrics["otelprof.process.cpu"]
+    assert cpu.unit == "s" and cpu.sum.is_monotonic and cpu.sum.data_points[0].as_double > 0
+    (last,) = metrics["otelprof.last.step.timestamp"]
+    assert last.unit == "s" and last.gauge.data_points[0].as_double > 1.7e9
+    (requests,) = metrics["otelprof.export.requests"]
+    assert {_attrs(p)["result"] for p in requests.sum.data_points} >= {"exported", "dropped"}
+    resource = {kv.key: kv.value for kv in rec.metric_requests[0].resource_metrics[0].resource.attributes}
+    assert resource["otelprof.run.id"].string_value == "otlp-metrics"
+
+
+def test_names_map_back_to_the_prometheus_names() -> None:
+    """A Collector's Prometheus exporter appends the unit and _total: the dashboards' names."""
+    assert otel_name("otelprof_window_gpu_busy_ratio") == ("otelprof.window.gpu.busy", "1")
+    assert otel_name("otelprof_samples_per_second") == ("otelprof.samples", "1/s")
+    assert otel_name("otelprof_gpu_memory_total_bytes") == ("otelprof.gpu.memory.total", "By")
+    names = [otel_name(name)[0] for name, _ in BRIDGED] + list(DIRECT)
+    assert len(set(names)) == len(names)  # no instrument name twice
+
+
+def test_exporter_selection(caplog: pytest.LogCaptureFixture) -> None:
+    assert exporters({}) == {"prometheus"}
+    assert exporters({"OTEL_METRICS_EXPORTER": "otlp"}) == {"otlp"}
+    assert exporters({"OTEL_METRICS_EXPORTER": " Prometheus , OTLP "}) == {"prometheus", "otlp"}
+    assert exporters({"OTEL_METRICS_EXPORTER": "none"}) == set()
+    assert exporters({"OTEL_METRICS_EXPORTER": "console,otlp"}) == {"otlp"}
+    assert "console" in caplog.text
