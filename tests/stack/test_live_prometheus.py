@@ -373,3 +373,32 @@ def test_gateway_filters_split_real_spans_into_steps_and_operator_detail(run: Ru
     assert {"aten::embedding", "aten::linear"} <= detail
     assert any(name.startswith("ProfilerStep#") for name in detail)
     assert not detail & {"train.step", "data", "forward", "backward", "optimizer"}
+
+
+def _instant(run: Run, panel_title: str, ref: str = "A") -> dict[str, float]:
+    """A panel's query at the end of training: legend-free {label values: value}."""
+    target = next(t for _, title, t in TARGETS if title == panel_title and t["refId"] == ref)
+    result = run.prometheus.api("query", query=_substitute(target["expr"]), time=f"{run.query_time:.3f}")["result"]
+    return {",".join(s["metric"].values()): float(s["value"][1]) for s in result}
+
+
+@pytest.mark.slow
+def test_panels_show_the_runs_numbers(run: Run) -> None:
+    """What the panels show, checked against what the run did."""
+    samples = _instant(run, "Throughput", "A")
+    tokens = _instant(run, "Throughput", "B")
+    assert samples.keys() == tokens.keys() == {RUN_ID}
+    assert tokens[RUN_ID] == pytest.approx(samples[RUN_ID] * 16)  # SEQ tokens per sample
+    steps = _instant(run, "Steps per second")[RUN_ID]
+    assert samples[RUN_ID] == pytest.approx(steps * 8)  # BATCH samples per step (both ranks)
+    shares = _instant(run, "Share of step time by phase")
+    assert set(shares) == {"data", "forward", "backward", "optimizer"}
+    assert 0 < sum(shares.values()) <= 1
+    ranks = _instant(run, "Mean step time by rank")
+    assert set(ranks) == {"0", "1"} and all(0 < v < 5 for v in ranks.values())
+    top_ops = _instant(run, "Top operators by self CPU time")
+    assert any(op.startswith("aten::") for op in top_ops) and "c10d::allreduce_" in top_ops  # DDP's all-reduce
+    assert len(top_ops) <= WORLD * 10 + 1  # each rank's top 10, and "other"
+    assert _instant(run, "Windows")[""] >= 2 * WORLD  # a window every 8 steps on each rank
+    exported = _instant(run, "Export requests", "A")
+    assert exported.get("exported", 0) > 0 and exported.get("dropped", 0) == 0
