@@ -110,6 +110,7 @@ class Session:
         if self._failed or self.metrics is None or self.spans is None:
             return
         try:
+            self.hooks.step_done()
             ctx = self.spans.context(step)  # the application's current span is on this thread
             if self.windows is not None:
                 self.windows.boundary(step.duration_s)

@@ -42,6 +42,14 @@ def test_convert_benchmark_runs_every_engine() -> None:
 
 
 def test_overhead_benchmark_runs_both_loops() -> None:
-    text, figures = _run("overhead.py", "--rounds", "1", "--steps", "3")
-    assert set(figures) == {"bare_ms", "instrumented_ms", "ratio"} and figures["ratio"] > 0
-    assert "ratio        :" in text
+    text, figures = _run("overhead.py", "--rounds", "1", "--steps", "3", "--window-steps", "2")
+    assert set(figures) == {
+        "bare_ms",
+        "instrumented_ms",
+        "ratio",
+        "window_bare_ms",
+        "window_otelprof_ms",
+        "window_ratio",
+    }
+    assert all(v > 0 for v in figures.values())
+    assert "window, ratio" in text

@@ -1,7 +1,11 @@
 """The torch hooks that report a training loop's activity to a StepTracker.
 
 - data: ``_BaseDataLoaderIter.__next__`` (every DataLoader, any number of workers);
-- forward: the global module forward pre/post hooks (outermost module call only);
+- forward: hooks on the root modules (those called outside any other module's forward). Global
+  module hooks find the roots during the first step and again every ``REDISCOVER_STEPS``
+  steps, then give way to hooks on the roots alone: a global hook sends every module call of
+  every model through torch's slow hook path, which costs several percent of a small model's
+  step (benchmarks/overhead.py), while a root's hooks cost one slow call per forward;
 - backward: ``torch.autograd.backward`` (what ``Tensor.backward`` calls);
 - optimizer: the global optimizer step pre/post hooks.
 
@@ -11,14 +15,23 @@ raises into the loop: a failure is logged once and the hook goes quiet.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from .steps import StepTracker
 
 _log = logging.getLogger(__name__)
+#: Global hooks come back for one step this often, to find models first called later.
+REDISCOVER_STEPS = 1000
+_COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
+#: Roots hooked at most (a loop calling ever new modules at top level must not grow this).
+MAX_ROOTS = 64
 
 
 def batch_size(batch: Any) -> tuple[int | None, int | None]:
@@ -49,6 +62,7 @@ class TorchHooks:
         self._tracker = tracker
         self._undo: list[Callable[[], None]] = []
         self._failed = False
+        self.forward: RootForwardHooks | None = None
 
     def install(self) -> None:
         import torch
@@ -65,19 +79,17 @@ class TorchHooks:
         def optimizer_post(_opt: Any, _args: Any, _kwargs: Any) -> None:
             guard(tracker.phase_end, "optimizer")
 
-        def forward_pre(_module: Any, _input: Any) -> None:
-            guard(tracker.phase_begin, "forward")
-
-        def forward_post(_module: Any, _input: Any, _output: Any) -> None:
-            guard(tracker.phase_end, "forward")
-
         for handle in (
             optim.register_optimizer_step_pre_hook(optimizer_pre),
             optim.register_optimizer_step_post_hook(optimizer_post),
-            nn_module.register_module_forward_pre_hook(forward_pre),
-            _forward_hook(nn_module, forward_post),
         ):
             self._undo.append(handle.remove)
+        self.forward = RootForwardHooks(
+            nn_module, lambda: guard(tracker.phase_begin, "forward"), lambda: guard(tracker.phase_end, "forward")
+        )
+        self.forward.discover()
+        self._undo.append(self.forward.remove)
+        self._quiet_compile_warning()
 
         original_backward = torch.autograd.backward
 
@@ -110,6 +122,30 @@ class TorchHooks:
         while self._undo:
             self._undo.pop()()
 
+    def _quiet_compile_warning(self) -> None:
+        """torch.compile warns that global module hooks fire once more for its wrapper module:
+        ours count the outermost call only, so the warning (which would reach the user's log
+        at every discovery step) says nothing true about otelprof."""
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+        entry = warnings.filters[0]
+
+        def restore() -> None:
+            filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at runtime
+            with contextlib.suppress(ValueError):
+                filters.remove(entry)
+                warnings._filters_mutated()  # type: ignore[attr-defined]
+
+        self._undo.append(restore)
+
+    def step_done(self) -> None:
+        """A step ended (training thread): the forward hooks move to the roots found."""
+        if self.forward is not None and not self._failed:
+            try:
+                self.forward.step_done()
+            except Exception:
+                self._failed = True
+                _log.warning("otelprof step tracking stopped after an internal error", exc_info=True)
+
     def _count_batch(self, batch: Any) -> None:
         samples, tokens = batch_size(batch)
         self._tracker.set_batch(samples, tokens)
@@ -134,9 +170,93 @@ class TorchHooks:
             _log.warning("otelprof step tracking stopped after an internal error", exc_info=True)
 
 
-def _forward_hook(nn_module: Any, hook: Callable[[Any, Any, Any], None]) -> Any:
+class RootForwardHooks:
+    """The forward phase from the outermost module calls, hooked on the root modules only."""
+
+    def __init__(self, nn_module: Any, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        self._nn = nn_module
+        self._begin = begin
+        self._end = end
+        self._local = threading.local()  # module-call depth per thread (DataParallel replicas)
+        self._global: list[Any] = []  # handles of the global hooks while discovering
+        self._roots: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}  # id -> (module, handles)
+        self._found: dict[int, weakref.ref[Any]] = {}
+        self._steps = 0
+        self.discoveries = 0
+
+    @property
+    def discovering(self) -> bool:
+        return bool(self._global)
+
+    def roots(self) -> list[Any]:
+        return [m for ref, _ in self._roots.values() if (m := ref()) is not None]
+
+    def discover(self) -> None:
+        """Global hooks for the next step: they time the forward and note the roots."""
+        self.discoveries += 1
+        self._local.depth = 0
+        self._found.clear()
+        self._unhook_roots()  # the global hooks see the roots' calls too: no double count
+        self._global = [
+            self._nn.register_module_forward_pre_hook(self._global_pre),
+            _always_called(self._nn.register_module_forward_hook, self._global_post),
+        ]
+
+    def step_done(self) -> None:
+        self._steps += 1
+        if self._global and self._found:
+            for handle in self._global:
+                handle.remove()
+            self._global = []
+            for key, ref in list(self._found.items())[:MAX_ROOTS]:
+                module = ref()
+                if module is not None:
+                    handles = [
+                        module.register_forward_pre_hook(self._root_pre),
+                        _always_called(module.register_forward_hook, self._root_post),
+                    ]
+                    self._roots[key] = (ref, handles)
+        elif not self._global and self._steps % REDISCOVER_STEPS == 0:
+            self.discover()
+
+    def remove(self) -> None:
+        for handle in self._global:
+            handle.remove()
+        self._global = []
+        self._unhook_roots()
+
+    def _unhook_roots(self) -> None:
+        for _ref, handles in self._roots.values():
+            for handle in handles:
+                handle.remove()
+        self._roots.clear()
+
+    def _global_pre(self, module: Any, _input: Any) -> None:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth == 0:
+            if len(self._found) < MAX_ROOTS:
+                self._found.setdefault(id(module), weakref.ref(module))
+            self._begin()
+
+    def _global_post(self, _module: Any, _input: Any, _output: Any) -> None:
+        depth = getattr(self._local, "depth", 0)
+        if depth <= 0:  # the call began before the hooks went in
+            return
+        self._local.depth = depth - 1
+        if depth == 1:
+            self._end()
+
+    def _root_pre(self, _module: Any, _input: Any) -> None:
+        self._begin()
+
+    def _root_post(self, _module: Any, _input: Any, _output: Any) -> None:
+        self._end()
+
+
+def _always_called(register: Callable[..., Any], hook: Callable[[Any, Any, Any], None]) -> Any:
     """The post hook runs even when forward raises (torch >= 2.1), so nesting stays balanced."""
     try:
-        return nn_module.register_module_forward_hook(hook, always_call=True)
+        return register(hook, always_call=True)
     except TypeError:  # pragma: no cover - older torch
-        return nn_module.register_module_forward_hook(hook)
+        return register(hook)

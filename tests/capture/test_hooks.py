@@ -1,0 +1,60 @@
+"""The forward hooks move from global hooks to the root modules after the first step, and come
+back for one step every REDISCOVER_STEPS to find models first called later."""
+
+from __future__ import annotations
+
+import pytest
+
+from otelprof.capture import hooks as hooks_module
+from otelprof.capture.hooks import TorchHooks
+from otelprof.capture.steps import Step, StepTracker
+
+torch = pytest.importorskip("torch")
+
+
+def _global_forward_hooks() -> int:
+    from torch.nn.modules import module as nn_module
+
+    return len(nn_module._global_forward_pre_hooks) + len(nn_module._global_forward_hooks)
+
+
+def test_forward_hooks_move_to_the_roots_and_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks_module, "REDISCOVER_STEPS", 3)
+    steps: list[Step] = []
+    tracker = StepTracker(steps.append)
+    hooks = TorchHooks(tracker)
+    before = _global_forward_hooks()
+    hooks.install()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    loss_fn = torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    late = torch.nn.Linear(1, 1)  # a model first called in step 4
+    x, y = torch.randn(2, 4), torch.randn(2, 1)
+    seen_roots = []
+    try:
+        for i in range(8):
+            out = model(x)
+            if i >= 4:
+                out = late(out)
+            loss_fn(out, y).backward()
+            opt.step()
+            tracker.phase_begin("data")  # as a DataLoader fetch would: closes the step
+            tracker.phase_end("data")
+            hooks.step_done()
+            assert hooks.forward is not None
+            seen_roots.append((hooks.forward.discovering, {type(m).__name__ for m in hooks.forward.roots()}))
+        assert _global_forward_hooks() == before  # on the roots now
+    finally:
+        hooks.remove()
+    assert _global_forward_hooks() == before
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in (model, loss_fn, late))
+    # step 0 discovers model and loss; after steps 2 and 5 the global hooks return for a step;
+    # `late`, first called in step 4, is found by the discovery in step 6
+    old, new = {"Sequential", "MSELoss"}, {"Sequential", "MSELoss", "Linear"}
+    assert (
+        seen_roots
+        == [(False, old), (False, old), (True, set()), (False, old), (False, old), (True, set())] + [(False, new)] * 2
+    )
+    # each root call is one forward interval, whichever hooks saw it; `late` is missed in the
+    # steps between its first call and the next discovery (4 and 5)
+    assert [len([p for p in s.phases if p[0] == "forward"]) for s in steps] == [2, 2, 2, 2, 2, 2, 3, 3]
