@@ -37,7 +37,7 @@ PROM_DIR = REPO / "collector-config" / "prometheus"
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RUN_ID = "stack-test"
 WORLD = 2
-STEPS = 120
+STEPS = 120  # per rank
 SCRAPE = "500ms"
 #: what Grafana's $__rate_interval would be at this scrape interval, with room for a slow machine
 RATE_INTERVAL = "10s"
@@ -211,7 +211,7 @@ def run(prometheus: tuple[Prometheus, int], tmp_path_factory: pytest.TempPathFac
             # the last scrape with every step counted
             def final_scrape() -> bool:
                 result = prom.api("query", query=f'otelprof_steps_total{{run="{RUN_ID}"}}')["result"]
-                return len(result) == WORLD and all(float(s["value"][1]) >= STEPS / WORLD for s in result)
+                return len(result) == WORLD and all(float(s["value"][1]) == STEPS for s in result)
 
             wait_until(final_scrape, 30)
             assert final_scrape()
