@@ -1,7 +1,8 @@
 """The ``otelprof`` command line.
 
-Exit codes: 0 success; 1 the input could not be converted or the output not written (one
-line on stderr says why); 2 usage error (bad arguments); 130 interrupted.
+Exit codes, for every command: 0 success; 1 the command found something wrong (bad input, an
+output not written, a failed check; one line on stderr says why); 2 usage error (bad
+arguments); 130 interrupted. ``otelprof run`` exits with its command's status.
 """
 
 from __future__ import annotations
@@ -14,34 +15,31 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
-from . import demo_cli, run_cli, spool_cli
+from . import demo_cli, doctor_cli, run_cli, spool_cli, summary_cli
+from ._cli_common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    add_verbosity,
+    cli_logging,
+    exit_codes,
+    one_line,
+    os_error,
+)
 from ._version import __version__
 from .converter import ConvertOptions, ConvertResult, TraceFormatError, convert
 from .otlp_file import atomic_writer, write_delimited
 from .otlp_json import encode_jsonl
 from .resource import options_from_env
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-
 FORMATS = ("otlp-proto", "otlp-json")
 ENGINES = ("auto", "native", "reference")
 
 _log = logging.getLogger(__name__)
 
-_EXIT_CODES = """\
-exit codes:
-  0    success
-  1    a trace could not be converted or the output not written (one line on stderr)
-  2    usage error
-  130  interrupted
-"""
-
-
-class CliError(Exception):
-    """A failure reported as one line on stderr with exit code 1."""
+_EXIT_CODES = exit_codes("a trace could not be converted or the output not written")
 
 
 # --- argument parsing --------------------------------------------------------------------
@@ -73,23 +71,7 @@ def _microseconds(text: str) -> float:
 
 
 def _add_verbosity(parser: argparse.ArgumentParser, top: bool) -> None:
-    # Accepted before and after the subcommand; a subcommand's default must not overwrite
-    # what was given before it, hence SUPPRESS there.
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "-q",
-        "--quiet",
-        action="store_true",
-        default=False if top else argparse.SUPPRESS,
-        help="print only errors",
-    )
-    group.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0 if top else argparse.SUPPRESS,
-        help="more log output (repeat for debug)",
-    )
+    add_verbosity(parser, top)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,27 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conv.set_defaults(func=_cmd_convert)
 
-    demo_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
-    spool_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
-    run_cli.add_parser(sub, _EXIT_CODES, lambda p: _add_verbosity(p, top=False))
+    demo_cli.add_parser(sub, exit_codes("the training run failed or was not instrumented"), add_verbosity)
+    spool_cli.add_parser(sub, exit_codes("a request could not be sent"), add_verbosity)
+    run_cli.add_parser(sub, run_cli.EXIT_CODES, add_verbosity)
+    summary_cli.add_parser(sub, exit_codes("a trace or spool could not be read"), add_verbosity)
+    doctor_cli.add_parser(sub, exit_codes("a check failed (or, with --strict, warned)"), add_verbosity)
     return parser
 
 
 # --- shared pieces -----------------------------------------------------------------------
-
-
-class _LowerLevelFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return f"otelprof: {record.levelname.lower()}: {record.getMessage()}"
-
-
-def _one_line(message: object) -> str:
-    return " ".join(str(message).splitlines()) or type(message).__name__
-
-
-def _os_error(exc: OSError) -> str:
-    where = f"{exc.filename}: " if exc.filename else ""
-    return f"{where}{exc.strerror or exc}"
 
 
 def _write(stream: BinaryIO, fmt: str, requests: list[bytes]) -> int:
@@ -262,30 +232,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command is None:
         parser.print_usage(sys.stderr)
-        print("otelprof: error: a command is required (convert, demo, run or spool)", file=sys.stderr)
+        commands = ", ".join(sorted(_commands(parser)))
+        print(f"otelprof: error: a command is required ({commands})", file=sys.stderr)
         return EXIT_USAGE
-
-    logger = logging.getLogger("otelprof")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LowerLevelFormatter())
-    level = logging.ERROR if args.quiet else {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    saved_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    try:
-        code: int = args.func(args)
-        return code
-    except CliError as exc:
-        print(f"otelprof: error: {_one_line(exc)}", file=sys.stderr)
-    except OSError as exc:
-        print(f"otelprof: error: {_one_line(_os_error(exc))}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("otelprof: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved_level)
+    with cli_logging(args.quiet, args.verbose):
+        try:
+            code: int = args.func(args)
+            return code
+        except CliError as exc:
+            print(f"otelprof: error: {one_line(exc)}", file=sys.stderr)
+        except OSError as exc:
+            print(f"otelprof: error: {one_line(os_error(exc))}", file=sys.stderr)
+        except KeyboardInterrupt:
+            print("otelprof: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
     return EXIT_ERROR
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
 
 
 __all__ = ["build_parser", "main"]

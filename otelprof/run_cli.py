@@ -12,8 +12,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import _bootstrap
+from ._cli_common import EXIT_USAGE
 
 BOOTSTRAP_DIR = str(Path(_bootstrap.__file__).resolve().parent)
+EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
+
+EXIT_CODES = f"""\
+exit codes:
+  the command's own exit status (otelprof replaces itself with it)
+  2    usage error (no command given)
+  {EXIT_NOT_FOUND}  the command was not found
+"""
 
 
 def add_parser(
@@ -26,6 +35,7 @@ def add_parser(
         help="run a training command with otelprof's auto-instrumentation",
         description="Run COMMAND with every Python process it starts instrumented (steps, metrics,\n"
         "profiling windows), configured by the OTEL_* and OTELPROF_* environment variables.\n"
+        "otelprof's own flags (-q, -v) go before '--'; everything after it is the command.\n"
         "Example: otelprof run -- python train.py --epochs 3",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -49,11 +59,11 @@ def _run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         print("otelprof: error: run needs a command, e.g. otelprof run -- python train.py", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     executable = shutil.which(command[0])
     if executable is None:
         print(f"otelprof: error: {command[0]}: command not found", file=sys.stderr)
-        return 127
+        return EXIT_NOT_FOUND
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(executable, command, command_environment(dict(os.environ)))

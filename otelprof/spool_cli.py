@@ -46,6 +46,11 @@ def _spool(args: argparse.Namespace) -> Spool:
     return Spool(args.dir or spool_dir_from_env())
 
 
+def _info(args: argparse.Namespace, line: str) -> None:
+    if not args.quiet:
+        print(line, file=sys.stderr)
+
+
 def _spans(data: bytes) -> int | None:
     try:
         request = ExportTraceServiceRequest.FromString(data)
@@ -62,10 +67,7 @@ def _ls(args: argparse.Namespace) -> int:
         total_bytes += len(data)
         total_spans += spans or 0
         print(f"{record.name}\t{len(data)} bytes\t{'unreadable' if spans is None else f'{spans} spans'}")
-    print(
-        f"{len(spool.records())} requests, {total_spans} spans, {total_bytes} bytes in {spool.directory}",
-        file=sys.stderr,
-    )
+    _info(args, f"{len(spool.records())} requests, {total_spans} spans, {total_bytes} bytes in {spool.directory}")
     return 0
 
 
@@ -97,7 +99,7 @@ def _replay(args: argparse.Namespace) -> int:
                 sent += 1
         finally:
             close()
-    print(f"{sent} requests sent to {cfg.url}", file=sys.stderr)
+    _info(args, f"{sent} requests sent to {cfg.url}")
     return 0
 
 
@@ -106,5 +108,5 @@ def _drop(args: argparse.Namespace) -> int:
     records = spool.records()
     for record in records:
         spool.remove(record)
-    print(f"{len(records)} requests dropped from {spool.directory}", file=sys.stderr)
+    _info(args, f"{len(records)} requests dropped from {spool.directory}")
     return 0

@@ -46,7 +46,7 @@ def _error_lines(stderr: str) -> list[str]:
 # --- usage -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["convert", "--help"], ["demo", "--help"], ["-h"]])
+@pytest.mark.parametrize("argv", [["--help"], ["convert", "--help"], ["demo", "--help"], ["doctor", "-h"], ["-h"]])
 def test_help_exits_0(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -72,6 +72,12 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         ["convert", "x.json", "-o", "o", "--engine", "gpu"],
         ["demo", "--steps", "0"],
         ["-q", "-v", "convert", "x.json", "-o", "o"],
+        ["spool", "frob"],
+        ["run", "--"],
+        ["summary", "t.json", "--limit", "many"],
+        ["summary", "t.json", "--sort", "fastest"],
+        ["doctor", "extra"],
+        ["doctor", "--format", "yaml"],
     ],
 )
 def test_usage_errors_exit_2(
@@ -331,6 +337,57 @@ def test_python_m_otelprof() -> None:
     proc = _run("-m", "otelprof", "convert")
     assert proc.returncode == 2
     assert "the following arguments are required" in proc.stderr
+
+
+COMMANDS = ["convert", "demo", "spool", "run", "summary", "doctor"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_exit_codes_and_verbosity(command: str) -> None:
+    proc = _run("-m", "otelprof", command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: otelprof {command}")
+    assert "exit codes:" in proc.stdout
+    assert "-q, --quiet" in proc.stdout and "-v, --verbose" in proc.stdout
+
+
+def test_top_level_help_and_error_name_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"    {command} " in out for command in COMMANDS)
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert all(command in err.splitlines()[-1] for command in COMMANDS)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["frobnicate"],
+        ["convert"],
+        ["demo", "--steps", "0"],
+        ["spool"],
+        ["run"],
+        ["summary"],
+        ["doctor", "--timeout", "0"],
+    ],
+)
+def test_usage_errors_exit_2_as_a_program(argv: list[str]) -> None:
+    proc = _run("-m", "otelprof", *argv)
+    assert proc.returncode == 2, (argv, proc.stderr)
+    assert "error:" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_run_takes_its_flags_before_the_separator() -> None:
+    env = {"OTELPROF_ENABLED": "false"}
+    script = "import sys; print(sys.argv[1:]); sys.exit(3)"
+    proc = _run("-m", "otelprof", "run", "-q", "--", sys.executable, "-c", script, "-q", "--verbose", env=env)
+    assert proc.returncode == 3, proc.stderr  # the command's own exit status
+    assert proc.stdout.strip() == "['-q', '--verbose']"  # after --, flags belong to the command
+    proc = _run("-m", "otelprof", "run", "--", "otelprof-no-such-command", env=env)
+    assert proc.returncode == 127
+    assert proc.stderr.strip() == "otelprof: error: otelprof-no-such-command: command not found"
 
 
 def test_convert_does_not_import_torch(kineto_trace: FindTrace, tmp_path: Path) -> None:

@@ -220,6 +220,7 @@ class Windows:
             self.metrics.window_failed()
 
     def _convert_loop(self) -> None:
+        _lower_priority()
         while (job := self._jobs.get()) is not None:
             path, trigger = job
             try:
@@ -234,3 +235,15 @@ class Windows:
                 _log.warning("otelprof: converting a profiling window failed", exc_info=True)
             finally:
                 path.unlink(missing_ok=True)
+
+
+#: Niceness of the conversion thread: on a machine with few free cores the training thread
+#: gets the CPU first, and the window's conversion takes the time left over.
+CONVERT_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    """Linux schedules threads one by one: this lowers the calling thread only."""
+    with contextlib.suppress(AttributeError, OSError):
+        current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, current + CONVERT_NICENESS))

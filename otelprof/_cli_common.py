@@ -1,0 +1,89 @@
+"""What every ``otelprof`` subcommand shares: exit codes, ``--quiet``/``--verbose``, the log
+format, and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # the command ran and found something wrong (bad input, a failed check, ...)
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def exit_codes(failure: str) -> str:
+    """The ``exit codes:`` epilog of a command; ``failure`` says what exit code 1 means there."""
+    return f"""\
+exit codes:
+  0    success
+  1    {failure} (one line on stderr says why)
+  2    usage error
+  130  interrupted
+"""
+
+
+class CliError(Exception):
+    """A failure reported as one line on stderr with exit code 1."""
+
+
+def add_verbosity(parser: argparse.ArgumentParser, top: bool = False) -> None:
+    """``-q``/``--quiet`` and ``-v``/``--verbose``, accepted before and after the subcommand.
+
+    A subcommand's default must not overwrite what was given before it, hence SUPPRESS there.
+    """
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="print only errors",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0 if top else argparse.SUPPRESS,
+        help="more log output (repeat for debug)",
+    )
+
+
+def log_level(quiet: bool, verbose: int) -> int:
+    if quiet:
+        return logging.ERROR
+    return {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"otelprof: {record.levelname.lower()}: {record.getMessage()}"
+
+
+@contextmanager
+def cli_logging(quiet: bool, verbose: int) -> Iterator[None]:
+    """The ``otelprof`` logger writes ``otelprof: LEVEL: message`` lines to stderr at the level
+    the flags ask for, for the duration of a command."""
+    logger = logging.getLogger("otelprof")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    saved_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(log_level(quiet, verbose))
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved_level)
+
+
+def one_line(message: object) -> str:
+    return " ".join(str(message).splitlines()) or type(message).__name__
+
+
+def os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"

@@ -1,0 +1,385 @@
+"""``key_averages()`` tables: per-op rows from Kineto traces (the converter's aggregates) or
+from OTLP requests (the operator spans in a spool), sorted, cut and rendered as torch does.
+
+Percentages follow torch's ``_build_table``: self and total CPU shares are of the summed self
+CPU time of all rows; the device share is of the summed self device time of the device rows
+(kernels, memcpys, memsets), so that op rows, which also carry their kernels' time, do not
+count it twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from .converter import ConvertOptions, OpStats, TraceFormatError, convert
+from .converter.reference.schema import (
+    CATEGORY_KIND,
+    DEVICE_TIME_KINDS,
+    FILTERED_NAMES,
+    STEP_PREFIX,
+    Kind,
+)
+
+#: --sort keys; torch's ``sort_by`` names are accepted as aliases.
+SORT_KEYS = ("self_cpu", "cpu_total", "self_device", "device_total", "calls", "name")
+SORT_ALIASES = {
+    "self_cpu_time_total": "self_cpu",
+    "cpu_time_total": "cpu_total",
+    "self_device_time_total": "self_device",
+    "self_cuda_time_total": "self_device",
+    "device_time_total": "device_total",
+    "cuda_time_total": "device_total",
+    "count": "calls",
+}
+_SORT_FIELD = {
+    "self_cpu": "self_cpu_ns",
+    "cpu_total": "cpu_total_ns",
+    "self_device": "self_device_ns",
+    "device_total": "device_total_ns",
+    "calls": "calls",
+}
+#: A span: (trace id, span id).
+_Key = tuple[bytes, bytes]
+
+
+@dataclass
+class Summary:
+    """Rows (one per name, kind and, when grouped, input shapes) and what they were made from."""
+
+    rows: list[OpStats] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    engines: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, rows: Iterable[OpStats]) -> None:
+        merged = {(r.name, r.kind, r.input_shapes): r for r in self.rows}
+        for row in rows:
+            key = (row.name, row.kind, row.input_shapes)
+            old = merged.get(key)
+            merged[key] = row if old is None else _sum(old, row)
+        self.rows = list(merged.values())
+
+    @property
+    def self_cpu_total_ns(self) -> int:
+        return sum(r.self_cpu_ns for r in self.rows)
+
+    @property
+    def self_device_total_ns(self) -> int:
+        return sum(r.self_device_ns for r in self.rows if r.kind == "device")
+
+
+def _sum(a: OpStats, b: OpStats) -> OpStats:
+    return replace(
+        a,
+        calls=a.calls + b.calls,
+        cpu_total_ns=a.cpu_total_ns + b.cpu_total_ns,
+        self_cpu_ns=a.self_cpu_ns + b.self_cpu_ns,
+        device_total_ns=a.device_total_ns + b.device_total_ns,
+        self_device_ns=a.self_device_ns + b.self_device_ns,
+    )
+
+
+# --- from a Kineto trace: the converter's own aggregates ---------------------------------
+
+
+def add_trace(summary: Summary, path: str, group_by_input_shapes: bool, engine: str = "auto") -> None:
+    """Adds a trace's ``ConvertResult.ops`` (computed by the native core when it is built)."""
+    result = convert(path, options=ConvertOptions(group_by_input_shapes=group_by_input_shapes), engine=engine)
+    summary.add(result.ops)
+    summary.sources.append(path)
+    summary.engines.add(result.engine)
+
+
+# --- from OTLP requests: the operator spans otelprof wrote ----------------------------------
+
+
+@dataclass
+class _Span:
+    name: str
+    kind: Kind
+    parent: _Key
+    start_ns: int
+    end_ns: int
+    thread: int | None
+    self_cpu_ns: int | None  # None: not in the key_averages tree
+    self_device_ns: int
+    input_dims: str
+
+
+def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_by_input_shapes: bool) -> None:
+    """Adds the rows that the profiler spans in ``requests`` ((name, serialized
+    ``ExportTraceServiceRequest``) pairs) add up to. Exact for spans converted at ``full``
+    detail; at ``default`` detail the events dropped or aggregated as too short are missing
+    (counted in a note). Spans that are not profiler events (step spans) are left out."""
+    spans: dict[_Key, _Span] = {}
+    alias: dict[_Key, _Key] = {}  # detail root -> its step span
+    not_profiler = aggregated = dropped = 0
+    for name, data in requests:
+        try:
+            request = ExportTraceServiceRequest.FromString(data)
+        except DecodeError:
+            raise TraceFormatError(f"{name}: not an OTLP ExportTraceServiceRequest") from None
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    attrs = {kv.key: kv.value for kv in span.attributes}
+                    dropped += attrs["otelprof.dropped_spans"].int_value if "otelprof.dropped_spans" in attrs else 0
+                    category = attrs.get("pytorch.event.category")
+                    key = (span.trace_id, span.span_id)
+                    if category is None:
+                        not_profiler += 1
+                        continue
+                    if "otelprof.aggregated_count" in attrs:
+                        aggregated += attrs["otelprof.aggregated_count"].int_value
+                        continue
+                    if "otelprof.synthetic" in attrs and "pytorch.step" in attrs:
+                        for link in span.links:
+                            kinds = [kv.value.string_value for kv in link.attributes if kv.key == "otelprof.link.kind"]
+                            if kinds == ["step"]:
+                                alias[key] = (link.trace_id, link.span_id)
+                    self_cpu = attrs.get("pytorch.op.self_cpu_time_ns")
+                    self_device = attrs.get("pytorch.op.self_device_time_ns")
+                    dims = attrs.get("pytorch.op.input_dims")
+                    thread = attrs.get("thread.id")
+                    spans[key] = _Span(
+                        span.name,
+                        CATEGORY_KIND.get(category.string_value, Kind.OTHER),
+                        (span.trace_id, span.parent_span_id),
+                        span.start_time_unix_nano,
+                        span.end_time_unix_nano,
+                        None if thread is None else thread.int_value,
+                        None if self_cpu is None else self_cpu.int_value,
+                        0 if self_device is None else self_device.int_value,
+                        dims.string_value if dims is not None and group_by_input_shapes else "",
+                    )
+        summary.sources.append(name)
+    summary.add(_rows_from_spans(spans, alias))
+    summary.engines.add("spans")
+    if aggregated or dropped:
+        summary.notes.append(
+            f"{aggregated + dropped} CPU events were aggregated or dropped as short when converted "
+            "(detail 'default') and are not counted; convert at OTELPROF_DETAIL=full for exact figures"
+        )
+    if not_profiler:
+        summary.notes.append(f"{not_profiler} spans that are not profiler events (e.g. step spans) are not counted")
+
+
+def _rows_from_spans(spans: dict[_Key, _Span], alias: dict[_Key, _Key]) -> list[OpStats]:
+    """The converter's ``_aggregate_ops`` over the span tree: the key_averages tree is the spans
+    with a self CPU time (their nearest such ancestor is the parent); a child with its parent's
+    name that is the parent's only child merges into it (torch's ``_remove_dup_nodes``)."""
+    in_a = {k for k, s in spans.items() if s.self_cpu_ns is not None and s.name not in FILTERED_NAMES}
+
+    def a_parent(key: _Key) -> _Key | None:
+        thread = spans[key].thread
+        p = spans[key].parent
+        while p[1]:
+            p = alias.get(p, p)
+            span = spans.get(p)
+            if span is None or span.thread not in (None, thread):
+                return None  # nesting is per thread: a step span also parents other threads' ops
+            if p in in_a:
+                return p
+            p = span.parent
+        return None
+
+    parent = {k: a_parent(k) for k in in_a}
+    _enclose_steps(spans, in_a, parent)
+    n_children: dict[_Key, int] = {}
+    for p in parent.values():
+        if p is not None:
+            n_children[p] = n_children.get(p, 0) + 1
+    device_total = {k: spans[k].self_device_ns for k in in_a}
+    for k in sorted(in_a, key=lambda k: _depth(k, parent), reverse=True):  # children before parents
+        p = parent[k]
+        if p is not None:
+            device_total[p] += device_total[k]
+
+    def merged(k: _Key) -> _Key | None:
+        """The parent that ``k`` merges into, if it does."""
+        p = parent[k]
+        return p if p is not None and n_children[p] == 1 and spans[p].name == spans[k].name else None
+
+    def survivor(k: _Key) -> _Key:
+        while (p := merged(k)) is not None:
+            k = p
+        return k
+
+    rows: dict[tuple[str, str, str], list[int]] = {}
+    for k in in_a:
+        s = spans[k]
+        # self times of a merged child go to its survivor, which has the same name
+        host = spans[survivor(k)]
+        name = "ProfilerStep*" if host.name.startswith(STEP_PREFIX) else host.name
+        kind = "annotation" if host.kind == Kind.ANNOTATION else "op"
+        row = rows.setdefault((name, kind, host.input_dims), [0, 0, 0, 0, 0])
+        row[2] += s.self_cpu_ns or 0
+        row[4] += s.self_device_ns
+        if merged(k) is None:
+            row[0] += 1
+            row[1] += s.end_ns - s.start_ns
+            row[3] += device_total[k]
+    for s in spans.values():
+        if s.kind in DEVICE_TIME_KINDS:
+            row = rows.setdefault((s.name, "device", ""), [0, 0, 0, 0, 0])
+            row[0] += 1
+            row[3] += s.end_ns - s.start_ns
+            row[4] += s.end_ns - s.start_ns
+    return [OpStats(name, kind, shapes, *values) for (name, kind, shapes), values in rows.items()]
+
+
+def _enclose_steps(
+    spans: dict[_Key, _Span],
+    in_a: set[_Key],
+    parent: dict[_Key, _Key | None],
+) -> None:
+    """Step spans are trace roots, but in the event tree they nest in what runs around them on
+    their thread (python frames of the training loop, with_stack): the innermost such span."""
+    steps = [k for k in in_a if not spans[k].parent[1] and spans[k].name.startswith(STEP_PREFIX)]
+    if not steps:
+        return
+    shortest = min(spans[k].end_ns - spans[k].start_ns for k in steps)
+    threads = {spans[k].thread for k in steps}
+    # what can enclose a step: long spans on a step's thread (few), not steps themselves
+    candidates = [
+        k
+        for k in in_a
+        if spans[k].thread in threads
+        and spans[k].end_ns - spans[k].start_ns >= shortest
+        and not spans[k].name.startswith(STEP_PREFIX)
+    ]
+    for key in steps:
+        step = spans[key]
+        around = [
+            k
+            for k in candidates
+            if spans[k].thread == step.thread and spans[k].start_ns <= step.start_ns and spans[k].end_ns >= step.end_ns
+        ]
+        if around:
+            parent[key] = max(around, key=lambda k: (spans[k].start_ns, -spans[k].end_ns))
+
+
+def _depth(key: _Key, parent: dict[_Key, _Key | None]) -> int:
+    depth = 0
+    up = parent[key]
+    while up is not None:
+        depth, up = depth + 1, parent[up]
+    return depth
+
+
+# --- ordering and output -------------------------------------------------------------------
+
+
+def sort_key(name: str) -> str:
+    """A --sort value (or torch alias) as one of SORT_KEYS; ValueError when unknown."""
+    key = SORT_ALIASES.get(name, name)
+    if key not in SORT_KEYS:
+        raise ValueError(f"unknown sort key {name!r} (one of {', '.join(SORT_KEYS)})")
+    return key
+
+
+def ordered(rows: Sequence[OpStats], sort: str) -> list[OpStats]:
+    """Largest first (``name``: alphabetical); ties in name order, so the output is stable."""
+    if sort == "name":
+        return sorted(rows, key=lambda r: (r.name, r.kind, r.input_shapes))
+    attr = _SORT_FIELD[sort]
+    return sorted(rows, key=lambda r: (-getattr(r, attr), r.name, r.kind, r.input_shapes))
+
+
+def _share(part: int, whole: int) -> float:
+    return 100.0 * part / whole if whole else 0.0
+
+
+def to_json(summary: Summary, rows: Sequence[OpStats]) -> str:
+    cpu, device = summary.self_cpu_total_ns, summary.self_device_total_ns
+    doc = {
+        "sources": summary.sources,
+        "engine": "+".join(sorted(summary.engines)),
+        "self_cpu_total_ns": cpu,
+        "self_device_total_ns": device,
+        "rows_total": len(summary.rows),
+        "rows": [
+            {
+                **asdict(r),
+                "self_cpu_percent": _share(r.self_cpu_ns, cpu),
+                "cpu_total_percent": _share(r.cpu_total_ns, cpu),
+                "self_device_percent": _share(r.self_device_ns, device),
+            }
+            for r in rows
+        ],
+        "notes": summary.notes,
+    }
+    return json.dumps(doc, indent=1)
+
+
+def format_time(ns: float) -> str:
+    """torch's ``_format_time``: three decimals of s, ms or us."""
+    us = ns / 1000
+    if us >= 1e6:
+        return f"{us / 1e6:.3f}s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f}ms"
+    return f"{us:.3f}us"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.2f}%" if whole else "NaN"
+
+
+def to_table(summary: Summary, rows: Sequence[OpStats], name_width: int = 55) -> str:
+    """The layout of torch's ``key_averages().table()``."""
+    cpu, device = summary.self_cpu_total_ns, summary.self_device_total_ns
+    has_device = any(r.self_device_ns or r.device_total_ns for r in summary.rows)
+    has_shapes = any(r.input_shapes for r in rows)
+    headers = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
+    if has_device:
+        headers += ["Self Device", "Self Device %", "Device total", "Device time avg"]
+    headers.append("# of Calls")
+    table: list[list[str]] = []
+    for r in rows:
+        name = r.name if len(r.name) < name_width - 3 else r.name[: name_width - 3] + "..."
+        cells = [
+            name,
+            _pct(r.self_cpu_ns, cpu),
+            format_time(r.self_cpu_ns),
+            _pct(r.cpu_total_ns, cpu),
+            format_time(r.cpu_total_ns),
+            format_time(r.cpu_total_ns / r.calls if r.calls else 0),
+        ]
+        if has_device:
+            cells += [
+                format_time(r.self_device_ns),
+                _pct(r.self_device_ns, device),
+                format_time(r.device_total_ns),
+                format_time(r.device_total_ns / r.calls if r.calls else 0),
+            ]
+        cells.append(str(r.calls))
+        if has_shapes:
+            cells.append(r.input_shapes)
+        table.append(cells)
+    if has_shapes:
+        headers.append("Input Shapes")
+    widths = [max([len(headers[i])] + [len(row[i]) for row in table]) for i in range(len(headers))]
+    widths[0] = min(max(widths[0], 4), name_width)
+
+    def line(cells: Sequence[str]) -> str:
+        numbers = len(headers) - 1 - has_shapes
+        padded = [
+            cells[0].ljust(widths[0]),
+            *(c.rjust(w) for c, w in zip(cells[1 : 1 + numbers], widths[1 : 1 + numbers], strict=True)),
+        ]
+        return "  ".join(padded + list(cells[1 + numbers :])).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    out = [rule, line(headers), rule, *(line(row) for row in table), rule]
+    out.append(f"Self CPU time total: {format_time(cpu)}")
+    if has_device:
+        out.append(f"Self Device time total: {format_time(device)}")
+    if len(rows) < len(summary.rows):
+        out.append(f"{len(rows)} of {len(summary.rows)} rows shown")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,130 @@
+"""``otelprof summary PATH...``: torch's ``key_averages()`` table for Kineto traces or a spool."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ._cli_common import EXIT_OK, EXIT_USAGE, CliError
+from .converter import TraceFormatError
+from .export.spool import SUFFIX
+from .summary import SORT_ALIASES, SORT_KEYS, Summary, add_requests, add_trace, ordered, sort_key, to_json, to_table
+
+DEFAULT_TABLE_ROWS = 20
+
+
+def _sort(text: str) -> str:
+    try:
+        return sort_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all rows) or more, not {value}")
+    return value
+
+
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    epilog: str,
+    add_verbosity: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    summary = sub.add_parser(
+        "summary",
+        help="per-operator table (torch's key_averages) of traces or of the spool",
+        description=(
+            "Print torch's key_averages() table: per operator (and annotation, and kernel) the calls,\n"
+            "self and total CPU time, self and total device time and their shares, as torch.profiler\n"
+            "computes them. PATH is a Kineto trace (.json, .json.gz; summed by the native core) or a\n"
+            "spool folder of OTLP requests (summed from the operator spans in them: exact for\n"
+            "traces converted at OTELPROF_DETAIL=full, without the events dropped at default detail).\n"
+            "Several PATHs add up into one table."
+        ),
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_verbosity(summary)
+    summary.add_argument("paths", nargs="*", metavar="PATH", help="Kineto trace file or spool folder")
+    summary.add_argument(
+        "--spool",
+        action="store_true",
+        help="also summarise the spool ($OTELPROF_SPOOL_DIR or ~/.cache/otelprof/spool)",
+    )
+    summary.add_argument(
+        "--sort",
+        type=_sort,
+        metavar="KEY",
+        help=f"{', '.join(SORT_KEYS)} (torch's {', '.join(SORT_ALIASES)} too); default: self_device when "
+        "there is device time, else self_cpu",
+    )
+    summary.add_argument(
+        "-n",
+        "--limit",
+        "--row-limit",
+        type=_limit,
+        metavar="N",
+        help=f"show the first N rows, 0 for all (default: {DEFAULT_TABLE_ROWS} in the table, all in JSON)",
+    )
+    summary.add_argument(
+        "--group-by-input-shape",
+        action="store_true",
+        help="one row per operator and input shapes (traces recorded with record_shapes)",
+    )
+    summary.add_argument("--format", choices=("table", "json"), default="table", help="default: table")
+    summary.add_argument(
+        "--engine",
+        choices=("auto", "native", "reference"),
+        default="auto",
+        help="converter engine for trace files (default: auto, the native core when built)",
+    )
+    summary.set_defaults(func=_summary)
+
+
+def _spool_records(folder: Path) -> list[tuple[str, bytes]]:
+    records = sorted(folder.glob(f"*{SUFFIX}"))
+    if not records:
+        raise CliError(f"{folder}: no spooled requests (*{SUFFIX}) in this folder")
+    return [(str(record), record.read_bytes()) for record in records]
+
+
+def _summary(args: argparse.Namespace) -> int:
+    paths: list[str] = list(args.paths)
+    if args.spool:
+        from .export.exporter import spool_dir_from_env
+
+        paths.append(str(spool_dir_from_env()))
+    if not paths:
+        print("otelprof: error: summary needs a PATH (or --spool)", file=sys.stderr)
+        return EXIT_USAGE
+    summary = Summary()
+    for path in paths:
+        try:
+            if Path(path).is_dir():
+                add_requests(summary, _spool_records(Path(path)), args.group_by_input_shape)
+            else:
+                add_trace(summary, path, args.group_by_input_shape, args.engine)
+        except TraceFormatError as exc:
+            message = str(exc)
+            raise CliError(message if message.startswith(path) else f"{path}: {message}") from None
+        except RuntimeError as exc:  # engine="native" without the compiled module
+            raise CliError(str(exc)) from None
+    has_device = any(r.self_device_ns or r.device_total_ns for r in summary.rows)
+    rows = ordered(summary.rows, args.sort or ("self_device" if has_device else "self_cpu"))
+    limit = args.limit if args.limit is not None else (DEFAULT_TABLE_ROWS if args.format == "table" else 0)
+    shown = rows[:limit] if limit else rows
+    if args.format == "json":
+        sys.stdout.write(to_json(summary, shown) + "\n")
+        return EXIT_OK
+    sys.stdout.write(to_table(summary, shown))
+    if not args.quiet:
+        for note in summary.notes:
+            print(f"note: {note}", file=sys.stderr)
+    return EXIT_OK
