@@ -52,6 +52,10 @@ GPU_ONLY = {
     "otelprof_window_kernel_device_seconds": "kernels run only on a GPU",
     "otelprof_window_gpu_busy_ratio": "the busy share needs kernels in the window",
 }
+#: contract metrics (the live-capture metric names the dashboards and rules are written against)
+#: that otelprof may not produce yet: once the ranks expose the family (Prometheus has its
+#: metadata) their panels must return data; until then they only have to parse
+CONTRACT_PENDING = {"otelprof_straggler_ratio": "the straggler gauge (distributed runs)"}
 
 
 @dataclass
@@ -281,6 +285,9 @@ def test_every_panel_query_returns_data(run: Run, target: dict[str, Any]) -> Non
         # panel belongs with the others
         assert result == [], f"GPU-only ({reason}) yet filled by a CPU run: {expr}"
         return
+    pending = [metric for metric in CONTRACT_PENDING if metric in expr]
+    if pending and not result and not prom.api("metadata", metric=pending[0]):
+        pytest.skip(f"{CONTRACT_PENDING[pending[0]]} is in the metrics contract; the ranks do not expose it yet")
     assert result, f"no data for {expr}"
     samples = [s["value"] for s in result if "value" in s] + [v for s in result for v in s.get("values", [])]
     assert any(float(v) == float(v) for _, v in samples), f"only NaN for {expr}"  # NaN != NaN
@@ -402,3 +409,10 @@ def test_panels_show_the_runs_numbers(run: Run) -> None:
     assert _instant(run, "Windows")[""] >= 2 * WORLD  # a window every 8 steps on each rank
     exported = _instant(run, "Export requests", "A")
     assert exported.get("exported", 0) > 0 and exported.get("dropped", 0) == 0
+
+
+@pytest.mark.slow
+def test_metadata_tells_exposed_families(run: Run) -> None:
+    """The pending-metric skip above relies on Prometheus' metadata of exposed families."""
+    assert run.prometheus.api("metadata", metric="otelprof_last_step_timestamp_seconds")
+    assert run.prometheus.api("metadata", metric="otelprof_window_gpu_busy_ratio") == {}  # none on a CPU
