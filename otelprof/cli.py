@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
-from . import demo_cli, doctor_cli, run_cli, spool_cli, summary_cli
+from . import demo_cli, doctor_cli, import_cli, run_cli, spool_cli, summary_cli
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cli.add_parser(sub, run_cli.EXIT_CODES, add_verbosity)
     summary_cli.add_parser(sub, exit_codes("a trace or spool could not be read"), add_verbosity)
     doctor_cli.add_parser(sub, exit_codes("a check failed (or, with --strict, warned)"), add_verbosity)
+    import_cli.add_parser(sub, exit_codes("a file could not be imported or its spans were refused"), add_verbosity)
     return parser
 
 

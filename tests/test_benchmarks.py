@@ -53,3 +53,12 @@ def test_overhead_benchmark_runs_both_loops() -> None:
     }
     assert all(v > 0 for v in figures.values())
     assert "window, ratio" in text
+
+
+def test_import_benchmark_runs_import_and_anchor() -> None:
+    text, figures = _run(
+        "import.py", str(shared_trace("critical_path")), str(shared_trace("amd_trace")), "--repeat", "1"
+    )
+    assert set(figures) == {"import_events_per_s", "convert_events_per_s", "ratio"}
+    assert all(v > 0 for v in figures.values())
+    assert "input      : 2 files, 1,628 trace events" in text and "import / convert" in text

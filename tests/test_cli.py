@@ -339,7 +339,7 @@ def test_python_m_otelprof() -> None:
     assert "the following arguments are required" in proc.stderr
 
 
-COMMANDS = ["convert", "demo", "spool", "run", "summary", "doctor"]
+COMMANDS = ["convert", "demo", "import", "spool", "run", "summary", "doctor"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -370,6 +370,7 @@ def test_top_level_help_and_error_name_every_command(capsys: pytest.CaptureFixtu
         ["run"],
         ["summary"],
         ["doctor", "--timeout", "0"],
+        ["import"],
     ],
 )
 def test_usage_errors_exit_2_as_a_program(argv: list[str]) -> None:

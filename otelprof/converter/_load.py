@@ -47,7 +47,7 @@ def load_bytes(trace: TraceInput) -> tuple[bytes, str]:
             raise TraceFormatError(f"{source}: cannot read trace ({exc.strerror or exc})") from None
     if data[:2] == b"\x1f\x8b":
         data = _gunzip(data, source)
-    if not data.strip():
+    if not data or data.isspace():  # (strip() would copy the whole trace to decide this)
         raise TraceFormatError(f"{source}: empty trace")
     return data, source
 

@@ -1,0 +1,265 @@
+"""``otelprof import PATH...``: send existing traces (Kineto JSON, Nsight Systems SQLite exports)
+to the configured OTLP endpoint, or to the spool, resumably.
+
+The work is in ``otelprof/importer/``; this module is the command line around it: flags,
+signals (the first SIGINT/SIGTERM stops after the batch in flight, a second quits at once),
+the progress line and the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from .converter import ConvertOptions, ConvertResult
+from .importer.discover import Source, SourceError, find_sources
+from .importer.ledger import Ledger, LedgerError, default_path
+from .importer.progress import Progress
+from .importer.session import DEFAULT_BATCH_BYTES, Importer, Report
+
+if TYPE_CHECKING:
+    from .export.exporter import Exporter
+
+_log = logging.getLogger(__name__)
+
+EPILOG = """\
+exit codes:
+  0    every file was delivered (sent, or spooled when no endpoint is set or it is unreachable)
+  1    a file could not be read (one line each; nothing of that file is sent, the others are),
+       or the backend rejected requests
+  2    usage error
+  130  interrupted: what was delivered is in the ledger; rerun with --resume for the rest
+
+Without --run-id, files in one folder whose names differ only in numbers (rank-0/rank-1,
+worker0/worker1, Composer's rank{rank}.{batch}) are one run: step N of every rank is one trace.
+The ledger defaults to ~/.cache/otelprof/imports/<hash of the PATH arguments>.json.
+"""
+
+
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    epilog: str,
+    add_verbosity: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    from .cli import ENGINES, _int_at_least, _microseconds  # cli imports this module first
+
+    parser = sub.add_parser(
+        "import",
+        help="send Kineto traces and Nsight Systems exports to the OTLP endpoint",
+        description=(
+            "Convert existing traces and send them over OTLP (OTEL_EXPORTER_OTLP_*), or to the spool\n"
+            "when no endpoint is configured or it is unreachable. PATH: Kineto traces (.json,\n"
+            ".json.gz), Nsight Systems SQLite exports (.sqlite, from `nsys export --type sqlite`), or\n"
+            "folders holding them (TensorBoard log dirs, Composer torch_traces folders), searched\n"
+            "recursively. Importing the same files again gives the same trace and span ids."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_verbosity(parser)
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="trace file or folder")
+    parser.add_argument(
+        "--run-id", metavar="ID", help="one run id for every file (default: $OTELPROF_RUN_ID, else per run set)"
+    )
+    parser.add_argument(
+        "--detail", choices=("full", "default"), help="full: every event becomes a span (default: $OTELPROF_DETAIL)"
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=_int_at_least(1024),
+        metavar="N",
+        help="split requests larger than N bytes (default: $OTELPROF_MAX_REQUEST_BYTES or 3 MiB)",
+    )
+    parser.add_argument(
+        "--min-duration-us",
+        type=_microseconds,
+        metavar="US",
+        help="at default detail, shorter CPU events are not spans (default: $OTELPROF_MIN_DURATION_US or 10)",
+    )
+    parser.add_argument(
+        "--engine", choices=ENGINES, default="auto", help="Kineto converter: native, reference or auto (default)"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="skip what the ledger says an earlier, interrupted import delivered"
+    )
+    parser.add_argument("--ledger", type=Path, metavar="FILE", help="ledger file (default: see below)")
+    parser.add_argument(
+        "--batch-bytes",
+        type=_int_at_least(1),
+        default=DEFAULT_BATCH_BYTES,
+        metavar="N",
+        help="request bytes handed to the exporter before waiting for their delivery and recording it "
+        "in the ledger (default: 8 MiB)",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress line with events/s on stderr (default: when stderr is a terminal)",
+    )
+    parser.set_defaults(func=_cmd_import)
+
+
+def _base_options(args: argparse.Namespace) -> ConvertOptions:
+    from .resource import options_from_env
+
+    overrides: dict[str, Any] = {}
+    if args.detail is not None:
+        overrides["detail"] = args.detail
+    if args.run_id is not None:
+        overrides["run_id"] = args.run_id
+    if args.max_request_bytes is not None:
+        overrides["max_request_bytes"] = args.max_request_bytes
+    if args.min_duration_us is not None:
+        overrides["min_duration_ns"] = round(args.min_duration_us * 1000)
+    return options_from_env(os.environ, **overrides)
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event, quiet: bool) -> Iterator[None]:
+    """First SIGINT/SIGTERM: finish the batch in flight, then stop. Second: quit at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        if not quiet:
+            print(
+                f"\notelprof: {signal.Signals(signum).name}: stopping after the requests in flight "
+                "(again to quit at once)",
+                file=sys.stderr,
+            )
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from .cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
+    from .export.config import exporter_config_from_env
+    from .export.exporter import Exporter
+
+    base = _base_options(args)
+    try:
+        sources = find_sources(args.paths, run_id=base.run_id)
+    except SourceError as exc:
+        raise CliError(str(exc)) from None
+    ledger_path: Path = args.ledger or default_path(args.paths)
+    try:
+        ledger = Ledger.load(ledger_path) if args.resume else Ledger(ledger_path)
+    except LedgerError as exc:
+        raise CliError(str(exc)) from None
+    config = exporter_config_from_env()
+    if config.disabled:
+        raise CliError("export is disabled (OTEL_SDK_DISABLED=true): nothing would be sent")
+
+    def options_for(source: Source) -> ConvertOptions:
+        rank = source.rank if source.rank is not None else base.rank
+        return dataclasses.replace(base, run_id=source.run_id, rank=rank)
+
+    show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.quiet)
+    progress = Progress(sys.stderr, len(sources), sum(s.size for s in sources), enabled=show)
+
+    def on_error(message: str) -> None:
+        progress.close()
+        print(f"otelprof: error: {message}", file=sys.stderr)
+
+    def on_file(source: Source, result: ConvertResult, skipped: int) -> None:
+        _log.info(
+            "%s: %s spans in %d requests (%d already delivered), run id %r, rank %s",
+            source.path,
+            result.stats.get("spans", 0),
+            len(result.requests),
+            skipped,
+            source.run_id,
+            source.rank,
+        )
+
+    exporter = Exporter(config)
+    stop = threading.Event()
+    importer = Importer(
+        exporter,
+        ledger,
+        options_for,
+        engine=args.engine,
+        resume=args.resume,
+        progress=progress,
+        stop=stop,
+        on_error=on_error,
+        on_file=on_file,
+        batch_bytes=args.batch_bytes,
+    )
+    try:
+        with _stop_on_signals(stop, args.quiet):
+            report = importer.run(sources)
+    except KeyboardInterrupt:  # a second Ctrl-C: what is queued goes to the spool, unrecorded
+        progress.close()
+        exporter.shutdown(timeout_s=2.0)
+        raise
+    finally:
+        progress.close()
+    exporter.shutdown(timeout_s=10.0)
+    counters = exporter.counters
+    if not args.quiet:
+        _print_summary(report, len(sources), counters.requests_exported, counters.requests_spooled, exporter)
+    if report.stopped:
+        print(
+            f"otelprof: interrupted: what was delivered is recorded in {ledger_path}; "
+            "run the same command with --resume to send the rest",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    evicted = exporter.spool.counters.evicted
+    if evicted:  # the spool is bounded: a big import with no backend pushes out its own oldest requests
+        print(
+            f"otelprof: error: the spool {exporter.spool.directory} was full: {evicted} older requests were "
+            "evicted; import again with a reachable endpoint",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    if counters.requests_dropped:
+        print(
+            f"otelprof: error: {counters.requests_dropped} requests were dropped (rejected by the backend; "
+            "see the warning above)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return EXIT_ERROR if report.files_failed else EXIT_OK
+
+
+def _print_summary(report: Report, files: int, exported: int, spooled: int, exporter: Exporter) -> None:
+    rate = report.events / report.seconds if report.seconds > 0 else 0.0
+    parts = [
+        f"imported {report.files_sent} of {files} files: {report.events:,} events as {report.spans:,} spans "
+        f"in {report.requests} requests, {report.seconds:.1f} s ({rate:,.0f} events/s)"
+    ]
+    if report.files_skipped:
+        parts.append(f"{report.files_skipped} already imported (ledger)")
+    if exported:
+        parts.append(f"{exported} requests sent to {exporter.config.url}")
+    if spooled:
+        why = "" if exporter.config.endpoint_configured else " (no OTLP endpoint configured)"
+        parts.append(
+            f"{spooled} requests spooled to {exporter.spool.directory}{why}; `otelprof spool replay` sends them"
+        )
+    print("; ".join(parts), file=sys.stderr)
+
+
+__all__ = ["add_parser"]

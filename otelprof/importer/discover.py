@@ -1,0 +1,223 @@
+"""Which files an import reads, what each one is, and which run and rank it belongs to.
+
+Run ids decide trace ids (step N of run R is one trace on every rank), so files of one
+distributed run must share one, and unrelated files must not. Without ``--run-id``:
+
+- files in one folder whose names differ only in their numbers (``rank-0``/``rank-1``,
+  ``worker0``/``worker1``, Composer's ``rank{rank}.{batch}``, timestamps) form a *set*;
+- a set whose files all have different ranks is one run;
+- where a rank repeats (several profiler windows per rank), files are grouped by their first
+  ``ProfilerStep#N`` and each group whose ranks differ is one run; any file still sharing a
+  rank with another is a run of its own, so no two files ever collide on span ids.
+
+The run id is readable: ``<folder>/<name with numbers as #>`` for a set, ``<folder>/<name>``
+for a lone file (Composer's ``<run>/torch_traces`` folder keeps the run name).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..converter import TraceFormatError
+from ..converter._load import load_bytes
+
+KINETO = "kineto"
+NSYS = "nsys"
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+#: Enough of a Kineto trace to see ``traceEvents`` and ``distributedInfo`` behind big metadata.
+_HEAD_BYTES = 1024 * 1024
+_KINETO_SUFFIXES = (".json", ".json.gz")
+_TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # torch's tensorboard_trace_handler, Composer
+_NSYS_SUFFIXES = (".sqlite", ".sqlite3")
+_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+_NAME_RANK = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?([0-9]{1,9})(?![0-9])", re.IGNORECASE)
+_DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*\{')
+_DIST_RANK = re.compile(rb'"rank"\s*:\s*([0-9]{1,9})\b')
+_STEP = re.compile(rb'"ProfilerStep#([0-9]{1,18})"')
+_DIGITS = re.compile(r"[0-9]+")
+
+
+class SourceError(ValueError):
+    """A path given to import cannot be used (missing, an unexported report, no traces)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One file to import, with what its conversion needs."""
+
+    path: Path
+    kind: str  # KINETO or NSYS
+    run_id: str
+    #: Rank for the converter: from the file name, only when the trace itself has none.
+    rank: int | None
+    size: int
+
+    @property
+    def key(self) -> str:
+        """The ledger's name for the file."""
+        return str(self.path.resolve())
+
+
+@dataclass(frozen=True)
+class _Found:
+    path: Path
+    kind: str
+    trace_rank: int | None  # distributedInfo
+    name_rank: int | None
+    size: int
+
+    @property
+    def rank(self) -> int | None:
+        return self.trace_rank if self.trace_rank is not None else self.name_rank
+
+
+def find_sources(paths: Sequence[str | os.PathLike[str]], run_id: str | None = None) -> list[Source]:
+    """Every trace under ``paths`` (files as given, folders searched recursively), in a stable
+    order, each with its run id: ``run_id`` for all when given, else from the sets above."""
+    found: dict[Path, _Found] = {}
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files = list(_walk(path))
+            if not files:
+                raise SourceError(f"{path}: no traces found (*.json, *.json.gz, *.sqlite)")
+            for file in files:
+                found.setdefault(file.resolve(), _inspect(file))
+        elif path.exists():
+            if path.name.endswith(_REPORT_SUFFIXES):
+                raise SourceError(
+                    f"{path}: an Nsight Systems report; export it first: nsys export --type sqlite {path}"
+                )
+            found.setdefault(path.resolve(), _inspect(path))
+        else:
+            raise SourceError(f"{path}: no such file or directory")
+    items = sorted(found.values(), key=lambda f: str(f.path))
+    if run_id is not None:
+        return [_source(f, run_id) for f in items]
+    return _assign_runs(items)
+
+
+def _walk(root: Path) -> Iterable[Path]:
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if name.startswith("."):
+                continue
+            path = Path(folder) / name
+            if _wanted(name, path):
+                yield path
+
+
+def _wanted(name: str, path: Path) -> bool:
+    if name.endswith(_NSYS_SUFFIXES) or name.endswith(_TORCH_SUFFIXES):
+        return True
+    return name.endswith(_KINETO_SUFFIXES) and _looks_like_kineto(path)
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of a file, gunzipped when it is gzip (b"" when unreadable: the
+    conversion reports the real error)."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(_HEAD_BYTES)
+    except OSError:
+        return b""
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(raw, _HEAD_BYTES)
+    except zlib.error:
+        return raw
+
+
+def _looks_like_kineto(path: Path) -> bool:
+    """In a folder, a ``.json`` that is not a trace (a config, a metrics file) is skipped."""
+    head = _head(path)
+    return not head or b'"traceEvents"' in head or head.lstrip()[:1] == b"[" or head[:2] == b"\x1f\x8b"
+
+
+def _inspect(path: Path) -> _Found:
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            magic = fh.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    name_rank = _rank_from_name(path.name)
+    if magic == SQLITE_MAGIC or path.name.endswith(_NSYS_SUFFIXES):
+        return _Found(path, NSYS, None, name_rank, size)
+    head = _head(path)
+    trace_rank = None
+    if (m := _DIST_INFO.search(head)) and (r := _DIST_RANK.search(head, m.end(), m.end() + 4096)):
+        trace_rank = int(r.group(1))
+    return _Found(path, KINETO, trace_rank, name_rank, size)
+
+
+def _rank_from_name(name: str) -> int | None:
+    m = _NAME_RANK.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _source(found: _Found, run_id: str) -> Source:
+    # distributedInfo wins; the name's rank only fills in where the trace has none
+    rank = found.name_rank if found.trace_rank is None else None
+    return Source(found.path, found.kind, run_id, rank, found.size)
+
+
+def _folder_label(path: Path) -> str:
+    parent = path.parent.resolve()
+    if parent.name == "torch_traces" and parent.parent.name:  # Composer: {run_name}/torch_traces
+        return f"{parent.parent.name}/{parent.name}"
+    return parent.name or "/"
+
+
+def _first_step(found: _Found) -> int | None:
+    if found.kind != KINETO:
+        return None
+    try:
+        data, _ = load_bytes(found.path)
+    except TraceFormatError:
+        return None  # the conversion reports it
+    steps = [int(s) for s in _STEP.findall(data)]
+    return min(steps) if steps else None
+
+
+def _assign_runs(items: list[_Found]) -> list[Source]:
+    sets: dict[tuple[str, str, str], list[_Found]] = defaultdict(list)
+    for f in items:
+        sets[(f.kind, str(f.path.parent.resolve()), _DIGITS.sub("#", f.path.name))].append(f)
+    out: dict[Path, Source] = {}
+    for (_kind, _folder, pattern), members in sets.items():
+        folder = _folder_label(members[0].path)
+        if len(members) == 1:
+            f = members[0]
+            out[f.path] = _source(f, f"{folder}/{f.path.name}")
+            continue
+        label = f"{folder}/{pattern}"
+        if _distinct_ranks(members):
+            for f in members:
+                out[f.path] = _source(f, label)
+            continue
+        by_step: dict[int | None, list[_Found]] = defaultdict(list)
+        for f in members:
+            by_step[_first_step(f)].append(f)
+        for step, group in by_step.items():
+            for f in group:
+                shared = step is not None and _distinct_ranks(group)
+                out[f.path] = _source(f, f"{label}@{step}" if shared else f"{folder}/{f.path.name}")
+    return [replace(out[f.path]) for f in items]
+
+
+def _distinct_ranks(group: list[_Found]) -> bool:
+    ranks = [f.rank for f in group]
+    return len(set(ranks)) == len(ranks)
+
+
+__all__ = ["KINETO", "NSYS", "Source", "SourceError", "find_sources"]

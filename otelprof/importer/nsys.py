@@ -1,0 +1,417 @@
+"""Nsight Systems SQLite exports (``nsys export --type sqlite``) -> OTLP spans.
+
+Both export schema generations are read: 2.x (nsys 2021-2022: ``EXPORT_META_DATA``, runtime
+rows duplicated as "CUDA backtrace" records) and 3.x (nsys 2023 on: ``META_DATA_EXPORT``).
+Columns are looked up by name, so columns a generation adds or drops do not matter.
+
+The span model follows docs/semantic-conventions.md ("Nsight Systems exports"): one trace per
+profiled process, rooted at a synthetic process span; NVTX ranges and CUDA runtime/driver
+calls nest by time per thread; kernels, memcpys, memsets and syncs hang under the runtime
+call with their correlation id. Spans are encoded by the reference encoder, so they are the
+same OTLP the Kineto converter writes. Ids derive from (run id, rank, file name, pid, table,
+row id): importing the same file twice gives the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from ..converter import ConvertOptions, ConvertResult, TraceFormatError
+from ..converter._text import clean
+from ..converter.reference import ids
+from ..converter.reference.builder import Attrs, Span
+from ..converter.reference.encoder import encode
+
+SUPPORTED_MAJORS = (2, 3)
+_META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 3.x, 2.x
+_RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+_KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+_MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+_MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+_SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+_NVTX = "NVTX_EVENTS"
+#: Span-id namespaces: each table's row ids are unique only within the table.
+_TABLE_CODE = {_RUNTIME: 1, _KERNEL: 2, _MEMCPY: 3, _MEMSET: 4, _SYNC: 5, _NVTX: 6}
+
+# ENUM_NSYS_EVENT_CLASS / ENUM_NSYS_EVENT_TYPE values (the same in both generations; 2.x
+# exports do not carry the enum tables, so they are spelled out here).
+_CLASS_CATEGORY = {0: "cuda_runtime", 1: "cuda_driver"}
+_CLASS_BACKTRACE = 67  # 2.x: a second row per call holding its call chain
+_NVTX_RANGES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
+_NVTX_MARK = 34
+_NVTX_DOMAIN_CREATE = 75
+# ENUM_CUDA_MEMCPY_OPER, ENUM_CUDA_MEM_KIND, ENUM_CUPTI_SYNC_TYPE, named as Kineto names them
+_COPY_KIND = {
+    1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
+    10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD",
+}  # fmt: skip
+_MEM_KIND = {
+    0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static", 6: "Managed Static",
+}  # fmt: skip
+_SYNC_KIND = {1: "Event Sync", 2: "Stream Wait Event", 3: "Stream Sync", 4: "Context Sync"}
+_VERSION_SUFFIX = re.compile(r"_v[0-9]+\Z")  # cudaMalloc_v3020 -> cudaMalloc, as nsys shows it
+
+STAT_KEYS = (
+    "events_total", "runtime_calls", "kernels", "memcpys", "memsets", "syncs", "nvtx_ranges", "nvtx_marks",
+    "ignored_events", "device_events_unlinked", "processes", "spans", "synthetic_spans", "requests",
+)  # fmt: skip
+
+
+def pid_of(global_id: int) -> int:
+    """nsys GlobalId: hardware (8 bits) | VM (8) | pid (24) | tid (24)."""
+    return (global_id >> 24) & 0xFFFFFF
+
+
+def tid_of(global_id: int) -> int:
+    return global_id & 0xFFFFFF
+
+
+@dataclass
+class _Item:
+    """One row that becomes a span."""
+
+    table: str
+    rowid: int
+    name: str
+    start: int
+    end: int
+    pid: int
+    tid: int  # -1 for device work
+    correlation: int | None
+    attrs: Attrs
+    parent: _Item | None = None
+    span_id: bytes = b""
+
+
+@dataclass
+class _Process:
+    pid: int
+    cpu: list[_Item] = field(default_factory=list)
+    device: list[_Item] = field(default_factory=list)
+
+
+def convert_nsys(path: str | Path, options: ConvertOptions) -> ConvertResult:
+    """Read an Nsight Systems SQLite export; raises TraceFormatError with a one-line reason."""
+    path = Path(path)
+    try:
+        with closing(_connect(path)) as db:
+            return _convert(db, path, options)
+    except sqlite3.Error as exc:  # not a database, truncated, malformed
+        raise TraceFormatError(f"{path}: not a readable SQLite database ({exc})") from None
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    if not path.is_file():
+        raise TraceFormatError(f"{path}: cannot read (not a file)")
+    if path.stat().st_size == 0:
+        raise TraceFormatError(f"{path}: empty file (not an Nsight Systems SQLite export)")
+    # read-only and immutable: works on read-only media and never writes a journal
+    return sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True)
+
+
+class _Db:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def columns(self, table: str) -> set[str]:
+        return {row[1] for row in self.db.execute(f'PRAGMA table_info("{table}")')}
+
+    def rows(self, table: str, wanted: tuple[str, ...]) -> Iterator[dict[str, object]]:
+        """Rows as dicts of the wanted columns that exist (missing ones read as None)."""
+        if table not in self.tables:
+            return
+        have = self.columns(table)
+        cols = [c for c in wanted if c in have]
+        sql = f'SELECT rowid, {", ".join(cols)} FROM "{table}" ORDER BY rowid'
+        for row in self.db.execute(sql):
+            out: dict[str, object] = dict.fromkeys(wanted)
+            out["rowid"] = row[0]
+            out.update(zip(cols, row[1:], strict=True))
+            yield out
+
+    def scalar(self, sql: str) -> object:
+        row = self.db.execute(sql).fetchone()
+        return row[0] if row else None
+
+
+def _schema_version(db: _Db, path: Path) -> str:
+    if not db.tables:
+        raise TraceFormatError(f"{path}: empty SQLite database (no tables; not an Nsight Systems export)")
+    meta = next((t for t in _META_TABLES if t in db.tables), None)
+    if meta is None or "StringIds" not in db.tables:
+        raise TraceFormatError(f"{path}: not an Nsight Systems SQLite export (no export metadata or StringIds table)")
+    version = db.scalar(f"SELECT value FROM {meta} WHERE name = 'EXPORT_SCHEMA_VERSION'")
+    major = str(version or "").split(".", 1)[0]
+    if not major.isdigit() or int(major) not in SUPPORTED_MAJORS:
+        supported = ", ".join(f"{m}.x" for m in SUPPORTED_MAJORS)
+        raise TraceFormatError(f"{path}: unsupported Nsight Systems export schema {version!r} (supported: {supported})")
+    return str(version)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions) -> ConvertResult:
+    db = _Db(raw)
+    version = _schema_version(db, path)
+    stats = dict.fromkeys(STAT_KEYS, 0)
+    strings: dict[int, str] = {int(i): clean(str(v)) for i, v in db.db.execute("SELECT id, value FROM StringIds")}
+    base_ns = (
+        _int(db.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME"))
+        if ("TARGET_INFO_SESSION_START_TIME" in db.tables)
+        else None
+    )
+    base = base_ns or 0
+    procs: dict[int, _Process] = {}
+
+    def proc(pid: int) -> _Process:
+        return procs.setdefault(pid, _Process(pid))
+
+    def times(row: dict[str, object]) -> tuple[int, int] | None:
+        start, end = _int(row["start"]), _int(row["end"])
+        if start is None or end is None:
+            return None
+        return base + start, base + max(start, end)
+
+    # --- CPU side: runtime/driver calls --------------------------------------------------
+    runtime_rows = list(db.rows(_RUNTIME, ("start", "end", "eventClass", "globalTid", "correlationId", "nameId")))
+    has_primary = {(r["globalTid"], r["correlationId"]) for r in runtime_rows if r["eventClass"] != _CLASS_BACKTRACE}
+    launches: dict[tuple[int, int], _Item] = {}
+    for r in runtime_rows:
+        stats["events_total"] += 1
+        klass, gtid, t = _int(r["eventClass"]), _int(r["globalTid"]), times(r)
+        if klass == _CLASS_BACKTRACE and (r["globalTid"], r["correlationId"]) in has_primary:
+            stats["ignored_events"] += 1  # the same call again, with its call chain
+            continue
+        if gtid is None or t is None:
+            stats["ignored_events"] += 1
+            continue
+        name = _VERSION_SUFFIX.sub("", strings.get(_int(r["nameId"]) or -1, "") or "cuda_runtime")
+        corr = _int(r["correlationId"])
+        attrs: Attrs = [("pytorch.event.category", _CLASS_CATEGORY.get(klass or 0, "cuda_runtime"))]
+        attrs.append(("thread.id", tid_of(gtid)))
+        if corr is not None:
+            attrs.append(("pytorch.gpu.correlation_id", corr))
+        item = _Item(_RUNTIME, int(str(r["rowid"])), name, *t, pid_of(gtid), tid_of(gtid), corr, attrs)
+        proc(item.pid).cpu.append(item)
+        if corr is not None:
+            launches.setdefault((item.pid, corr), item)
+        stats["runtime_calls"] += 1
+
+    # --- CPU side: NVTX ranges -----------------------------------------------------------
+    nvtx_rows = list(db.rows(_NVTX, ("start", "end", "eventType", "text", "textId", "globalTid", "domainId")))
+    domains = {
+        _int(r["domainId"]): clean(str(r["text"]))
+        for r in nvtx_rows
+        if r["eventType"] == _NVTX_DOMAIN_CREATE and r["text"] is not None
+    }
+    for r in nvtx_rows:
+        stats["events_total"] += 1
+        kind, gtid, t = _int(r["eventType"]), _int(r["globalTid"]), times(r)
+        if kind == _NVTX_MARK:
+            stats["nvtx_marks"] += 1
+        if kind not in _NVTX_RANGES or gtid is None or t is None or r["end"] is None:
+            stats["ignored_events"] += 1
+            continue
+        text = r["text"] if r["text"] is not None else strings.get(_int(r["textId"]) or -1)
+        attrs = [("pytorch.event.category", "nvtx"), ("thread.id", tid_of(gtid))]
+        domain = domains.get(_int(r["domainId"]))
+        if domain:
+            attrs.append(("nvtx.domain", domain))
+        name = clean(str(text)) if text is not None else "nvtx range"
+        proc(pid_of(gtid)).cpu.append(
+            _Item(_NVTX, int(str(r["rowid"])), name, *t, pid_of(gtid), tid_of(gtid), None, attrs)
+        )
+        stats["nvtx_ranges"] += 1
+
+    # --- device side ---------------------------------------------------------------------
+    device_cols = ("start", "end", "deviceId", "contextId", "streamId", "correlationId", "globalPid")
+    kernel_cols = (
+        *device_cols, "demangledName", "shortName", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
+        "registersPerThread", "staticSharedMemory", "dynamicSharedMemory",
+    )  # fmt: skip
+    for table, cols, stat in (
+        (_KERNEL, kernel_cols, "kernels"),
+        (_MEMCPY, (*device_cols, "bytes", "copyKind", "srcKind", "dstKind"), "memcpys"),
+        (_MEMSET, (*device_cols, "bytes", "memKind"), "memsets"),
+        (_SYNC, (*device_cols, "syncType"), "syncs"),
+    ):
+        for r in db.rows(table, cols):
+            stats["events_total"] += 1
+            gpid, t = _int(r["globalPid"]), times(r)
+            if gpid is None or t is None:
+                stats["ignored_events"] += 1
+                continue
+            name, category, extra = _device_fields(table, r, strings)
+            corr = _int(r["correlationId"])
+            attrs = [("pytorch.event.category", category)]
+            if corr is not None:
+                attrs.append(("pytorch.gpu.correlation_id", corr))
+            for key, col in (("device", "deviceId"), ("stream", "streamId"), ("context", "contextId")):
+                if (v := _int(r[col])) is not None:
+                    attrs.append((f"pytorch.gpu.{key}", v))
+            attrs.extend(extra)
+            item = _Item(table, int(str(r["rowid"])), name, *t, pid_of(gpid), -1, corr, attrs)
+            proc(item.pid).device.append(item)
+            stats[stat] += 1
+
+    if not procs:
+        raise TraceFormatError(f"{path}: no CUDA or NVTX events (Nsight Systems export schema {version})")
+
+    # --- tree, ids, spans ----------------------------------------------------------------
+    run_id = clean(opts.run_id) if opts.run_id is not None else f"nsys|{path.name}"
+    rank_s = "" if opts.rank is None else str(opts.rank)
+    requests: list[bytes] = []
+    process_names = _process_names(db)
+    host = _host_name(db) or opts.host_name
+    gpus = _gpu_models(db)
+    for pid in sorted(procs):
+        p = procs[pid]
+        trace_id = ids.trace_id(f"nsys|{run_id}|{rank_s}|{clean(path.name)}|{pid}")
+        base_id = ids.span_base(f"{run_id}|{clean(path.name)}", f"{rank_s}|{pid}")
+        for item in p.cpu + p.device:
+            item.span_id = ids.span_id(base_id, (_TABLE_CODE[item.table] << 40) + item.rowid)
+        _nest(p.cpu)
+        for item in p.device:
+            launch = launches.get((pid, item.correlation)) if item.correlation is not None else None
+            item.parent = launch
+            if launch is None:
+                stats["device_events_unlinked"] += 1
+        members = p.cpu + p.device
+        exe = process_names.get(pid, "")
+        root = Span(
+            -1,
+            trace_id,
+            ids.span_id(base_id, 0),
+            b"",
+            Path(exe).name or f"process {pid}",
+            min(i.start for i in members),
+            max(i.end for i in members),
+            [("pytorch.event.category", "otelprof"), ("otelprof.synthetic", True)],
+        )
+        spans = [root]
+        for k, item in enumerate(sorted(members, key=lambda i: (i.start, -i.end, _TABLE_CODE[i.table], i.rowid))):
+            parent_id = item.parent.span_id if item.parent is not None else root.span_id
+            spans.append(Span(k, trace_id, item.span_id, parent_id, item.name, item.start, item.end, item.attrs))
+        stats["spans"] += len(spans)
+        stats["synthetic_spans"] += 1
+        resource = _resource(opts, run_id, pid, exe, host, gpus, version)
+        requests.extend(encode(spans, resource, opts.scope_version, opts.max_request_bytes))
+    stats["processes"] = len(procs)
+    stats["requests"] = len(requests)
+    return ConvertResult(requests, [], stats, "nsys")
+
+
+def _device_fields(table: str, r: dict[str, object], strings: dict[int, str]) -> tuple[str, str, Attrs]:
+    extra: Attrs = []
+    if table == _KERNEL:
+        name = strings.get(_int(r["demangledName"]) or -1) or strings.get(_int(r["shortName"]) or -1) or "kernel"
+        grid = [_int(r[c]) for c in ("gridX", "gridY", "gridZ")]
+        block = [_int(r[c]) for c in ("blockX", "blockY", "blockZ")]
+        if None not in grid:
+            extra.append(("pytorch.gpu.grid", json.dumps(grid, separators=(",", ":"))))
+        if None not in block:
+            extra.append(("pytorch.gpu.block", json.dumps(block, separators=(",", ":"))))
+        if (regs := _int(r["registersPerThread"])) is not None:
+            extra.append(("pytorch.gpu.registers_per_thread", regs))
+        shared = [_int(r[c]) for c in ("staticSharedMemory", "dynamicSharedMemory")]
+        if None not in shared:
+            extra.append(("pytorch.gpu.shared_memory_bytes", sum(s for s in shared if s is not None)))
+        return name, "kernel", extra
+    if (nbytes := _int(r.get("bytes"))) is not None:
+        extra.append(("pytorch.gpu.bytes", nbytes))
+    if table == _MEMCPY:
+        kind = _COPY_KIND.get(_int(r["copyKind"]) or 0, "Unknown")
+        src, dst = _MEM_KIND.get(_int(r["srcKind"]) or -1), _MEM_KIND.get(_int(r["dstKind"]) or -1)
+        name = f"Memcpy {kind} ({src} -> {dst})" if src and dst else f"Memcpy {kind}"
+        return name, "gpu_memcpy", extra
+    if table == _MEMSET:
+        mem = _MEM_KIND.get(_int(r["memKind"]) or -1)
+        return (f"Memset ({mem})" if mem else "Memset"), "gpu_memset", extra
+    sync = _SYNC_KIND.get(_int(r["syncType"]) or 0, "Unknown Sync")
+    extra.append(("pytorch.gpu.sync_kind", sync))
+    return sync, "cuda_sync", extra
+
+
+def _nest(cpu: list[_Item]) -> None:
+    """Time containment per thread, torch's rule (EventList._populate_cpu_children): sorted by
+    (start, -end), a candidate parent is popped when the event starts at or after its end or
+    ends after it."""
+    by_thread: dict[int, list[_Item]] = defaultdict(list)
+    for item in cpu:
+        by_thread[item.tid].append(item)
+    for items in by_thread.values():
+        stack: list[_Item] = []
+        # at equal times an NVTX range encloses the runtime call it wraps
+        for item in sorted(items, key=lambda i: (i.start, -i.end, -_TABLE_CODE[i.table], i.rowid)):
+            while stack and (item.start >= stack[-1].end or item.end > stack[-1].end):
+                stack.pop()
+            item.parent = stack[-1] if stack else None
+            stack.append(item)
+
+
+def _process_names(db: _Db) -> dict[int, str]:
+    if "PROCESSES" not in db.tables:
+        return {}
+    out: dict[int, str] = {}
+    for gpid, pid, name in db.db.execute("SELECT globalPid, pid, name FROM PROCESSES"):
+        if isinstance(name, str) and name:
+            key = pid_of(gpid) if isinstance(gpid, int) else pid
+            if isinstance(key, int):
+                out.setdefault(key, clean(name))
+    return out
+
+
+def _host_name(db: _Db) -> str | None:
+    if "TARGET_INFO_SYSTEM_ENV" not in db.tables:
+        return None
+    value = db.scalar("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'")
+    return clean(value) if isinstance(value, str) and value else None
+
+
+def _gpu_models(db: _Db) -> list[str]:
+    if "TARGET_INFO_GPU" not in db.tables:
+        return []
+    return [clean(str(name)) for (name,) in db.db.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id") if name]
+
+
+def _resource(
+    opts: ConvertOptions, run_id: str, pid: int, exe: str, host: str | None, gpus: list[str], version: str
+) -> Attrs:
+    attrs: Attrs = [(clean(k), clean(v)) for k, v in opts.resource_attributes]
+    keys = {k for k, _ in attrs}
+    if "service.name" not in keys:
+        attrs.insert(0, ("service.name", "unknown_service"))
+        keys.add("service.name")
+    computed: Attrs = [("telemetry.sdk.name", "otelprof"), ("telemetry.sdk.language", "python")]
+    if opts.scope_version:
+        computed.append(("telemetry.sdk.version", opts.scope_version))
+    if host:
+        computed.append(("host.name", clean(host)))
+    computed.append(("process.pid", pid))
+    if exe:
+        computed.append(("process.executable.path", exe))
+    if opts.rank is not None:
+        computed.append(("pytorch.distributed.rank", opts.rank))
+    if opts.world_size is not None:
+        computed.append(("pytorch.distributed.world_size", opts.world_size))
+    if gpus:
+        computed.append(("hw.gpu.model", gpus[0]))
+        computed.append(("hw.gpu.count", len(gpus)))
+    computed.append(("otelprof.run.id", run_id))
+    computed.append(("otelprof.source.format", f"nsys-sqlite {version}"))
+    attrs.extend((k, v) for k, v in computed if k not in keys)
+    return attrs
+
+
+__all__ = ["STAT_KEYS", "SUPPORTED_MAJORS", "convert_nsys", "pid_of", "tid_of"]
