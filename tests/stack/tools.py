@@ -1,0 +1,67 @@
+"""Debian's Prometheus tools for the stack tests: found on PATH, or installed with apt-get when
+running in CI (CI=true, root, Debian): `prometheus`, `promtool` (package prometheus) and
+`amtool` (package prometheus-alertmanager)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+PACKAGES = ("prometheus", "prometheus-alertmanager")
+_POLICY = Path("/usr/sbin/policy-rc.d")
+_lock = threading.Lock()
+_tried = False
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _apt_install() -> str:
+    """Installs the packages without starting their services; returns apt's output tail."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # a policy-rc.d that says "no" keeps postinst from starting prometheus on :9090 (the test
+    # starts its own); only put in place when none exists, and removed after
+    own_policy = not _POLICY.exists()
+    if own_policy:
+        _POLICY.write_text("#!/bin/sh\nexit 101\n")
+        _POLICY.chmod(0o755)
+    try:
+        out = []
+        for cmd in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],
+        ):
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+            out.append(done.stdout[-2000:] + done.stderr[-2000:])
+            if done.returncode != 0:
+                break
+        return "\n".join(out)
+    finally:
+        if own_policy:
+            _POLICY.unlink(missing_ok=True)
+
+
+def require(tool: str) -> str:
+    """The path of ``tool``; in CI it is installed when missing (and must then exist), elsewhere
+    the calling test is skipped with the reason."""
+    global _tried
+    path = shutil.which(tool)
+    if path:
+        return path
+    if not _in_ci():
+        pytest.skip(f"{tool} not found: apt-get install {' '.join(PACKAGES)} (CI=true installs it)")
+    with _lock:
+        log = ""
+        if not _tried and shutil.which("apt-get") and os.geteuid() == 0:
+            _tried = True
+            log = _apt_install()
+        path = shutil.which(tool)
+    if not path:
+        pytest.fail(f"{tool} is needed in CI and could not be installed with apt-get:\n{log}")
+    return path
