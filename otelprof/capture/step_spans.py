@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from .._version import __version__
 from ..converter.reference import ids
 from ..converter.reference.builder import Attrs, Span
-from ..converter.reference.encoder import encode
 from ..export.exporter import Exporter
 from .identity import Identity
+from .step_encoder import StepEncoder
 from .steps import Step
 
 _log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class StepSpans:
     ) -> None:
         self._exporter = exporter
         self._identity = identity
-        self._resource = list(resource)
+        self._encoder = StepEncoder(list(resource), __version__)
         self._base = ids.span_base(identity.run_id, f"live|{identity.rank}")
         self._ordinal = 0
         self.dropped = 0
@@ -127,7 +127,7 @@ class StepSpans:
         spans: list[Span] = []
         for step, ctx in batch:
             spans.extend(self._spans(step, ctx, len(spans)))
-        for request in encode(spans, self._resource, __version__, 3 * 1024 * 1024):
+        for request in self._encoder.encode(spans, 3 * 1024 * 1024):
             self._exporter.submit(request)
 
     def _spans(self, step: Step, ctx: StepContext, order: int) -> list[Span]:
