@@ -52,7 +52,7 @@ def test_overhead_benchmark_runs_both_loops() -> None:
         "window_otelprof_ms",
         "window_ratio",
     }
-    assert all(v > 0 for v in figures.values())
+    assert all(v > 0 for k, v in figures.items() if k != "step_cost_us")
     assert "window, ratio" in text
 
 

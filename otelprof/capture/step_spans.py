@@ -59,6 +59,7 @@ class StepSpans:
         self._identity = identity
         self._encoder = StepEncoder(list(resource), __version__)
         self._base = ids.span_base(identity.run_id, f"live|{identity.rank}")
+        self._trace_ids = ids.TraceIds(f"step|{identity.run_id}|")  # the converter's step trace ids
         self._ordinal = 0
         self.dropped = 0
         self._on_drop = on_drop
@@ -72,7 +73,7 @@ class StepSpans:
         parent = current_parent()
         if parent is not None:
             return StepContext(parent[0], ordinal, parent[1])
-        return StepContext(ids.trace_id(f"step|{self._identity.run_id}|{step.number}"), ordinal)
+        return StepContext(self._trace_ids(str(step.number)), ordinal)
 
     def span_id(self, ctx: StepContext) -> bytes:
         """The step span's id (for the OTLP metrics' exemplars)."""

@@ -56,3 +56,11 @@ def test_live_step_spans_use_it() -> None:
     from otelprof.capture import step_spans
 
     assert step_spans.StepEncoder is StepEncoder
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40), st.text(max_size=12))
+def test_prefixed_trace_ids_equal_the_converters(prefix: str, suffix: str) -> None:
+    from otelprof.converter.reference import ids
+
+    assert ids.TraceIds(prefix)(suffix) == ids.trace_id(prefix + suffix)

@@ -34,6 +34,23 @@ def trace_id(key: str) -> bytes:
     return hi.to_bytes(8, "big") + lo.to_bytes(8, "big")
 
 
+class TraceIds:
+    """``trace_id(prefix + suffix)`` for one prefix and many suffixes (``step|run|`` + N):
+    FNV-1a runs byte by byte, so its state after the prefix is kept and only the suffix is
+    hashed per call."""
+
+    def __init__(self, prefix: str) -> None:
+        raw = prefix.encode("utf-8", "surrogatepass")
+        self._hi, self._lo = fnv1a64(raw, SEED_HI), fnv1a64(raw, SEED_LO)
+
+    def __call__(self, suffix: str) -> bytes:
+        raw = suffix.encode("utf-8", "surrogatepass")
+        hi, lo = mix64(fnv1a64(raw, self._hi)), mix64(fnv1a64(raw, self._lo))
+        if hi == 0 and lo == 0:
+            lo = 1
+        return hi.to_bytes(8, "big") + lo.to_bytes(8, "big")
+
+
 def span_base(run_id: str, rank: str) -> int:
     return fnv1a64(f"span|{run_id}|{rank}".encode("utf-8", "surrogatepass"), SEED_HI)
 
