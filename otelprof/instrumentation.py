@@ -29,7 +29,8 @@ from .capture.steps import Step, StepTracker
 from .capture.window_metrics import WindowMetrics
 from .capture.windows import Windows
 from .converter.reference.builder import Attrs
-from .export.exporter import Exporter
+from .export import exporter_config_from_env
+from .export.exporter import Exporter, spool_dir_from_env
 from .resource import options_from_env, resource_attributes_from_env
 
 _log = logging.getLogger(__name__)
@@ -78,7 +79,11 @@ class Session:
             self.identity, self.straggler = distributed.join(self.identity, self._environ)
             exporter = self.exporter
             if exporter is None:
-                exporter = self.exporter = Exporter(registry=self.registry)
+                exporter = self.exporter = Exporter(
+                    exporter_config_from_env(self._environ),
+                    spool_dir=spool_dir_from_env(self._environ),
+                    registry=self.registry,
+                )
                 # at exit the session must flush its last steps before the exporter shuts down
                 # (atexit runs the latest registration first)
                 atexit.unregister(_at_exit)

@@ -149,3 +149,30 @@ def test_uninstrument_restores_every_hook_and_instrument_twice_does_not_double(
     _train()  # after uninstrument: nothing more is recorded
     _flush(session)
     assert len([s for _rs, s in _spans(receiver) if s.name == "train.step"]) == STEPS
+
+
+def test_the_exporter_follows_the_environment_given_to_instrument(tmp_path: Path) -> None:
+    """instrument(environ=...) configures the exporter it creates from that mapping, not from
+    os.environ: here no endpoint, so the steps land in the spool folder it names."""
+    from prometheus_client import CollectorRegistry
+
+    from otelprof.export.spool import Spool
+
+    spool = tmp_path / "spool"
+    environ = {"OTELPROF_SPOOL_DIR": str(spool), "OTEL_EXPORTER_PROMETHEUS_PORT": "0", "OTELPROF_PROFILE": "false"}
+    session = otelprof.instrument(environ=environ, registry=CollectorRegistry())
+    assert session is not None
+    _train()
+    otelprof.uninstrument()
+    assert session.exporter is not None and session.exporter.flush(10)
+    session.exporter.shutdown()
+    assert not session.exporter.config.endpoint_configured
+    spans = [s for _p, data in Spool(spool) for s in _decode(data)]
+    assert len([s for s in spans if s.name == "train.step"]) == STEPS
+
+
+def _decode(data: bytes) -> list[PbSpan]:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest.FromString(data)
+    return [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
