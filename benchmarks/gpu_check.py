@@ -82,13 +82,7 @@ def main() -> int:
     windows = session.windows
     otelprof.uninstrument()
     fallbacks = timing.cpu_fallbacks if timing is not None else -1
-    window_metrics: dict[str, float] = {}
-    if windows is not None and windows.metrics is not None:
-        reg = CollectorRegistry()
-        reg.register(windows.metrics)
-        for family in reg.collect():
-            for sample in family.samples:
-                window_metrics[sample.name] = window_metrics.get(sample.name, 0.0) + sample.value
+    last = windows.metrics.snapshot()[2] if windows is not None and windows.metrics is not None else None
     assert session.exporter is not None
     session.exporter.shutdown()
 
@@ -98,14 +92,12 @@ def main() -> int:
         spans.extend(s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans)
     by_id = {s.span_id: s for s in spans}
     steps = [s for s in spans if s.name == "train.step"]
-    category = Counter(
-        next((kv.value.string_value for kv in s.attributes if kv.key == "pytorch.event.category"), "") for s in spans
-    )
-    kernels = [
-        s
-        for s in spans
-        if any(kv.key == "pytorch.event.category" and kv.value.string_value == "kernel" for kv in s.attributes)
-    ]
+
+    def category_of(span: Span) -> str:
+        return next((kv.value.string_value for kv in span.attributes if kv.key == "pytorch.event.category"), "")
+
+    category = Counter(category_of(s) for s in spans)
+    kernels = [s for s in spans if category_of(s) == "kernel"]
     step_seconds = [(s.end_time_unix_nano - s.start_time_unix_nano) / 1e9 for s in steps]
     figures = {
         "steps": len(steps),
@@ -115,7 +107,9 @@ def main() -> int:
         "spans": len(spans),
         "kernel_spans": len(kernels),
         "categories": dict(category.most_common(8)),
-        "window_metrics": {k: round(v, 6) for k, v in window_metrics.items() if "window" in k},
+        "window": None
+        if last is None
+        else {"gpu_busy_ratio": last.gpu_busy_ratio, "top_kernels": last.kernel_device_s},
     }
     print(json.dumps(figures, indent=1))
     if timing is None:
@@ -138,7 +132,7 @@ def main() -> int:
             op = by_id.get(op.parent_span_id)
         if op is None:
             fail(f"launch {launch.name} of {kernel.name[:60]} has no aten:: op above it")
-    busy = window_metrics.get("otelprof_window_gpu_busy_ratio", 0.0)
+    busy = (last.gpu_busy_ratio if last is not None else None) or 0.0
     if not 0 < busy <= 1:
         fail(f"GPU busy share {busy}")
     print("OK: CUDA-event step times, kernels under their launching ops, window metrics")

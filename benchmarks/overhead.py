@@ -69,7 +69,10 @@ def interleaved(rounds: int, bare: Callable[[], float], ours: Callable[[], float
     b: list[float] = []
     for round_ in range(rounds):
         for first in (True, False) if round_ % 2 == 0 else (False, True):
-            (a.append(bare()) if first else b.append(ours()))
+            if first:
+                a.append(bare())
+            else:
+                b.append(ours())
     return statistics.median(a), statistics.median(b), statistics.median([y / x for x, y in zip(a, b, strict=True)])
 
 

@@ -1,18 +1,24 @@
 """What every ``otelprof`` subcommand shares: exit codes, ``--quiet``/``--verbose``, the log
-format, and one-line errors."""
+format, one-line errors, and the argument types and converter flags several commands take."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .converter import ConvertOptions
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # the command ran and found something wrong (bad input, a failed check, ...)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+ENGINES = ("auto", "native", "reference")
 
 
 def exit_codes(failure: str) -> str:
@@ -50,6 +56,49 @@ def add_verbosity(parser: argparse.ArgumentParser, top: bool = False) -> None:
         default=0 if top else argparse.SUPPRESS,
         help="more log output (repeat for debug)",
     )
+
+
+def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """An argparse ``type`` accepting integers >= ``minimum`` (``why`` explains the bound)."""
+    bound = f"{minimum} ({why})" if why else str(minimum)
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {bound}, not {value}")
+        return value
+
+    return parse
+
+
+def microseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 9e12:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a non-negative number of microseconds, not {text}")
+    return value
+
+
+def convert_options(args: argparse.Namespace) -> ConvertOptions:
+    """The converter options of ``convert`` and ``import``: the environment's, overridden by
+    ``--detail``, ``--run-id``, ``--max-request-bytes`` and ``--min-duration-us``."""
+    from .resource import options_from_env
+
+    overrides: dict[str, Any] = {}
+    if args.detail is not None:
+        overrides["detail"] = args.detail
+    if args.run_id is not None:
+        overrides["run_id"] = args.run_id
+    if args.max_request_bytes is not None:
+        overrides["max_request_bytes"] = args.max_request_bytes
+    if args.min_duration_us is not None:
+        overrides["min_duration_ns"] = round(args.min_duration_us * 1000)
+    return options_from_env(os.environ, **overrides)
 
 
 def log_level(quiet: bool, verbose: int) -> int:

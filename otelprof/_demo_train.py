@@ -43,7 +43,7 @@ def train(steps: int) -> None:
 
 def summary(train_seconds: float) -> dict[str, Any]:
     """What the session recorded; uninstruments (flushing every step, window and request)."""
-    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client import REGISTRY
 
     import otelprof
     from otelprof.instrumentation import session
@@ -58,14 +58,10 @@ def summary(train_seconds: float) -> dict[str, Any]:
     otelprof.uninstrument()  # flushes the last steps, converts the last window, drains the queue
     windows: dict[str, Any] = {}
     if live.windows is not None and live.windows.metrics is not None:
-        registry = CollectorRegistry()
-        registry.register(live.windows.metrics)
-        for family in registry.collect():
-            for sample in family.samples:
-                if sample.name == "otelprof_profiling_windows_total" and sample.value:
-                    windows[sample.labels["trigger"]] = int(sample.value)
-                elif sample.name == "otelprof_window_op_self_cpu_seconds":
-                    windows.setdefault("top_ops", {})[sample.labels["op"]] = sample.value
+        done, _failed, last = live.windows.metrics.snapshot()
+        windows = {trigger: count for trigger, count in done.items() if count}
+        if last is not None:
+            windows["top_ops"] = last.op_self_cpu_s
     requests = {
         result: int(REGISTRY.get_sample_value("otelprof_export_requests_total", {"result": result}) or 0)
         for result in ("exported", "spooled", "dropped")

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Sequence
+from typing import BinaryIO
 
 from . import demo_cli, doctor_cli, import_cli, run_cli, spool_cli, summary_cli
 from ._cli_common import (
+    ENGINES,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -24,7 +24,10 @@ from ._cli_common import (
     CliError,
     add_verbosity,
     cli_logging,
+    convert_options,
     exit_codes,
+    int_at_least,
+    microseconds,
     one_line,
     os_error,
 )
@@ -32,10 +35,8 @@ from ._version import __version__
 from .converter import ConvertOptions, ConvertResult, TraceFormatError, convert
 from .otlp_file import atomic_writer, write_delimited
 from .otlp_json import encode_jsonl
-from .resource import options_from_env
 
 FORMATS = ("otlp-proto", "otlp-json")
-ENGINES = ("auto", "native", "reference")
 
 _log = logging.getLogger(__name__)
 
@@ -43,35 +44,6 @@ _EXIT_CODES = exit_codes("a trace could not be converted or the output not writt
 
 
 # --- argument parsing --------------------------------------------------------------------
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type`` accepting integers >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
-        return value
-
-    return parse
-
-
-def _microseconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 9e12:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be a non-negative number of microseconds, not {text}")
-    return value
-
-
-def _add_verbosity(parser: argparse.ArgumentParser, top: bool) -> None:
-    add_verbosity(parser, top)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     parser.add_argument("--version", action="version", version=f"otelprof {__version__}")
-    _add_verbosity(parser, top=True)
+    add_verbosity(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     conv = sub.add_parser(
@@ -98,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXIT_CODES,
         formatter_class=fmt,
     )
-    _add_verbosity(conv, top=False)
+    add_verbosity(conv)
     conv.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace file (.json or .json.gz)")
     conv.add_argument("-o", "--output", required=True, metavar="OUT", help="output file ('-' for stdout)")
     conv.add_argument(
@@ -114,13 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--run-id", metavar="ID", help="run id that trace ids derive from (default: $OTELPROF_RUN_ID)")
     conv.add_argument(
         "--max-request-bytes",
-        type=_int_at_least(1024),
+        type=int_at_least(1024),
         metavar="N",
         help="split requests larger than N bytes (default: $OTELPROF_MAX_REQUEST_BYTES or 3 MiB)",
     )
     conv.add_argument(
         "--min-duration-us",
-        type=_microseconds,
+        type=microseconds,
         metavar="US",
         help="at default detail, shorter CPU events are not spans (default: $OTELPROF_MIN_DURATION_US or 10)",
     )
@@ -181,21 +153,8 @@ def _plural(n: int, noun: str) -> str:
 # --- convert -----------------------------------------------------------------------------
 
 
-def _convert_options(args: argparse.Namespace) -> ConvertOptions:
-    overrides: dict[str, Any] = {}
-    if args.detail is not None:
-        overrides["detail"] = args.detail
-    if args.run_id is not None:
-        overrides["run_id"] = args.run_id
-    if args.max_request_bytes is not None:
-        overrides["max_request_bytes"] = args.max_request_bytes
-    if args.min_duration_us is not None:
-        overrides["min_duration_ns"] = round(args.min_duration_us * 1000)
-    return options_from_env(os.environ, **overrides)
-
-
 def _cmd_convert(args: argparse.Namespace) -> int:
-    options = _convert_options(args)
+    options = convert_options(args)
     out: str = args.output
     fmt: str = args.format or ("otlp-json" if out.endswith((".json", ".jsonl")) else "otlp-proto")
 

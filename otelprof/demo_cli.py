@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._cli_common import int_at_least
 from .converter.reference import ids
 
 DEFAULT_DIR = "otelprof-demo"
@@ -51,21 +52,17 @@ def add_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_verbosity(demo)
-    demo.add_argument("--steps", type=_steps, default=20, metavar="N", help="training steps, at least 9 (default: 20)")
+    demo.add_argument(
+        "--steps",
+        type=int_at_least(9, "the profiled window is steps 6-8"),
+        default=20,
+        metavar="N",
+        help="training steps, at least 9 (default: 20)",
+    )
     demo.add_argument(
         "--out", type=Path, default=Path(DEFAULT_DIR), metavar="DIR", help=f"output folder (default: {DEFAULT_DIR})"
     )
     demo.set_defaults(func=_demo)
-
-
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 9:
-        raise argparse.ArgumentTypeError(f"must be at least 9 (the profiled window is steps 6-8), got {value}")
-    return value
 
 
 def demo_environment(environ: Mapping[str, str]) -> dict[str, str]:

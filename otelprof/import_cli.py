@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
@@ -19,8 +18,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._cli_common import (
+    ENGINES,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CliError,
+    convert_options,
+    int_at_least,
+    microseconds,
+)
 from .converter import ConvertOptions, ConvertResult
 from .importer.discover import Source, SourceError, find_sources
 from .importer.ledger import Ledger, LedgerError, default_path
@@ -51,8 +60,6 @@ def add_parser(
     epilog: str,
     add_verbosity: Callable[[argparse.ArgumentParser], None],
 ) -> None:
-    from .cli import ENGINES, _int_at_least, _microseconds  # cli imports this module first
-
     parser = sub.add_parser(
         "import",
         help="send Kineto traces and Nsight Systems exports to the OTLP endpoint",
@@ -76,13 +83,13 @@ def add_parser(
     )
     parser.add_argument(
         "--max-request-bytes",
-        type=_int_at_least(1024),
+        type=int_at_least(1024),
         metavar="N",
         help="split requests larger than N bytes (default: $OTELPROF_MAX_REQUEST_BYTES or 3 MiB)",
     )
     parser.add_argument(
         "--min-duration-us",
-        type=_microseconds,
+        type=microseconds,
         metavar="US",
         help="at default detail, shorter CPU events are not spans (default: $OTELPROF_MIN_DURATION_US or 10)",
     )
@@ -95,7 +102,7 @@ def add_parser(
     parser.add_argument("--ledger", type=Path, metavar="FILE", help="ledger file (default: see below)")
     parser.add_argument(
         "--batch-bytes",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=DEFAULT_BATCH_BYTES,
         metavar="N",
         help="request bytes handed to the exporter before waiting for their delivery and recording it "
@@ -108,21 +115,6 @@ def add_parser(
         help="progress line with events/s on stderr (default: when stderr is a terminal)",
     )
     parser.set_defaults(func=_cmd_import)
-
-
-def _base_options(args: argparse.Namespace) -> ConvertOptions:
-    from .resource import options_from_env
-
-    overrides: dict[str, Any] = {}
-    if args.detail is not None:
-        overrides["detail"] = args.detail
-    if args.run_id is not None:
-        overrides["run_id"] = args.run_id
-    if args.max_request_bytes is not None:
-        overrides["max_request_bytes"] = args.max_request_bytes
-    if args.min_duration_us is not None:
-        overrides["min_duration_ns"] = round(args.min_duration_us * 1000)
-    return options_from_env(os.environ, **overrides)
 
 
 @contextmanager
@@ -152,11 +144,10 @@ def _stop_on_signals(stop: threading.Event, quiet: bool) -> Iterator[None]:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from .cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
     from .export.config import exporter_config_from_env
     from .export.exporter import Exporter
 
-    base = _base_options(args)
+    base = convert_options(args)
     try:
         sources = find_sources(args.paths, run_id=base.run_id)
     except SourceError as exc:

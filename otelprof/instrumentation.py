@@ -28,7 +28,7 @@ from .capture.step_spans import StepContext, StepSpans
 from .capture.steps import Step, StepTracker
 from .capture.window_metrics import WindowMetrics
 from .capture.windows import Windows
-from .converter.reference.builder import Attrs
+from .converter.reference.builder import Attrs, resource_attributes
 from .export import exporter_config_from_env
 from .export.exporter import Exporter, spool_dir_from_env
 from .resource import options_from_env, resource_attributes_from_env
@@ -91,14 +91,13 @@ class Session:
             self.metrics = StepMetrics(self.identity.labels(), self.registry)
             if self.straggler is not None:
                 self.straggler.register(self.identity.labels(), self.registry)
-            self.spans = StepSpans(
-                exporter, self.identity, _resource(self.identity, self._environ), self.metrics.spans_dropped.inc
-            )
+            resource = _resource(self.identity, self._environ)
+            self.spans = StepSpans(exporter, self.identity, resource, self.metrics.spans_dropped.inc)
             metric_exporters = otlp_metrics.exporters(self._environ)
             if "prometheus" in metric_exporters:
                 self._serve_metrics()
             if "otlp" in metric_exporters:
-                self._start_otlp_metrics()
+                self._start_otlp_metrics(resource)
             if self.settings.windows.enabled:
                 options = options_from_env(
                     self._environ,
@@ -160,11 +159,11 @@ class Session:
         self.metrics_port = int(server.server_port)
         _log.info("otelprof metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
 
-    def _start_otlp_metrics(self) -> None:
-        assert self.metrics is not None
+    def _start_otlp_metrics(self, resource: Attrs) -> None:
         try:
-            resource = dict(_resource(self.identity, self._environ))
-            self.otlp_metrics = otlp_metrics.OtlpMetrics(self.registry, self.identity.labels(), resource, self._environ)
+            self.otlp_metrics = otlp_metrics.OtlpMetrics(
+                self.registry, self.identity.labels(), dict(resource), self._environ
+            )
         except ImportError as exc:
             _log.warning(
                 "OTEL_METRICS_EXPORTER=otlp needs the OpenTelemetry SDK and OTLP exporters "
@@ -207,13 +206,7 @@ class Session:
 def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
     import socket
 
-    attrs: Attrs = list(resource_attributes_from_env(environ))
-    keys = {k for k, _ in attrs}
-    if "service.name" not in keys:
-        attrs.insert(0, ("service.name", "unknown_service"))
     computed: Attrs = [
-        ("telemetry.sdk.name", "otelprof"),
-        ("telemetry.sdk.language", "python"),
         ("host.name", socket.gethostname()),
         ("process.pid", os.getpid()),
         ("pytorch.distributed.rank", identity.rank),
@@ -221,8 +214,7 @@ def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
         ("pytorch.distributed.world_size", identity.world_size),
         ("otelprof.run.id", identity.run_id),
     ]
-    attrs.extend((k, v) for k, v in computed if k not in keys)
-    return attrs
+    return resource_attributes(list(resource_attributes_from_env(environ)), None, computed)
 
 
 def instrument(

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ._cli_common import EXIT_OK, EXIT_USAGE, CliError
+from ._cli_common import EXIT_OK, EXIT_USAGE, CliError, int_at_least
 from .converter import TraceFormatError
 from .export.spool import SUFFIX
 from .summary import SORT_ALIASES, SORT_KEYS, Summary, add_requests, add_trace, ordered, sort_key, to_json, to_table
@@ -20,16 +20,6 @@ def _sort(text: str) -> str:
         return sort_key(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (all rows) or more, not {value}")
-    return value
 
 
 def add_parser(
@@ -69,7 +59,7 @@ def add_parser(
         "-n",
         "--limit",
         "--row-limit",
-        type=_limit,
+        type=int_at_least(0, "0: all rows"),
         metavar="N",
         help=f"show the first N rows, 0 for all (default: {DEFAULT_TABLE_ROWS} in the table, all in JSON)",
     )

@@ -56,7 +56,6 @@ class StepSpans:
         self, exporter: Exporter, identity: Identity, resource: Attrs, on_drop: Callable[[], None] | None = None
     ) -> None:
         self._exporter = exporter
-        self._identity = identity
         self._encoder = StepEncoder(list(resource), __version__)
         self._base = ids.span_base(identity.run_id, f"live|{identity.rank}")
         self._trace_ids = ids.TraceIds(f"step|{identity.run_id}|")  # the converter's step trace ids

@@ -94,6 +94,11 @@ class WindowMetrics(Collector):
         with self._lock:
             self._failed += 1
 
+    def snapshot(self) -> tuple[dict[str, int], int, WindowSummary | None]:
+        """(windows by trigger, windows failed, the last window's summary)."""
+        with self._lock:
+            return dict(self._done), self._failed, self._last
+
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         with self._lock:
             done, failed, last, when = dict(self._done), self._failed, self._last, self._last_time

@@ -27,7 +27,7 @@ from urllib.parse import quote
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
 from ..converter._text import clean
 from ..converter.reference import ids
-from ..converter.reference.builder import Attrs, Span
+from ..converter.reference.builder import Attrs, Span, resource_attributes
 from ..converter.reference.encoder import encode
 
 SUPPORTED_MAJORS = (2, 3)
@@ -388,14 +388,7 @@ def _gpu_models(db: _Db) -> list[str]:
 def _resource(
     opts: ConvertOptions, run_id: str, pid: int, exe: str, host: str | None, gpus: list[str], version: str
 ) -> Attrs:
-    attrs: Attrs = [(clean(k), clean(v)) for k, v in opts.resource_attributes]
-    keys = {k for k, _ in attrs}
-    if "service.name" not in keys:
-        attrs.insert(0, ("service.name", "unknown_service"))
-        keys.add("service.name")
-    computed: Attrs = [("telemetry.sdk.name", "otelprof"), ("telemetry.sdk.language", "python")]
-    if opts.scope_version:
-        computed.append(("telemetry.sdk.version", opts.scope_version))
+    computed: Attrs = []
     if host:
         computed.append(("host.name", clean(host)))
     computed.append(("process.pid", pid))
@@ -410,8 +403,7 @@ def _resource(
         computed.append(("hw.gpu.count", len(gpus)))
     computed.append(("otelprof.run.id", run_id))
     computed.append(("otelprof.source.format", f"nsys-sqlite {version}"))
-    attrs.extend((k, v) for k, v in computed if k not in keys)
-    return attrs
+    return resource_attributes(list(opts.resource_attributes), opts.scope_version, computed)
 
 
 __all__ = ["STAT_KEYS", "SUPPORTED_MAJORS", "convert_nsys", "pid_of", "tid_of"]

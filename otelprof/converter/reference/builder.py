@@ -485,15 +485,24 @@ def _aggregate_ops(
     return list(rows.values())
 
 
-def _resource(trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None, world: int | None) -> Attrs:
-    attrs: Attrs = [(clean(k), clean(v)) for k, v in opts.resource_attributes]
+def resource_attributes(user: Attrs, scope_version: str | None, computed: Attrs) -> Attrs:
+    """A resource: the user's attributes (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``),
+    ``service.name`` defaulting to ``unknown_service``, then otelprof's SDK attributes and
+    ``computed``, each unless the user set that key."""
+    attrs: Attrs = [(clean(k), clean(v) if isinstance(v, str) else v) for k, v in user]
     keys = {k for k, _ in attrs}
     if "service.name" not in keys:
         attrs.insert(0, ("service.name", "unknown_service"))
         keys.add("service.name")
-    computed: Attrs = [("telemetry.sdk.name", "otelprof"), ("telemetry.sdk.language", "python")]
-    if opts.scope_version:
-        computed.append(("telemetry.sdk.version", opts.scope_version))
+    sdk: Attrs = [("telemetry.sdk.name", "otelprof"), ("telemetry.sdk.language", "python")]
+    if scope_version:
+        sdk.append(("telemetry.sdk.version", scope_version))
+    attrs.extend((k, v) for k, v in [*sdk, *computed] if k not in keys)
+    return attrs
+
+
+def _resource(trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None, world: int | None) -> Attrs:
+    computed: Attrs = []
     host = trace.host_name or (clean(opts.host_name) if opts.host_name else None)
     if host:
         computed.append(("host.name", host))
@@ -507,5 +516,4 @@ def _resource(trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None,
         computed.append(("hw.gpu.model", trace.gpu_models[0]))
         computed.append(("hw.gpu.count", len(trace.gpu_models)))
     computed.append(("otelprof.run.id", run_id))
-    attrs.extend((k, v) for k, v in computed if k not in keys)
-    return attrs
+    return resource_attributes(list(opts.resource_attributes), opts.scope_version, computed)
