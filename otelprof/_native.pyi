@@ -17,3 +17,16 @@ def schema() -> dict[str, list[tuple[str, ...]]]:
 
 def category_kind(category: str) -> int:
     """The Kind a Kineto category maps to (same numbering as reference.schema.Kind)."""
+
+StepRecordTuple = tuple[
+    str, int, int, int, int, bytes | None, bytes | None, int | None, int | None, int, list[tuple[str, int, int]]
+]
+
+class StepSpanEncoder:
+    """Live step records -> ExportTraceServiceRequest bytes (capture/step_spans.py)."""
+
+    def __init__(
+        self, resource: list[tuple[str, Any]], scope_version: str, trace_prefix: str, span_base: int
+    ) -> None: ...
+    def encode(self, steps: list[StepRecordTuple], max_bytes: int) -> list[bytes]:
+        """Releases the GIL while encoding."""

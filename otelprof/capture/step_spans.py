@@ -5,17 +5,21 @@ so a profiled step's operator spans land in the same trace. When the application
 OpenTelemetry span (an inference request, say), the step nests under it instead.
 
 Steps are queued on the training thread (a bounded deque append) and encoded and submitted by
-a background thread once a second, or sooner when many are waiting.
+a background thread once a second, or sooner when many are waiting. The native core encodes them
+with the GIL released (a Python encoder holding the GIL for ~30 us per step stalled a small
+model's training thread by as much); the Python StepEncoder, byte-identical, is the fallback.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .._version import __version__
 from ..converter.reference import ids
@@ -27,9 +31,21 @@ from .steps import Step
 
 _log = logging.getLogger(__name__)
 
+try:
+    _native: Any = importlib.import_module("otelprof._native")
+except ImportError:  # pragma: no cover - a broken build; the Python encoder takes over
+    _native = None
+
 MAX_PENDING = 10_000  # steps waiting for the encoder; beyond that they are dropped (counted)
 BATCH_STEPS = 512
 FLUSH_INTERVAL_S = 1.0
+
+
+#: What the encoders get per step: (name, number, start_ns, end_ns, ordinal, trace_id | None,
+#: parent_id | None, samples | None, tokens | None, dropped_phases, [(phase, start_ns, end_ns)]).
+StepRecord = tuple[
+    str, int, int, int, int, "bytes | None", "bytes | None", "int | None", "int | None", int, list[tuple[str, int, int]]
+]
 
 
 @dataclass(frozen=True)
@@ -56,9 +72,9 @@ class StepSpans:
         self, exporter: Exporter, identity: Identity, resource: Attrs, on_drop: Callable[[], None] | None = None
     ) -> None:
         self._exporter = exporter
-        self._encoder = StepEncoder(list(resource), __version__)
-        self._base = ids.span_base(identity.run_id, f"live|{identity.rank}")
-        self._trace_ids = ids.TraceIds(f"step|{identity.run_id}|")  # the converter's step trace ids
+        self.encoder = StepRecordEncoder(identity, resource)
+        self._base = self.encoder.span_base
+        self._trace_ids = self.encoder.trace_ids
         self._ordinal = 0
         self.dropped = 0
         self._on_drop = on_drop
@@ -124,23 +140,66 @@ class StepSpans:
             self._pending.clear()
         if not batch:
             return
-        spans: list[Span] = []
-        for step, ctx in batch:
-            spans.extend(self._spans(step, ctx, len(spans)))
-        for request in self._encoder.encode(spans, 3 * 1024 * 1024):
+        for request in self.encoder.encode([record(step, ctx) for step, ctx in batch], 3 * 1024 * 1024):
             self._exporter.submit(request)
 
-    def _spans(self, step: Step, ctx: StepContext, order: int) -> list[Span]:
-        attrs: Attrs = [("pytorch.step", step.number), ("otelprof.step.source", "live")]
-        if step.samples is not None:
-            attrs.append(("otelprof.step.samples", step.samples))
-        if step.tokens is not None:
-            attrs.append(("otelprof.step.tokens", step.tokens))
-        if step.dropped_phases:
-            attrs.append(("otelprof.step.dropped_phases", step.dropped_phases))
-        step_id = ids.span_id(self._base, ctx.ordinal)
-        out = [Span(order, ctx.trace_id, step_id, ctx.parent_id, step.name, step.start_ns, step.end_ns, attrs)]
-        for i, (phase, start, end) in enumerate(step.phases, 1):
-            phase_id = ids.span_id(self._base, ctx.ordinal + i)
-            out.append(Span(order + i, ctx.trace_id, phase_id, step_id, phase, start, end, [("otelprof.phase", phase)]))
+
+class StepRecordEncoder:
+    """Step records -> requests: the native core's encoder, or (``native=False``, or no native
+    core) span-model Spans through the Python StepEncoder; the two write the same bytes."""
+
+    def __init__(self, identity: Identity, resource: Attrs, native: bool = True, version: str = __version__) -> None:
+        self.span_base = ids.span_base(identity.run_id, f"live|{identity.rank}")
+        prefix = f"step|{identity.run_id}|"  # the converter's step trace ids
+        self.trace_ids = ids.TraceIds(prefix)
+        self._encoder = StepEncoder(list(resource), version)
+        self._native = (
+            _native.StepSpanEncoder(list(resource), version, prefix, self.span_base)
+            if native and _native is not None
+            else None
+        )
+
+    def encode(self, records: list[StepRecord], max_bytes: int) -> list[bytes]:
+        """ExportTraceServiceRequest bytes of ``records`` (native, or the Python fallback)."""
+        if self._native is not None:
+            encoded: list[bytes] = self._native.encode(records, max_bytes)
+            return encoded
+        spans: list[Span] = []
+        for rec in records:
+            spans.extend(self.spans(rec, len(spans)))
+        return self._encoder.encode(spans, max_bytes)
+
+    def spans(self, rec: StepRecord, order: int) -> list[Span]:
+        """A step's span and its phase spans, as the span model has them."""
+        name, number, start_ns, end_ns, ordinal, trace_id, parent_id, samples, tokens, dropped, phases = rec
+        attrs: Attrs = [("pytorch.step", number), ("otelprof.step.source", "live")]
+        if samples is not None:
+            attrs.append(("otelprof.step.samples", samples))
+        if tokens is not None:
+            attrs.append(("otelprof.step.tokens", tokens))
+        if dropped:
+            attrs.append(("otelprof.step.dropped_phases", dropped))
+        if trace_id is None:
+            trace_id = self.trace_ids(str(number))
+        step_id = ids.span_id(self.span_base, ordinal)
+        out = [Span(order, trace_id, step_id, parent_id or b"", name, start_ns, end_ns, attrs)]
+        for i, (phase, start, end) in enumerate(phases, 1):
+            phase_id = ids.span_id(self.span_base, ordinal + i)
+            out.append(Span(order + i, trace_id, phase_id, step_id, phase, start, end, [("otelprof.phase", phase)]))
         return out
+
+
+def record(step: Step, ctx: StepContext) -> StepRecord:
+    return (
+        step.name,
+        step.number,
+        step.start_ns,
+        step.end_ns,
+        ctx.ordinal,
+        ctx.trace_id,
+        ctx.parent_id or None,
+        step.samples,
+        step.tokens,
+        step.dropped_phases,
+        step.phases,
+    )

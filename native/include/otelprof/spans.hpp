@@ -22,7 +22,9 @@ using SpanId = std::array<uint8_t, 8>;
 using AttrKey = uint16_t;
 enum FixedKey : AttrKey {
     kCategoryKey, kThreadIdKey, kAggregatedCountKey, kAggregatedDurationKey, kDroppedSpansKey, kSyntheticKey,
-    kStepKey, kRankKey, kSelfCpuKey, kSelfDeviceKey, kPeakAllocatedKey, kFixedKeyCount
+    kStepKey, kRankKey, kSelfCpuKey, kSelfDeviceKey, kPeakAllocatedKey,
+    // live step spans (step_spans.hpp)
+    kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kFixedKeyCount
 };
 AttrKey arg_key(int arg_attribute);
 AttrKey memory_key(int memory_attribute);
