@@ -157,7 +157,7 @@ def simulate(world: int, steps: int, trace: Path, exporter_series: int) -> dict[
             step = _step(n, start, means[rank])
             start = step.end_ns
             ctx = spans.context(step)
-            metrics.observe(step, ctx.trace_id)
+            metrics.observe(step, ctx)
             spans.add(step, ctx)
         straggler.ratio = straggler_ratio(means[rank], means)  # what the all_gather would return
         spans.close()

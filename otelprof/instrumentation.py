@@ -92,7 +92,7 @@ class Session:
             if self.straggler is not None:
                 self.straggler.register(self.identity.labels(), self.registry)
             resource = _resource(self.identity, self._environ)
-            self.spans = StepSpans(exporter, self.identity, resource, self.metrics.spans_dropped.inc)
+            self.spans = StepSpans(exporter, self.identity, resource, self.metrics.span_dropped)
             metric_exporters = otlp_metrics.exporters(self._environ)
             if "prometheus" in metric_exporters:
                 self._serve_metrics()
@@ -133,7 +133,7 @@ class Session:
 
     def _record(self, step: Step, ctx: StepContext) -> None:
         assert self.metrics is not None and self.spans is not None
-        self.metrics.observe(step, ctx.trace_id)
+        self.metrics.observe(step, ctx)
         if self.straggler is not None:
             self.straggler.observe(step.duration_s)
         if self.otlp_metrics is not None:

@@ -39,25 +39,38 @@ def batch_size(batch: Any) -> tuple[int | None, int | None]:
     tensor holds integer ids of shape (batch, sequence)."""
     import torch
 
-    seen = 0
-    stack = [batch]
-    while stack and seen < 64:  # bounded walk: batches can be deep structures
-        item = stack.pop(0)
-        seen += 1
-        if isinstance(item, torch.Tensor):
-            if item.dim() == 0:
-                return None, None
-            samples = int(item.shape[0])
-            integer = not item.dtype.is_floating_point and not item.dtype.is_complex and item.dtype != torch.bool
-            return samples, int(item.numel()) if integer and item.dim() == 2 else None
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return None, None
+    tensor = torch.Tensor
+    item: Any = batch
+    if type(item) in (list, tuple) and item:  # the usual (inputs, targets): no walk needed
+        item = item[0]
+    if not isinstance(item, tensor):
+        item = None
+        seen = 0
+        stack = [batch]
+        while stack and seen < 64:  # bounded walk: batches can be deep structures
+            node = stack.pop(0)
+            seen += 1
+            if isinstance(node, tensor):
+                item = node
+                break
+            if isinstance(node, dict):
+                stack.extend(node.values())
+            elif isinstance(node, (list, tuple)):
+                stack.extend(node)
+        if item is None:
+            return None, None
+    if item.dim() == 0:
+        return None, None
+    samples = int(item.shape[0])
+    dtype = item.dtype
+    integer = not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+    return samples, int(item.numel()) if integer and item.dim() == 2 else None
 
 
 class TorchHooks:
+    """Each hook is one Python frame around the tracker call, its guard inlined (these run
+    several times per step, so a frame saved is worth it)."""
+
     def __init__(self, tracker: StepTracker) -> None:
         self._tracker = tracker
         self._undo: list[Callable[[], None]] = []
@@ -71,22 +84,28 @@ class TorchHooks:
         from torch.utils.data import dataloader
 
         tracker = self._tracker
-        guard = self._guard
+        failed = self._fail
 
         def optimizer_pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            guard(tracker.phase_begin, "optimizer")
+            if not self._failed:
+                try:
+                    tracker.phase_begin("optimizer")
+                except Exception:
+                    failed()
 
         def optimizer_post(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            guard(tracker.phase_end, "optimizer")
+            if not self._failed:
+                try:
+                    tracker.phase_end("optimizer")
+                except Exception:
+                    failed()
 
         for handle in (
             optim.register_optimizer_step_pre_hook(optimizer_pre),
             optim.register_optimizer_step_post_hook(optimizer_post),
         ):
             self._undo.append(handle.remove)
-        self.forward = RootForwardHooks(
-            nn_module, lambda: guard(tracker.phase_begin, "forward"), lambda: guard(tracker.phase_end, "forward")
-        )
+        self.forward = RootForwardHooks(nn_module, self)
         self.forward.discover()
         self._undo.append(self.forward.remove)
         self._quiet_compile_warning()
@@ -95,11 +114,20 @@ class TorchHooks:
 
         @functools.wraps(original_backward)
         def backward(*args: Any, **kwargs: Any) -> Any:
-            guard(tracker.phase_begin, "backward")
+            if self._failed:
+                return original_backward(*args, **kwargs)
+            try:
+                tracker.phase_begin("backward")
+            except Exception:
+                failed()
             try:
                 return original_backward(*args, **kwargs)
             finally:
-                guard(tracker.phase_end, "backward")
+                if not self._failed:
+                    try:
+                        tracker.phase_end("backward")
+                    except Exception:
+                        failed()
 
         self._patch(torch.autograd, "backward", backward)
 
@@ -108,13 +136,25 @@ class TorchHooks:
 
         @functools.wraps(original_next)
         def next_batch(it: Any) -> Any:
-            guard(tracker.phase_begin, "data")
+            if self._failed:
+                return original_next(it)
+            try:
+                tracker.phase_begin("data")
+            except Exception:
+                failed()
+            batch = None
             try:
                 batch = original_next(it)
+                return batch
             finally:
-                guard(tracker.phase_end, "data")
-            guard(self._count_batch, batch)
-            return batch
+                if not self._failed:
+                    try:  # StopIteration included: the wait for an exhausted iterator was data wait too
+                        if batch is None:
+                            tracker.phase_end("data")
+                        else:
+                            tracker.data_end(*batch_size(batch))
+                    except Exception:
+                        failed()
 
         self._patch(iterator, "__next__", next_batch)
 
@@ -143,12 +183,7 @@ class TorchHooks:
             try:
                 self.forward.step_done()
             except Exception:
-                self._failed = True
-                _log.warning("otelprof step tracking stopped after an internal error", exc_info=True)
-
-    def _count_batch(self, batch: Any) -> None:
-        samples, tokens = batch_size(batch)
-        self._tracker.set_batch(samples, tokens)
+                self._fail()
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         original = getattr(owner, name)
@@ -160,12 +195,10 @@ class TorchHooks:
 
         self._undo.append(restore)
 
-    def _guard(self, call: Callable[[Any], None], arg: Any) -> None:
-        if self._failed:
-            return
-        try:
-            call(arg)
-        except Exception:
+    def _fail(self) -> None:
+        """An internal error: every hook goes quiet (they stay installed until remove(): a hook
+        list must not change while torch iterates it), logged once."""
+        if not self._failed:
             self._failed = True
             _log.warning("otelprof step tracking stopped after an internal error", exc_info=True)
 
@@ -173,10 +206,10 @@ class TorchHooks:
 class RootForwardHooks:
     """The forward phase from the outermost module calls, hooked on the root modules only."""
 
-    def __init__(self, nn_module: Any, begin: Callable[[], None], end: Callable[[], None]) -> None:
+    def __init__(self, nn_module: Any, hooks: TorchHooks) -> None:
         self._nn = nn_module
-        self._begin = begin
-        self._end = end
+        self._hooks = hooks
+        self._tracker = hooks._tracker
         self._local = threading.local()  # module-call depth per thread (DataParallel replicas)
         self._global: list[Any] = []  # handles of the global hooks while discovering
         self._roots: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}  # id -> (module, handles)
@@ -237,7 +270,7 @@ class RootForwardHooks:
         if depth == 0:
             if len(self._found) < MAX_ROOTS:
                 self._found.setdefault(id(module), weakref.ref(module))
-            self._begin()
+            self._root_pre(module, _input)
 
     def _global_post(self, _module: Any, _input: Any, _output: Any) -> None:
         depth = getattr(self._local, "depth", 0)
@@ -245,13 +278,21 @@ class RootForwardHooks:
             return
         self._local.depth = depth - 1
         if depth == 1:
-            self._end()
+            self._root_post(_module, _input, _output)
 
     def _root_pre(self, _module: Any, _input: Any) -> None:
-        self._begin()
+        if not self._hooks._failed:
+            try:
+                self._tracker.phase_begin("forward")
+            except Exception:
+                self._hooks._fail()
 
     def _root_post(self, _module: Any, _input: Any, _output: Any) -> None:
-        self._end()
+        if not self._hooks._failed:
+            try:
+                self._tracker.phase_end("forward")
+            except Exception:
+                self._hooks._fail()
 
 
 def _always_called(register: Callable[..., Any], hook: Callable[[Any, Any, Any], None]) -> Any:

@@ -4,90 +4,89 @@ Every series carries ``run``, ``rank`` and ``local_rank`` (one value each per pr
 phase series add ``phase`` (four values): a rank exposes a fixed, small set of series whatever
 the world size. Step-duration observations carry the step's trace id as an OpenMetrics
 exemplar, so a dashboard can jump from a slow bucket to that step's trace.
+
+A step updates plain numbers under one lock (a bisect per histogram); the registry reads them as
+metric families at scrape time. prometheus-client's Histogram/Counter/Gauge objects took ~8 us
+per step (a lock per bucket, counter and gauge, exemplar validation); tests/capture/
+test_step_metrics.py checks that the exposition equals theirs for the same observations.
 """
 
 from __future__ import annotations
 
 import resource
-from collections.abc import Iterable, Mapping
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
+from prometheus_client.utils import floatToGoString
 
 from .steps import PHASES, Step
 
 LABELS = ("run", "rank", "local_rank")
 #: From 1 ms to 10 minutes: tiny CPU steps to giant LLM steps.
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_LE = [floatToGoString(b) for b in STEP_BUCKETS] + ["+Inf"]
 
 
-class StepMetrics:
+class Traced(Protocol):
+    """A step's ids (step_spans.StepContext): the trace id is read at scrape time only."""
+
+    @property
+    def trace_id(self) -> bytes: ...
+
+
+class Buckets:
+    """One histogram series: per-bucket counts (cumulated at scrape), sum, and per bucket the
+    latest exemplar (trace id, value, time), as prometheus-client's Histogram keeps them."""
+
+    __slots__ = ("counts", "exemplars", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(_LE)
+        self.sum = 0.0
+        self.exemplars: list[tuple[Traced, float, float] | None] = [None] * len(_LE)
+
+    def observe(self, value: float) -> int:
+        """The bucket index ``value`` fell in (the first bound >= value; past the last, +Inf)."""
+        i = bisect_left(STEP_BUCKETS, value)
+        self.counts[i] += 1
+        self.sum += value
+        return i
+
+    def add_to(self, family: HistogramMetricFamily, labels: Sequence[str]) -> None:
+        buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+        total = 0
+        for le, count, exemplar in zip(_LE, self.counts, self.exemplars, strict=True):
+            total += count
+            if exemplar is None:
+                buckets.append((le, total))
+            else:
+                traced, value, at = exemplar
+                buckets.append((le, total, Exemplar({"trace_id": traced.trace_id.hex()}, value, at)))
+        family.add_metric(labels, buckets, self.sum)
+
+
+class StepMetrics(Collector):
     def __init__(self, labels: Mapping[str, str], registry: CollectorRegistry = REGISTRY) -> None:
-        values = [labels[k] for k in LABELS]
+        self._values = [labels[k] for k in LABELS]
         self._registry = registry
         self._registered: list[Collector] = []
-
-        def add(metric: Collector) -> Collector:
-            self._registered.append(metric)
-            return metric
-
-        duration = add(
-            Histogram(
-                "otelprof_step_duration_seconds",
-                "Training step wall time.",
-                LABELS,
-                registry=registry,
-                buckets=STEP_BUCKETS,
-            )
-        )
-        phase = add(
-            Histogram(
-                "otelprof_step_phase_duration_seconds",
-                "Time per step in each phase (data wait, forward, backward, optimizer).",
-                (*LABELS, "phase"),
-                registry=registry,
-                buckets=STEP_BUCKETS,
-            )
-        )
-        steps = add(Counter("otelprof_steps", "Training steps completed.", LABELS, registry=registry))
-        last = add(
-            Gauge(
-                "otelprof_last_step_timestamp_seconds",
-                "When the last step ended (Unix time).",
-                LABELS,
-                registry=registry,
-            )
-        )
-        samples = add(Counter("otelprof_samples", "Samples processed.", LABELS, registry=registry))
-        tokens = add(Counter("otelprof_tokens", "Tokens processed.", LABELS, registry=registry))
-        samples_rate = add(
-            Gauge("otelprof_samples_per_second", "Samples per second in the last step.", LABELS, registry=registry)
-        )
-        dropped = add(
-            Counter(
-                "otelprof_step_spans_dropped",
-                "Step spans dropped because the encoder fell behind.",
-                LABELS,
-                registry=registry,
-            )
-        )
-        tokens_rate = add(
-            Gauge("otelprof_tokens_per_second", "Tokens per second in the last step.", LABELS, registry=registry)
-        )
-        assert isinstance(duration, Histogram) and isinstance(phase, Histogram)
-        assert isinstance(steps, Counter) and isinstance(samples, Counter) and isinstance(tokens, Counter)
-        assert isinstance(dropped, Counter)
-        assert isinstance(last, Gauge) and isinstance(samples_rate, Gauge) and isinstance(tokens_rate, Gauge)
-        self.step_duration = duration.labels(*values)
-        self.phases = {p: phase.labels(*values, p) for p in PHASES}
-        self.steps = steps.labels(*values)
-        self.last_step = last.labels(*values)
-        self.samples = samples.labels(*values)
-        self.tokens = tokens.labels(*values)
-        self.samples_rate = samples_rate.labels(*values)
-        self.tokens_rate = tokens_rate.labels(*values)
-        self.spans_dropped = dropped.labels(*values)
+        self._lock = threading.Lock()
+        self._duration = Buckets()
+        self._phases = {p: Buckets() for p in PHASES}
+        self._steps = 0
+        self._samples = 0
+        self._tokens = 0
+        self._spans_dropped = 0
+        self._last_step: float | None = None
+        self._samples_rate: float | None = None
+        self._tokens_rate: float | None = None
+        self.add_collector(self)
         self.add_collector(_ResourceCollector(labels))
 
     def add_collector(self, collector: Collector) -> None:
@@ -95,21 +94,72 @@ class StepMetrics:
         self._registry.register(collector)
         self._registered.append(collector)
 
-    def observe(self, step: Step, trace_id: bytes) -> None:
+    def observe(self, step: Step, traced: Traced) -> None:
         seconds = step.duration_s
-        self.step_duration.observe(seconds, exemplar={"trace_id": trace_id.hex()})
-        self.steps.inc()
-        for phase, ns in step.phase_totals_ns.items():
-            self.phases[phase].observe(ns / 1e9)
-        self.last_step.set(step.end_ns / 1e9)
-        if step.samples is not None:
-            self.samples.inc(step.samples)
-            if seconds > 0:
-                self.samples_rate.set(step.samples / seconds)
-        if step.tokens is not None:
-            self.tokens.inc(step.tokens)
-            if seconds > 0:
-                self.tokens_rate.set(step.tokens / seconds)
+        end = step.end_ns / 1e9
+        with self._lock:
+            duration = self._duration
+            duration.exemplars[duration.observe(seconds)] = (traced, seconds, end)
+            self._steps += 1
+            phases = self._phases
+            for phase, ns in step.phase_totals_ns.items():
+                phases[phase].observe(ns / 1e9)
+            self._last_step = end
+            if step.samples is not None:
+                self._samples += step.samples
+                if seconds > 0:
+                    self._samples_rate = step.samples / seconds
+            if step.tokens is not None:
+                self._tokens += step.tokens
+                if seconds > 0:
+                    self._tokens_rate = step.tokens / seconds
+
+    def span_dropped(self) -> None:
+        with self._lock:
+            self._spans_dropped += 1
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collect() reads live values: the registry must not call it at registration
+
+    def collect(self) -> Iterable[Metric]:
+        values = self._values
+        with self._lock:
+            duration = HistogramMetricFamily(
+                "otelprof_step_duration_seconds", "Training step wall time.", labels=LABELS
+            )
+            self._duration.add_to(duration, values)
+            phase = HistogramMetricFamily(
+                "otelprof_step_phase_duration_seconds",
+                "Time per step in each phase (data wait, forward, backward, optimizer).",
+                labels=(*LABELS, "phase"),
+            )
+            for name, buckets in self._phases.items():
+                buckets.add_to(phase, [*values, name])
+            counters = [
+                ("otelprof_steps", "Training steps completed.", self._steps),
+                ("otelprof_samples", "Samples processed.", self._samples),
+                ("otelprof_tokens", "Tokens processed.", self._tokens),
+                (
+                    "otelprof_step_spans_dropped",
+                    "Step spans dropped because the encoder fell behind.",
+                    self._spans_dropped,
+                ),
+            ]
+            gauges = [
+                ("otelprof_last_step_timestamp_seconds", "When the last step ended (Unix time).", self._last_step),
+                ("otelprof_samples_per_second", "Samples per second in the last step.", self._samples_rate),
+                ("otelprof_tokens_per_second", "Tokens per second in the last step.", self._tokens_rate),
+            ]
+        yield duration
+        yield phase
+        for name, doc, count in counters:
+            counter = CounterMetricFamily(name, doc, labels=LABELS)
+            counter.add_metric(values, count)
+            yield counter
+        for name, doc, value in gauges:
+            gauge = GaugeMetricFamily(name, doc, labels=LABELS)
+            gauge.add_metric(values, 0.0 if value is None else value)
+            yield gauge
 
     def unregister(self) -> None:
         """Removes every series this created (uninstrument)."""

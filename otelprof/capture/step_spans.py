@@ -18,12 +18,12 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .._version import __version__
 from ..converter.reference import ids
 from ..converter.reference.builder import Attrs, Span
+from ..converter.reference.ids import TraceIds
 from ..export.exporter import Exporter
 from .identity import Identity
 from .step_encoder import StepEncoder
@@ -48,20 +48,45 @@ StepRecord = tuple[
 ]
 
 
-@dataclass(frozen=True)
 class StepContext:
-    trace_id: bytes
-    ordinal: int  # the step span's; its phases take the ones that follow
-    parent_id: bytes = b""
+    """A step span's ids. Nested under an application span, the step takes that span's trace
+    id; otherwise its own (the converter's ``step|run|N``), hashed only when first asked for
+    (an exemplar at scrape time; the native encoder hashes it itself), not on the training thread."""
+
+    __slots__ = ("_ids", "_trace_id", "number", "ordinal", "parent_id", "parent_trace_id")
+
+    def __init__(self, ordinal: int, number: int, ids: TraceIds, parent: tuple[bytes, bytes] | None = None) -> None:
+        self.ordinal = ordinal  # the step span's; its phases take the ones that follow
+        self.number = number
+        self._ids = ids
+        self.parent_trace_id: bytes | None = None
+        self.parent_id = b""
+        if parent is not None:
+            self.parent_trace_id, self.parent_id = parent
+        self._trace_id = self.parent_trace_id
+
+    @property
+    def trace_id(self) -> bytes:
+        trace_id = self._trace_id
+        if trace_id is None:
+            trace_id = self._trace_id = self._ids(str(self.number))
+        return trace_id
+
+
+_get_current_span: Callable[[], Any] | None = None
 
 
 def current_parent() -> tuple[bytes, bytes] | None:
     """(trace id, span id) of the application's current OpenTelemetry span, if any."""
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
-    ctx = trace.get_current_span().get_span_context()
+    global _get_current_span
+    get = _get_current_span
+    if get is None:
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            return None
+        get = _get_current_span = trace.get_current_span
+    ctx = get().get_span_context()
     if not ctx.is_valid:
         return None
     return ctx.trace_id.to_bytes(16, "big"), ctx.span_id.to_bytes(8, "big")
@@ -85,26 +110,25 @@ class StepSpans:
         """Ids of ``step``'s span (called on the training thread, where the current span is)."""
         ordinal = self._ordinal
         self._ordinal += 1 + len(step.phases)
-        parent = current_parent()
-        if parent is not None:
-            return StepContext(parent[0], ordinal, parent[1])
-        return StepContext(self._trace_ids(str(step.number)), ordinal)
+        return StepContext(ordinal, step.number, self._trace_ids, current_parent())
 
     def span_id(self, ctx: StepContext) -> bytes:
         """The step span's id (for the OTLP metrics' exemplars)."""
         return ids.span_id(self._base, ctx.ordinal)
 
     def add(self, step: Step, ctx: StepContext) -> None:
-        with self._cond:
-            if len(self._pending) >= MAX_PENDING:
-                self.dropped += 1
-                if self._on_drop is not None:
-                    self._on_drop()
-                if self.dropped == 1:
-                    _log.warning("step spans are produced faster than they can be encoded: dropping (counted)")
-                return
-            self._pending.append((step, ctx))
-            if len(self._pending) >= BATCH_STEPS:
+        """No lock: deque appends and pops are atomic, and the encoder pops what it takes."""
+        pending = self._pending
+        if len(pending) >= MAX_PENDING:
+            self.dropped += 1
+            if self._on_drop is not None:
+                self._on_drop()
+            if self.dropped == 1:
+                _log.warning("step spans are produced faster than they can be encoded: dropping (counted)")
+            return
+        pending.append((step, ctx))
+        if len(pending) == BATCH_STEPS:
+            with self._cond:
                 self._cond.notify()
 
     def close(self) -> None:
@@ -135,9 +159,8 @@ class StepSpans:
                 return
 
     def _flush(self) -> None:
-        with self._cond:
-            batch = list(self._pending)
-            self._pending.clear()
+        pending = self._pending
+        batch = [pending.popleft() for _ in range(len(pending))]  # steps added meanwhile stay
         if not batch:
             return
         for request in self.encoder.encode([record(step, ctx) for step, ctx in batch], 3 * 1024 * 1024):
@@ -196,7 +219,7 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         step.start_ns,
         step.end_ns,
         ctx.ordinal,
-        ctx.trace_id,
+        ctx.parent_trace_id,  # None: the step's own, hashed by the encoder
         ctx.parent_id or None,
         step.samples,
         step.tokens,

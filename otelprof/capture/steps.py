@@ -30,7 +30,7 @@ PHASES = ("data", "forward", "backward", "optimizer")
 MAX_PHASE_SPANS = 64
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     number: int
     start_ns: int  # epoch nanoseconds
@@ -114,10 +114,19 @@ class StepTracker:
     def set_batch(self, samples: int | None = None, tokens: int | None = None) -> None:
         """Samples/tokens of the current step (inferred from the batch, or set by the application)."""
         with self._lock:
-            if samples is not None:
-                self._samples = samples
-            if tokens is not None:
-                self._tokens = tokens
+            self._set_batch(samples, tokens)
+
+    def data_end(self, samples: int | None, tokens: int | None) -> None:
+        """``phase_end("data")`` and ``set_batch()`` of the batch fetched, under one lock."""
+        with self._lock:
+            self.phase_end("data")
+            self._set_batch(samples, tokens)
+
+    def _set_batch(self, samples: int | None, tokens: int | None) -> None:
+        if samples is not None:
+            self._samples = samples
+        if tokens is not None:
+            self._tokens = tokens
 
     # --- explicit steps (the application) ---------------------------------------------------
 
