@@ -15,6 +15,8 @@ machine load hits both sides alike; medians over rounds give the step-time ratio
 from __future__ import annotations
 
 import argparse
+import copy
+import gc
 import json
 import os
 import statistics
@@ -42,11 +44,16 @@ def make_loop(steps: int, tiny: bool = False) -> Any:
         model = torch.nn.Sequential(torch.nn.Embedding(100, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.randint(0, 100, (8 * steps, 32))
+    # every run starts from the same weights and optimizer state, so both sides do the same
+    # arithmetic (drifting weights made later runs slower than earlier ones, bare or not)
+    initial = copy.deepcopy((model.state_dict(), opt.state_dict()))
 
     def run(step: Callable[[], None] | None = None) -> float:
         """Seconds per step over one epoch but its first step (``step``: the bare profiler's
         ``prof.step``). The first step is left out on both sides: otelprof starts its exporter,
         span thread and /metrics server there, once per process, not per step or window."""
+        model.load_state_dict(initial[0])
+        opt.load_state_dict(copy.deepcopy(initial[1]))
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=8)
         start = 0.0
         for i, (batch,) in enumerate(loader):
@@ -69,6 +76,8 @@ def interleaved(rounds: int, bare: Callable[[], float], ours: Callable[[], float
     b: list[float] = []
     for round_ in range(rounds):
         for first in (True, False) if round_ % 2 == 0 else (False, True):
+            gc.collect()  # each run starts from the same collector state: a full collection
+            # of torch's ~300k objects takes ~0.1 s, as long as a whole run
             if first:
                 a.append(bare())
             else:

@@ -57,6 +57,7 @@ class Session:
         self.identity = identity
         self.registry = registry
         self.exporter = exporter
+        self._owns_exporter = False  # one it creates is shut down with it; a caller's is not
         self._environ = dict(environ)
         self.metrics: StepMetrics | None = None
         self.spans: StepSpans | None = None
@@ -84,6 +85,7 @@ class Session:
                     spool_dir=spool_dir_from_env(self._environ),
                     registry=self.registry,
                 )
+                self._owns_exporter = True
                 # at exit the session must flush its last steps before the exporter shuts down
                 # (atexit runs the latest registration first)
                 atexit.unregister(_at_exit)
@@ -191,7 +193,10 @@ class Session:
         if self.spans is not None:
             self.spans.close()
         if self.exporter is not None:
-            self.exporter.flush(5.0)
+            if self._owns_exporter:
+                self.exporter.shutdown(5.0)  # flushes, spools what is left, stops its thread
+            else:
+                self.exporter.flush(5.0)
         if self.otlp_metrics is not None:
             self.otlp_metrics.shutdown()
         if self.metrics_server is not None:

@@ -4,6 +4,7 @@ receiver, and step metrics with exemplars scraped from /metrics (OpenMetrics par
 from __future__ import annotations
 
 import itertools
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,20 +154,23 @@ def test_uninstrument_restores_every_hook_and_instrument_twice_does_not_double(
 
 def test_the_exporter_follows_the_environment_given_to_instrument(tmp_path: Path) -> None:
     """instrument(environ=...) configures the exporter it creates from that mapping, not from
-    os.environ: here no endpoint, so the steps land in the spool folder it names."""
+    os.environ: here no endpoint, so the steps land in the spool folder it names. uninstrument()
+    shuts that exporter down: no thread of the session outlives it (sessions used to leave
+    their exporter's thread behind, one per instrument/uninstrument cycle)."""
     from prometheus_client import CollectorRegistry
 
     from otelprof.export.spool import Spool
 
     spool = tmp_path / "spool"
     environ = {"OTELPROF_SPOOL_DIR": str(spool), "OTEL_EXPORTER_PROMETHEUS_PORT": "0", "OTELPROF_PROFILE": "false"}
+    threads = set(threading.enumerate())
     session = otelprof.instrument(environ=environ, registry=CollectorRegistry())
     assert session is not None
     _train()
+    assert {t.name for t in set(threading.enumerate()) - threads} >= {"otelprof-exporter", "otelprof-step-spans"}
     otelprof.uninstrument()
-    assert session.exporter is not None and session.exporter.flush(10)
-    session.exporter.shutdown()
-    assert not session.exporter.config.endpoint_configured
+    assert [t.name for t in set(threading.enumerate()) - threads] == []
+    assert session.exporter is not None and not session.exporter.config.endpoint_configured
     spans = [s for _p, data in Spool(spool) for s in _decode(data)]
     assert len([s for s in spans if s.name == "train.step"]) == STEPS
 
