@@ -59,12 +59,24 @@ def batch_size(batch: Any) -> tuple[int | None, int | None]:
                 stack.extend(node)
         if item is None:
             return None, None
-    if item.dim() == 0:
+    shape = item.shape
+    if not shape:
         return None, None
-    samples = int(item.shape[0])
-    dtype = item.dtype
-    integer = not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
-    return samples, int(item.numel()) if integer and item.dim() == 2 else None
+    if len(shape) == 2 and item.dtype in _id_dtypes(torch):
+        return shape[0], shape[0] * shape[1]
+    return shape[0], None
+
+
+_ID_DTYPES: frozenset[Any] = frozenset()
+
+
+def _id_dtypes(torch: Any) -> frozenset[Any]:
+    """The integer dtypes token ids come in."""
+    global _ID_DTYPES
+    if not _ID_DTYPES:
+        names = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+        _ID_DTYPES = frozenset(getattr(torch, n) for n in names if hasattr(torch, n))
+    return _ID_DTYPES
 
 
 class TorchHooks:

@@ -73,20 +73,23 @@ class StepContext:
         return trace_id
 
 
-_get_current_span: Callable[[], Any] | None = None
+_otel: tuple[Callable[[], Any], Callable[[], Any]] | None = None  # (get_current, get_current_span)
 
 
 def current_parent() -> tuple[bytes, bytes] | None:
-    """(trace id, span id) of the application's current OpenTelemetry span, if any."""
-    global _get_current_span
-    get = _get_current_span
-    if get is None:
+    """(trace id, span id) of the application's current OpenTelemetry span, if any. A training
+    loop's context is usually empty: that case costs one call."""
+    global _otel
+    if _otel is None:
         try:
-            from opentelemetry import trace
+            from opentelemetry import context, trace
         except ImportError:
             return None
-        get = _get_current_span = trace.get_current_span
-    ctx = get().get_span_context()
+        _otel = (context.get_current, trace.get_current_span)
+    get_context, get_span = _otel
+    if not get_context():  # no span, no baggage: nothing to nest under
+        return None
+    ctx = get_span().get_span_context()
     if not ctx.is_valid:
         return None
     return ctx.trace_id.to_bytes(16, "big"), ctx.span_id.to_bytes(8, "big")

@@ -180,3 +180,30 @@ def _decode(data: bytes) -> list[PbSpan]:
 
     request = ExportTraceServiceRequest.FromString(data)
     return [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+
+
+def test_steps_nest_under_the_applications_current_span(
+    session: otelprof.instrumentation.Session, receiver: HttpReceiver
+) -> None:
+    """An inference server's request span is current while it runs the model: the step (a
+    step_scope) becomes its child, in its trace; a step outside any span keeps its own trace,
+    and so does its exemplar."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("app")
+    model = _model().eval()
+    batch = torch.randint(0, 100, (BATCH, SEQ))
+    with tracer.start_as_current_span("request") as request, otelprof.step_scope("infer.step"), torch.no_grad():
+        model(batch)
+    with otelprof.step_scope("infer.step"), torch.no_grad():
+        model(batch)
+    otelprof.uninstrument()
+    _flush(session)
+    spans = [s for _rs, s in _spans(receiver)]
+    nested, own = [s for s in spans if s.name == "infer.step"]
+    ctx = request.get_span_context()
+    assert nested.trace_id == ctx.trace_id.to_bytes(16, "big")
+    assert nested.parent_span_id == ctx.span_id.to_bytes(8, "big")
+    assert [c.name for c in spans if c.parent_span_id == nested.span_id] == ["forward"]
+    number = {kv.key: kv.value.int_value for kv in own.attributes}["pytorch.step"]
+    assert own.trace_id == ids.trace_id(f"step|test-run|{number}") and own.parent_span_id == b""

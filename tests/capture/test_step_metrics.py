@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from otelprof.capture.step_metrics import LABELS, STEP_BUCKETS, StepMetrics
+from otelprof.capture.step_metrics import FOLD_STEPS, LABELS, STEP_BUCKETS, StepMetrics
 from otelprof.capture.steps import PHASES, Step
 
 IDENTITY = {"run": "r", "rank": "3", "local_rank": "1"}
@@ -88,7 +88,7 @@ step_lists = st.lists(
         st.one_of(st.none(), st.integers(min_value=0, max_value=10**9)),
         st.binary(min_size=16, max_size=16),
     ),
-    max_size=25,
+    max_size=2 * FOLD_STEPS + 5,  # folds on the training thread, and the rest at the scrape
 )
 
 
