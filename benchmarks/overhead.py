@@ -69,9 +69,10 @@ def make_loop(steps: int, tiny: bool = False) -> Any:
     return run
 
 
-def interleaved(rounds: int, bare: Callable[[], float], ours: Callable[[], float]) -> tuple[float, float, float]:
-    """Medians of ``bare()`` and ``ours()`` over ``rounds`` rounds in ABBA order, and the median
-    of the per-round ratios (each round's pair ran back to back, so slow drift cancels)."""
+def interleaved(rounds: int, bare: Callable[[], float], ours: Callable[[], float]) -> tuple[float, float, float, float]:
+    """Medians of ``bare()`` and ``ours()`` over ``rounds`` rounds in ABBA order, the median of
+    the per-round ratios (each round's pair ran back to back, so slow drift cancels), and that
+    median's standard error (1.2533 s / sqrt(n)): how far this machine lets the ratio be trusted."""
     a: list[float] = []
     b: list[float] = []
     for round_ in range(rounds):
@@ -82,7 +83,9 @@ def interleaved(rounds: int, bare: Callable[[], float], ours: Callable[[], float
                 a.append(bare())
             else:
                 b.append(ours())
-    return statistics.median(a), statistics.median(b), statistics.median([y / x for x, y in zip(a, b, strict=True)])
+    ratios = [y / x for x, y in zip(a, b, strict=True)]
+    error = 1.2533 * statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("nan")
+    return statistics.median(a), statistics.median(b), statistics.median(ratios), error
 
 
 def instrumented(run: Callable[[], float], env: dict[str, str]) -> Callable[[], float]:
@@ -136,18 +139,20 @@ def main() -> int:
             "OTELPROF_RUN_ID": "overhead",
             "OTELPROF_PROFILE": "false",
         }
-        b, i, ratio = interleaved(args.rounds, run, instrumented(run, env))
+        b, i, ratio, error = interleaved(args.rounds, run, instrumented(run, env))
         print(f"always on, bare         : {b * 1e3:.3f} ms/step (median of {args.rounds} runs of {args.steps} steps)")
         print(f"always on, instrumented : {i * 1e3:.3f} ms/step (steps, phases, metrics, step spans)")
-        met = "met" if ratio <= 1.005 else "NOT met"
-        print(f"always on, ratio        : {ratio:.4f} (median of the rounds' ratios; target <= 1.005: {met})")
-        figures.update(bare_ms=b * 1e3, instrumented_ms=i * 1e3, ratio=ratio)
+        print(
+            f"always on, wall ratio   : {ratio:.4f} +- {error:.4f} (median of the rounds' ratios +- its standard error)"
+        )
+        figures.update(bare_ms=b * 1e3, instrumented_ms=i * 1e3, ratio=ratio, ratio_error=error)
 
         # otelprof's own cost per step, measured where it is most of the step (a tiny model):
-        # the wall-time ratio above swings by several percent between runs on shared VMs,
-        # while this difference over the transformer's step time in the same run does not
+        # on a shared VM the wall ratio above has a standard error of ~1-2 % (runs of the same
+        # work differ by ~7 %), too coarse to tell 1.005 from 1.0; this difference, over the
+        # transformer's step time in the same run, resolves it (the verdict uses it)
         tiny = make_loop(200, tiny=True)
-        tb, ti, _ = interleaved(args.rounds, tiny, instrumented(tiny, env))
+        tb, ti, _, _ = interleaved(args.rounds, tiny, instrumented(tiny, env))
         cost = ti - tb
         implied = 1 + cost / b
         met = "met" if implied <= 1.005 else "NOT met"
@@ -171,14 +176,22 @@ def main() -> int:
             "OTELPROF_ANOMALY_FACTOR": "0",
             "OTELPROF_TRIGGER_SIGNAL": "none",
         }
-        wb, wi, window_ratio = interleaved(
+        wb, wi, window_ratio, window_error = interleaved(
             args.rounds, bare_profiler(window_run, args.window_steps, tmp), instrumented(window_run, schedule_env)
         )
         met = "met" if window_ratio <= 1.05 else "NOT met"
         print(f"window, torch.profiler  : {wb * 1e3:.3f} ms/step (a {args.window_steps}-step window and as many after)")
         print(f"window, otelprof        : {wi * 1e3:.3f} ms/step (the same, converted and exported in the background)")
-        print(f"window, ratio           : {window_ratio:.4f} (median of the rounds' ratios; target <= 1.05: {met})")
-        figures.update(window_bare_ms=wb * 1e3, window_otelprof_ms=wi * 1e3, window_ratio=window_ratio)
+        print(
+            f"window, ratio           : {window_ratio:.4f} +- {window_error:.4f} "
+            f"(median of the rounds' ratios; target <= 1.05: {met})"
+        )
+        figures.update(
+            window_bare_ms=wb * 1e3,
+            window_otelprof_ms=wi * 1e3,
+            window_ratio=window_ratio,
+            window_ratio_error=window_error,
+        )
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
     return 0
 

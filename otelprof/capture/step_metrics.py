@@ -121,7 +121,9 @@ class StepMetrics(Collector):
                 duration.exemplars[duration.observe(seconds)] = (traced, seconds, end)
                 self._steps += 1
                 for phase, ns in step.phase_totals_ns.items():
-                    phases[phase].observe(ns / 1e9)
+                    buckets, value = phases[phase], ns / 1e9  # Buckets.observe, inlined
+                    buckets.counts[bisect_left(STEP_BUCKETS, value)] += 1
+                    buckets.sum += value
                 self._last_step = end
                 if step.samples is not None:
                     self._samples += step.samples

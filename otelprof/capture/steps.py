@@ -99,17 +99,28 @@ class StepTracker:
 
     def phase_end(self, phase: str) -> None:
         with self._lock:
-            if self._depth[phase] == 0:  # began before instrumentation
-                return
-            self._depth[phase] -= 1
-            if self._depth[phase] or self._current is None:
-                return
-            now = self._clock()
-            self._record(phase, self._phase_start[phase], now)
-            if phase == "optimizer":
-                self._optimized = True
-                if not self._dataloader and not self._explicit:
-                    self._pending_end = now
+            self._phase_end(phase)
+
+    def _phase_end(self, phase: str) -> None:
+        depth = self._depth[phase]
+        if depth == 0:  # began before instrumentation
+            return
+        self._depth[phase] = depth = depth - 1
+        step = self._current
+        if depth or step is None:
+            return
+        now = self._clock()
+        start = self._phase_start[phase]
+        totals = step.phase_totals_ns
+        totals[phase] = totals.get(phase, 0) + (now - start)
+        if len(step.phases) < MAX_PHASE_SPANS:
+            step.phases.append((phase, start, now))
+        else:
+            step.dropped_phases += 1
+        if phase == "optimizer":
+            self._optimized = True
+            if not self._dataloader and not self._explicit:
+                self._pending_end = now
 
     def set_batch(self, samples: int | None = None, tokens: int | None = None) -> None:
         """Samples/tokens of the current step (inferred from the batch, or set by the application)."""
@@ -119,8 +130,11 @@ class StepTracker:
     def data_end(self, samples: int | None, tokens: int | None) -> None:
         """``phase_end("data")`` and ``set_batch()`` of the batch fetched, under one lock."""
         with self._lock:
-            self.phase_end("data")
-            self._set_batch(samples, tokens)
+            self._phase_end("data")
+            if samples is not None:
+                self._samples = samples
+            if tokens is not None:
+                self._tokens = tokens
 
     def _set_batch(self, samples: int | None, tokens: int | None) -> None:
         if samples is not None:
@@ -182,15 +196,6 @@ class StepTracker:
         if self._on_first_open is not None:
             first, self._on_first_open = self._on_first_open, None
             first(self._next_number)
-
-    def _record(self, phase: str, start: int, end: int) -> None:
-        step = self._current
-        assert step is not None
-        step.phase_totals_ns[phase] = step.phase_totals_ns.get(phase, 0) + (end - start)
-        if len(step.phases) < MAX_PHASE_SPANS:
-            step.phases.append((phase, start, end))
-        else:
-            step.dropped_phases += 1
 
     def _close(self, end: int) -> None:
         step, self._current = self._current, None
