@@ -67,6 +67,29 @@ def receiver_main(conn: Connection) -> None:
     server.stop(grace=None)
 
 
+class Receiver:
+    """receiver_main in a spawned process (so it does not share the measured process's GIL)."""
+
+    def __init__(self) -> None:
+        self._conn, child = mp.Pipe()
+        self._process = mp.get_context("spawn").Process(target=receiver_main, args=(child,), daemon=True)
+        self._process.start()
+        self.port: int = self._conn.recv()
+
+    def spans(self) -> int:
+        """Spans decoded since the last reset."""
+        self._conn.send("count")
+        return cast(dict[str, int], self._conn.recv())["spans"]
+
+    def reset(self) -> None:
+        self._conn.send("reset")
+        self._conn.recv()
+
+    def stop(self) -> None:
+        self._conn.send("stop")
+        self._process.join(10)
+
+
 def sdk_spans(requests: Sequence[bytes]) -> list:  # list[ReadableSpan]
     """The very spans otelprof sent, rebuilt as SDK ReadableSpans (ids, parents, times, attributes,
     events, links, resource), so both paths ship the same content."""
@@ -169,18 +192,8 @@ def main() -> int:
     total_mb = sum(map(len, requests)) / 1e6
     print(f"trace: {args.trace.name}: {total_spans:,} spans in {len(requests)} requests, {total_mb:.1f} MB")
 
-    parent, child = mp.Pipe()
-    receiver = mp.get_context("spawn").Process(target=receiver_main, args=(child,), daemon=True)
-    receiver.start()
-    port = parent.recv()
-
-    def received() -> dict[str, int]:
-        parent.send("count")
-        return cast(dict[str, int], parent.recv())
-
-    def reset() -> None:
-        parent.send("reset")
-        parent.recv()
+    receiver = Receiver()
+    port = receiver.port
 
     import tempfile
 
@@ -189,10 +202,10 @@ def main() -> int:
         best = float("inf")
         for _ in range(args.repeat):
             best = min(best, otelprof_run(requests, port, Path(tmp)))
-            got = received()["spans"]
+            got = receiver.spans()
             if got != total_spans:
                 raise RuntimeError(f"receiver decoded {got} spans, sent {total_spans}")
-            reset()
+            receiver.reset()
         results["otelprof"] = total_spans / best
         print(
             f"otelprof   : {total_spans:,} spans in {best * 1e3:.0f} ms = {total_spans / best:,.0f} spans/s, "
@@ -204,9 +217,9 @@ def main() -> int:
         size = batch or max(1, total_spans // len(requests))  # our requests' size, in spans
         best = float("inf")
         for _ in range(args.repeat):
-            reset()
+            receiver.reset()
             best = min(best, sdk_run(spans, port, size))
-            got = received()["spans"]
+            got = receiver.spans()
             if got != len(spans) + 1:
                 raise RuntimeError(f"receiver decoded {got} spans, sent {len(spans) + 1}")
         results[label] = len(spans) / best
@@ -215,8 +228,7 @@ def main() -> int:
             f"{label:<11}: {len(spans):,} spans in {best * 1e3:.0f} ms = {len(spans) / best:,.0f} spans/s, "
             f"{mb / best:,.1f} MB/s (OTLPSpanExporter, {size} spans per export)"
         )
-    parent.send("stop")
-    receiver.join(10)
+    receiver.stop()
 
     best_sdk = max(results["sdk"], results["sdk-big"])
     ratio = results["otelprof"] / best_sdk

@@ -15,18 +15,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing as mp
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import cast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks.export, when run as a script
 
-from benchmarks.export import receiver_main  # noqa: E402
+from benchmarks.export import Receiver  # noqa: E402
 from otelprof.cli import main as cli_main  # noqa: E402
 from otelprof.importer import convert_source, find_sources  # noqa: E402
 from otelprof.resource import options_from_env  # noqa: E402
@@ -68,28 +66,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each; the best is reported")
     args = parser.parse_args()
 
-    parent, child = mp.Pipe()
-    receiver = mp.get_context("spawn").Process(target=receiver_main, args=(child,), daemon=True)
-    receiver.start()
-    port = parent.recv()
-
-    def received() -> dict[str, int]:
-        parent.send("count")
-        return cast(dict[str, int], parent.recv())
-
+    receiver = Receiver()
     files = len(find_sources(args.paths))
     best_convert, events, spans = min(convert_all(args.paths) for _ in range(args.repeat))
     best_import = float("inf")
     for _ in range(args.repeat):
-        parent.send("reset")
-        parent.recv()
+        receiver.reset()
         with tempfile.TemporaryDirectory() as tmp:
-            best_import = min(best_import, import_all(args.paths, port, Path(tmp)))
-        got = received()["spans"]
+            best_import = min(best_import, import_all(args.paths, receiver.port, Path(tmp)))
+        got = receiver.spans()
         if got != spans:
             raise RuntimeError(f"receiver decoded {got} spans, the conversion made {spans}")
-    parent.send("stop")
-    receiver.join(10)
+    receiver.stop()
 
     convert_rate, import_rate = events / best_convert, events / best_import
     ratio = import_rate / convert_rate
