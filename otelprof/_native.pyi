@@ -1,5 +1,6 @@
 """Type stubs for the compiled core (native/bindings)."""
 
+from collections.abc import Callable
 from typing import Any
 
 class TraceError(ValueError):
@@ -30,3 +31,30 @@ class StepSpanEncoder:
     ) -> None: ...
     def encode(self, steps: list[StepRecordTuple], max_bytes: int) -> list[bytes]:
         """Releases the GIL while encoding."""
+
+class StepTracker:
+    """The step rules of capture/steps.py (capture/steps.py's NativeStepTracker wraps it)."""
+
+    def __init__(
+        self,
+        on_step: Callable[[Any], None],
+        step_type: Callable[..., Any],
+        first_step: int = 0,
+        clock: Callable[[], int] | None = None,
+        on_first_open: Callable[[int], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None: ...
+    @property
+    def failed(self) -> bool: ...
+    def phase_begin(self, phase: str) -> None: ...
+    def phase_end(self, phase: str) -> None: ...
+    def set_batch(self, samples: int | None = None, tokens: int | None = None) -> None: ...
+    def step(self) -> None: ...
+    def begin_scope(self, name: str) -> None: ...
+    def end_scope(self) -> None: ...
+    def finish(self) -> None: ...
+    def fail(self, exc: BaseException) -> None: ...
+    def release(self) -> None:
+        """Drops the callbacks; later events are ignored."""
+    def hook(self, name: str) -> Callable[..., None]:
+        """A C function torch calls as hook ``name`` (capture/steps.py's HOOKS)."""

@@ -25,7 +25,7 @@ from .capture.device_timing import cuda_timing
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
 from .capture.step_spans import StepContext, StepSpans
-from .capture.steps import Step, StepTracker
+from .capture.steps import Step, step_tracker
 from .capture.window_metrics import WindowMetrics
 from .capture.windows import Windows
 from .converter.reference.builder import Attrs, resource_attributes
@@ -51,7 +51,7 @@ class Session:
         exporter: Exporter | None,
         environ: Mapping[str, str],
     ) -> None:
-        from .capture.hooks import TorchHooks  # imports torch
+        from .capture.hooks import TorchHooks, log_failure  # imports torch
 
         self.settings = settings
         self.identity = identity
@@ -65,7 +65,9 @@ class Session:
         self.straggler: distributed.Straggler | None = None
         self.timing = cuda_timing(self._record) if settings.cuda_events else None
         clock = self.timing.clock if self.timing is not None else time.time_ns
-        self.tracker = StepTracker(self._on_step, clock=clock, on_first_open=self._first_step_begins)
+        self.tracker = step_tracker(
+            self._on_step, clock=clock, on_first_open=self._first_step_begins, on_error=log_failure
+        )
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
         self.otlp_metrics: otlp_metrics.OtlpMetrics | None = None
@@ -183,6 +185,7 @@ class Session:
     def close(self) -> None:
         self.hooks.remove()
         self.tracker.finish()
+        self.tracker.close()
         if self.timing is not None and not self._failed:
             try:
                 self.timing.drain(wait=True)

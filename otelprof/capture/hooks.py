@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .steps import StepTracker
+from .steps import NativeStepTracker, StepTracker
 
 _log = logging.getLogger(__name__)
 #: Global hooks come back for one step this often, to find models first called later.
@@ -80,14 +80,17 @@ def _id_dtypes(torch: Any) -> frozenset[Any]:
 
 
 class TorchHooks:
-    """Each hook is one Python frame around the tracker call, its guard inlined (these run
-    several times per step, so a frame saved is worth it)."""
+    """The optimizer and root-module hooks are the tracker's own (C functions with the native
+    tracker: no Python frame per event); backward and the DataLoader need a wrapper each."""
 
-    def __init__(self, tracker: StepTracker) -> None:
+    def __init__(self, tracker: StepTracker | NativeStepTracker) -> None:
         self._tracker = tracker
         self._undo: list[Callable[[], None]] = []
-        self._failed = False
         self.forward: RootForwardHooks | None = None
+
+    @property
+    def _failed(self) -> bool:
+        return self._tracker.failed
 
     def install(self) -> None:
         import torch
@@ -96,25 +99,9 @@ class TorchHooks:
         from torch.utils.data import dataloader
 
         tracker = self._tracker
-        failed = self._fail
-
-        def optimizer_pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            if not self._failed:
-                try:
-                    tracker.phase_begin("optimizer")
-                except Exception:
-                    failed()
-
-        def optimizer_post(_opt: Any, _args: Any, _kwargs: Any) -> None:
-            if not self._failed:
-                try:
-                    tracker.phase_end("optimizer")
-                except Exception:
-                    failed()
-
         for handle in (
-            optim.register_optimizer_step_pre_hook(optimizer_pre),
-            optim.register_optimizer_step_post_hook(optimizer_post),
+            optim.register_optimizer_step_pre_hook(tracker.begin_optimizer),
+            optim.register_optimizer_step_post_hook(tracker.end_optimizer),
         ):
             self._undo.append(handle.remove)
         self.forward = RootForwardHooks(nn_module, self)
@@ -123,50 +110,41 @@ class TorchHooks:
         self._quiet_compile_warning()
 
         original_backward = torch.autograd.backward
+        begin_backward, end_backward = tracker.begin_backward, tracker.end_backward
 
         @functools.wraps(original_backward)
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if self._failed:
-                return original_backward(*args, **kwargs)
-            try:
-                tracker.phase_begin("backward")
-            except Exception:
-                failed()
+            begin_backward()
             try:
                 return original_backward(*args, **kwargs)
             finally:
-                if not self._failed:
-                    try:
-                        tracker.phase_end("backward")
-                    except Exception:
-                        failed()
+                end_backward()
 
         self._patch(torch.autograd, "backward", backward)
 
         iterator = dataloader._BaseDataLoaderIter
         original_next = iterator.__next__
+        begin_data, end_data, data_end = tracker.begin_data, tracker.end_data, tracker.data_end
+        failed = self._fail
 
         @functools.wraps(original_next)
         def next_batch(it: Any) -> Any:
-            if self._failed:
-                return original_next(it)
-            try:
-                tracker.phase_begin("data")
-            except Exception:
-                failed()
+            begin_data()
             batch = None
             try:
                 batch = original_next(it)
                 return batch
             finally:
-                if not self._failed:
-                    try:  # StopIteration included: the wait for an exhausted iterator was data wait too
-                        if batch is None:
-                            tracker.phase_end("data")
-                        else:
-                            tracker.data_end(*batch_size(batch))
-                    except Exception:
-                        failed()
+                # StopIteration included: the wait for an exhausted iterator was data wait too
+                if batch is None:
+                    end_data()
+                else:
+                    try:
+                        samples, tokens = batch_size(batch)
+                    except Exception as exc:
+                        failed(exc)
+                        samples = tokens = None
+                    data_end(samples, tokens)
 
         self._patch(iterator, "__next__", next_batch)
 
@@ -191,11 +169,11 @@ class TorchHooks:
 
     def step_done(self) -> None:
         """A step ended (training thread): the forward hooks move to the roots found."""
-        if self.forward is not None and not self._failed:
+        if self.forward is not None and not self._tracker.failed:
             try:
                 self.forward.step_done()
-            except Exception:
-                self._fail()
+            except Exception as exc:
+                self._fail(exc)
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         original = getattr(owner, name)
@@ -207,12 +185,11 @@ class TorchHooks:
 
         self._undo.append(restore)
 
-    def _fail(self) -> None:
-        """An internal error: every hook goes quiet (they stay installed until remove(): a hook
-        list must not change while torch iterates it), logged once."""
-        if not self._failed:
-            self._failed = True
-            _log.warning("otelprof step tracking stopped after an internal error", exc_info=True)
+    def _fail(self, exc: BaseException) -> None:
+        """An internal error: the tracker stops, so every hook goes quiet (they stay installed
+        until remove(): a hook list must not change while torch iterates it); logged once by
+        ``log_failure``, the tracker's on_error."""
+        self._tracker.fail(exc)
 
 
 class RootForwardHooks:
@@ -222,6 +199,8 @@ class RootForwardHooks:
         self._nn = nn_module
         self._hooks = hooks
         self._tracker = hooks._tracker
+        self._root_pre = self._tracker.begin_forward
+        self._root_post = self._tracker.end_forward
         self._local = threading.local()  # module-call depth per thread (DataParallel replicas)
         self._global: list[Any] = []  # handles of the global hooks while discovering
         self._roots: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}  # id -> (module, handles)
@@ -292,20 +271,6 @@ class RootForwardHooks:
         if depth == 1:
             self._root_post(_module, _input, _output)
 
-    def _root_pre(self, _module: Any, _input: Any) -> None:
-        if not self._hooks._failed:
-            try:
-                self._tracker.phase_begin("forward")
-            except Exception:
-                self._hooks._fail()
-
-    def _root_post(self, _module: Any, _input: Any, _output: Any) -> None:
-        if not self._hooks._failed:
-            try:
-                self._tracker.phase_end("forward")
-            except Exception:
-                self._hooks._fail()
-
 
 def _always_called(register: Callable[..., Any], hook: Callable[[Any, Any, Any], None]) -> Any:
     """The post hook runs even when forward raises (torch >= 2.1), so nesting stays balanced."""
@@ -313,3 +278,8 @@ def _always_called(register: Callable[..., Any], hook: Callable[[Any, Any, Any],
         return register(hook, always_call=True)
     except TypeError:  # pragma: no cover - older torch
         return register(hook)
+
+
+def log_failure(exc: BaseException) -> None:
+    """The trackers' on_error: the one log line of a failure that stopped step tracking."""
+    _log.warning("otelprof step tracking stopped after an internal error", exc_info=exc)

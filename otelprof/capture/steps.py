@@ -16,14 +16,23 @@ begins. Rules:
 
 Phases are intervals inside the step; nested calls of one phase (a module calling another,
 an LBFGS closure) count once, by their outermost call.
+
+The native core runs these rules in C++ (``NativeStepTracker``, ``native/src/step_tracker.cpp``),
+its hooks plain C functions torch calls directly: in Python each event cost ~1.5 us on the
+training thread. ``StepTracker`` here is the reference (property-tested equal,
+tests/capture/test_steps.py) and the fallback without the native core. Both offer the hooks
+(``begin_forward`` ...): each ignores its arguments, returns None and never raises: a failure
+stops the tracker and goes to ``on_error`` once.
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 PHASES = ("data", "forward", "backward", "optimizer")
 #: Phase intervals kept per step (gradient accumulation makes several); later ones are counted.
@@ -51,6 +60,24 @@ def _now_ns() -> int:
     return time.time_ns()
 
 
+def _ignore(_step: Step) -> None:
+    pass
+
+
+#: What the hooks call (torch passes a module, an optimizer... which the hooks ignore).
+HOOKS = (
+    "begin_data",
+    "end_data",
+    "data_end",
+    "begin_forward",
+    "end_forward",
+    "begin_backward",
+    "end_backward",
+    "begin_optimizer",
+    "end_optimizer",
+)
+
+
 class StepTracker:
     """Thread-safe; ``on_step`` runs on the thread that ended the step and must not raise
     (the caller guards it)."""
@@ -61,8 +88,11 @@ class StepTracker:
         first_step: int = 0,
         clock: Callable[[], int] = _now_ns,
         on_first_open: Callable[[int], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._on_step = on_step
+        self._on_error = on_error
+        self.failed = False
         self._on_first_open = on_first_open
         self._clock = clock
         self._lock = threading.RLock()
@@ -77,7 +107,47 @@ class StepTracker:
         self._samples: int | None = None
         self._tokens: int | None = None
 
-    # --- phases (called by the hooks) -------------------------------------------------------
+    # --- hooks: never raise ----------------------------------------------------------------
+
+    def fail(self, exc: BaseException) -> None:
+        """Stops the tracker (an internal error); ``on_error`` hears of it once."""
+        if not self.failed:
+            self.failed = True
+            if self._on_error is not None:
+                self._on_error(exc)
+
+    def _guarded(self, event: Callable[..., None], *args: Any) -> None:
+        if not self.failed:
+            try:
+                event(*args)
+            except Exception as exc:
+                self.fail(exc)
+
+    def begin_data(self, *_: Any) -> None:
+        self._guarded(self.phase_begin, "data")
+
+    def end_data(self, *_: Any) -> None:
+        self._guarded(self.phase_end, "data")
+
+    def begin_forward(self, *_: Any) -> None:
+        self._guarded(self.phase_begin, "forward")
+
+    def end_forward(self, *_: Any) -> None:
+        self._guarded(self.phase_end, "forward")
+
+    def begin_backward(self, *_: Any) -> None:
+        self._guarded(self.phase_begin, "backward")
+
+    def end_backward(self, *_: Any) -> None:
+        self._guarded(self.phase_end, "backward")
+
+    def begin_optimizer(self, *_: Any) -> None:
+        self._guarded(self.phase_begin, "optimizer")
+
+    def end_optimizer(self, *_: Any) -> None:
+        self._guarded(self.phase_end, "optimizer")
+
+    # --- phases -----------------------------------------------------------------------------
 
     def phase_begin(self, phase: str) -> None:
         with self._lock:
@@ -127,8 +197,11 @@ class StepTracker:
         with self._lock:
             self._set_batch(samples, tokens)
 
-    def data_end(self, samples: int | None, tokens: int | None) -> None:
-        """``phase_end("data")`` and ``set_batch()`` of the batch fetched, under one lock."""
+    def data_end(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """``phase_end("data")`` and ``set_batch()`` of the batch fetched, under one lock (a hook)."""
+        self._guarded(self._data_end, samples, tokens)
+
+    def _data_end(self, samples: int | None, tokens: int | None) -> None:
         with self._lock:
             self._phase_end("data")
             if samples is not None:
@@ -168,6 +241,13 @@ class StepTracker:
         with self._lock:
             if self._current is not None:
                 self._close(self._clock())
+
+    def close(self) -> None:
+        """After finish(): the callbacks go (a hook torch still holds must not keep the session
+        alive) and every later event is ignored."""
+        self.failed = True
+        self._on_step = _ignore
+        self._on_first_open = self._on_error = None
 
     def finish(self) -> None:
         """At shutdown: a step that saw an optimizer step (or an explicit one) is complete."""
@@ -209,3 +289,61 @@ class StepTracker:
         self._samples = self._tokens = None
         # phases still running (a forward that spans the boundary) continue into the next step
         self._on_step(step)
+
+
+try:
+    _native: Any = importlib.import_module("otelprof._native")
+except ImportError:  # pragma: no cover - a broken build; the Python tracker takes over
+    _native = None
+
+
+class NativeStepTracker:
+    """The native core's tracker with StepTracker's interface; ``hooks`` are C functions."""
+
+    def __init__(
+        self,
+        on_step: Callable[[Step], None],
+        first_step: int = 0,
+        clock: Callable[[], int] = _now_ns,
+        on_first_open: Callable[[int], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        # time.time_ns is read in C (CLOCK_REALTIME, the same clock); another is called
+        native = _native.StepTracker(
+            on_step, Step, first_step, None if clock in (_now_ns, time.time_ns) else clock, on_first_open, on_error
+        )
+        self._native = native
+        self.phase_begin: Callable[[str], None] = native.phase_begin
+        self.phase_end: Callable[[str], None] = native.phase_end
+        self.set_batch: Callable[..., None] = native.set_batch
+        self.step: Callable[[], None] = native.step
+        self.begin_scope: Callable[[str], None] = native.begin_scope
+        self.end_scope: Callable[[], None] = native.end_scope
+        self.finish: Callable[[], None] = native.finish
+        self.fail: Callable[[BaseException], None] = native.fail
+        for name in HOOKS:
+            setattr(self, name, native.hook(name))
+
+    @property
+    def failed(self) -> bool:
+        return bool(self._native.failed)
+
+    def close(self) -> None:
+        """After finish(): drops the callbacks (a cycle through C++ that gc cannot break)."""
+        self._native.release()
+
+    def __getattr__(self, name: str) -> Any:  # the hooks, for type checkers
+        raise AttributeError(name)
+
+
+def step_tracker(
+    on_step: Callable[[Step], None],
+    clock: Callable[[], int] = _now_ns,
+    on_first_open: Callable[[int], None] | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
+    native: bool = True,
+) -> StepTracker | NativeStepTracker:
+    """The native tracker when the core is built (``native=False``: the Python reference)."""
+    if native and _native is not None:
+        return NativeStepTracker(on_step, clock=clock, on_first_open=on_first_open, on_error=on_error)
+    return StepTracker(on_step, clock=clock, on_first_open=on_first_open, on_error=on_error)
