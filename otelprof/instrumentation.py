@@ -24,7 +24,7 @@ from .capture import distributed, metrics_server, otlp_metrics
 from .capture.device_timing import cuda_timing
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
-from .capture.step_spans import StepContext, StepSpans
+from .capture.step_spans import StepContext, StepSpans, current_parent, native_sink, otel_context_var
 from .capture.steps import Step, step_tracker
 from .capture.window_metrics import WindowMetrics
 from .capture.windows import Windows
@@ -114,9 +114,31 @@ class Session:
                 self.metrics.add_collector(window_metrics)
                 self.windows = Windows(self.settings.windows, options, exporter.submit, window_metrics)
                 self.windows.begin(number)
+            self._native_steps()
         except Exception:  # never into the training loop
             self._failed = True
             _log.warning("otelprof could not start; steps are not recorded", exc_info=True)
+
+    def _native_steps(self) -> None:
+        """CPU-timed steps stay in the native core from the tracker to the metrics and the span
+        queue (no Python object per step). CUDA-timed steps (read back later) and the OTLP
+        metrics (recorded per step through the SDK) take the Python path, ``_on_step``."""
+        assert self.metrics is not None and self.spans is not None
+        attach = getattr(self.tracker, "attach", None)
+        if attach is None or self.timing is not None or self.otlp_metrics is not None or not self.spans.native_queue:
+            return
+        sink = native_sink()
+        self.metrics.read_from(sink, self.spans.encoder.trace_ids)
+        self.spans.use_sink(sink)
+        attach(sink, self._on_boundary, current_parent, otel_context_var(), self.spans.wake)
+
+    def _on_boundary(self, _number: int, seconds: float) -> None:
+        """What a native step still does in Python (training thread; errors stop the tracker)."""
+        self.hooks.step_done()
+        if self.windows is not None:
+            self.windows.boundary(seconds)
+        if self.straggler is not None:
+            self.straggler.observe(seconds)
 
     def _on_step(self, step: Step) -> None:
         """A step ended on the CPU (training thread): the profiler's step boundary is here."""

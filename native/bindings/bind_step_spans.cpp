@@ -7,10 +7,9 @@
 #include <stdexcept>
 
 #include "otelprof/step_spans.hpp"
+#include "step_spans_py.hpp"
 
 namespace py = pybind11;
-
-namespace {
 
 // UTF-8 of a str; lone surrogates become U+FFFD, as converter/_text.clean does.
 std::string utf8(PyObject* obj) {
@@ -43,6 +42,8 @@ std::string utf8(PyObject* obj) {
     }
     return out;
 }
+
+namespace {
 
 // The bytes ids are hashed from: UTF-8 with surrogates passed through (reference/ids.py).
 std::string id_key(const py::str& s) {
@@ -113,45 +114,43 @@ otelprof::ResourceValue resource_value(const py::handle& v) {
     throw py::type_error("resource attribute values are str, int, float or bool");
 }
 
-class PyStepSpanEncoder {
-  public:
-    PyStepSpanEncoder(const py::list& resource, const py::str& scope_version, const py::str& trace_prefix,
-                      uint64_t span_base)
-        : encoder_(to_resource(resource), utf8(scope_version.ptr()), id_key(trace_prefix), span_base) {}
-
-    py::list encode(const py::list& steps, size_t max_bytes) const {
-        std::vector<otelprof::StepRecord> records;
-        records.reserve(steps.size());
-        for (const py::handle& t : steps) records.push_back(to_record(t.ptr()));
-        std::vector<otelprof::Request> requests;
-        {
-            py::gil_scoped_release release;
-            requests = encoder_.encode(records, max_bytes);
-        }
-        py::list out;
-        for (auto& r : requests) {
-            const std::string_view b = r.bytes();
-            out.append(py::bytes(b.data(), b.size()));
-            r.data.reset();
-        }
-        return out;
-    }
-
-  private:
-    static std::vector<std::pair<std::string, otelprof::ResourceValue>> to_resource(const py::list& resource) {
-        std::vector<std::pair<std::string, otelprof::ResourceValue>> out;
-        for (const py::handle& kv : resource) {
-            const auto pair = kv.cast<py::tuple>();
-            if (pair.size() != 2) throw py::type_error("resource attributes are (key, value) pairs");
-            out.emplace_back(utf8(pair[0].ptr()), resource_value(pair[1]));
-        }
-        return out;
-    }
-
-    otelprof::StepSpanEncoder encoder_;
-};
-
 }  // namespace
+
+PyStepSpanEncoder::PyStepSpanEncoder(const py::list& resource, const py::str& scope_version,
+                                     const py::str& trace_prefix, uint64_t span_base)
+    : encoder_(to_resource(resource), utf8(scope_version.ptr()), id_key(trace_prefix), span_base) {}
+
+py::list PyStepSpanEncoder::encode(const py::list& steps, size_t max_bytes) const {
+    std::vector<otelprof::StepRecord> records;
+    records.reserve(steps.size());
+    for (const py::handle& t : steps) records.push_back(to_record(t.ptr()));
+    return encode_records(records, max_bytes);
+}
+
+py::list PyStepSpanEncoder::encode_records(const std::vector<otelprof::StepRecord>& records, size_t max_bytes) const {
+    std::vector<otelprof::Request> requests;
+    {
+        py::gil_scoped_release release;
+        requests = encoder_.encode(records, max_bytes);
+    }
+    py::list out;
+    for (auto& r : requests) {
+        const std::string_view b = r.bytes();
+        out.append(py::bytes(b.data(), b.size()));
+        r.data.reset();
+    }
+    return out;
+}
+
+std::vector<std::pair<std::string, otelprof::ResourceValue>> PyStepSpanEncoder::to_resource(const py::list& resource) {
+    std::vector<std::pair<std::string, otelprof::ResourceValue>> out;
+    for (const py::handle& kv : resource) {
+        const auto pair = kv.cast<py::tuple>();
+        if (pair.size() != 2) throw py::type_error("resource attributes are (key, value) pairs");
+        out.emplace_back(utf8(pair[0].ptr()), resource_value(pair[1]));
+    }
+    return out;
+}
 
 void bind_step_spans(py::module_& m) {
     py::class_<PyStepSpanEncoder>(m, "StepSpanEncoder")

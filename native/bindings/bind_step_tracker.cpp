@@ -5,13 +5,16 @@
 // handed to on_error once.
 #include <pybind11/pybind11.h>
 
+#include <cstring>
 #include <ctime>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "otelprof/step_sink.hpp"
 #include "otelprof/step_tracker.hpp"
+#include "step_spans_py.hpp"
 
 namespace py = pybind11;
 using otelprof::Phase;
@@ -36,6 +39,65 @@ int64_t size_arg(PyObject* obj) {
     return v;
 }
 
+// Parses (trace id, span id) of capture/step_spans.current_parent(); false: malformed.
+bool parent_ids(PyObject* pair, std::optional<otelprof::TraceId>& trace, std::optional<otelprof::SpanId>& span) {
+    if (pair == Py_None) return true;
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) return false;
+    PyObject* t = PyTuple_GET_ITEM(pair, 0);
+    PyObject* s = PyTuple_GET_ITEM(pair, 1);
+    if (!PyBytes_Check(t) || PyBytes_GET_SIZE(t) != 16 || !PyBytes_Check(s) || PyBytes_GET_SIZE(s) != 8) return false;
+    trace.emplace();
+    span.emplace();
+    std::memcpy(trace->data(), PyBytes_AS_STRING(t), 16);
+    std::memcpy(span->data(), PyBytes_AS_STRING(s), 8);
+    return true;
+}
+
+py::object histogram(const otelprof::StepHistogram& h) {
+    py::list counts;
+    for (uint64_t c : h.counts) counts.append(c);
+    return py::make_tuple(counts, h.sum);
+}
+
+py::object optional_float(const std::optional<double>& v) { return v ? py::object(py::float_(*v)) : py::none(); }
+
+// The step metrics and span queue of CPU-timed steps (StepSink), for capture/step_metrics.py and
+// step_spans.py; used under the GIL only.
+class PyStepSink {
+  public:
+    PyStepSink(size_t max_pending, size_t batch_steps) : sink(max_pending, batch_steps) {}
+
+    // (duration (counts, sum), exemplars [None | (number, trace id | None, value, at)],
+    //  phases [(counts, sum)] in PHASES order, steps, samples, tokens, spans dropped,
+    //  last step, samples/s, tokens/s)
+    py::tuple metrics() const {
+        const otelprof::StepMetricsState& m = sink.metrics();
+        py::list exemplars;
+        for (const otelprof::StepExemplar& e : m.exemplars) {
+            if (e.number < 0) {
+                exemplars.append(py::none());
+                continue;
+            }
+            py::object trace = e.trace_id ? py::object(py::bytes(reinterpret_cast<const char*>(e.trace_id->data()), 16))
+                                          : py::none();
+            exemplars.append(py::make_tuple(e.number, trace, e.value, e.at));
+        }
+        py::list phases;
+        for (const otelprof::StepHistogram& h : m.phases) phases.append(histogram(h));
+        return py::make_tuple(histogram(m.duration), exemplars, phases, m.steps, m.samples, m.tokens, m.spans_dropped,
+                              optional_float(m.last_step), optional_float(m.samples_rate),
+                              optional_float(m.tokens_rate));
+    }
+
+    py::list encode(const PyStepSpanEncoder& encoder, size_t max_bytes) {
+        const std::vector<otelprof::StepRecord> records = sink.take();
+        if (records.empty()) return py::list();
+        return encoder.encode_records(records, max_bytes);
+    }
+
+    otelprof::StepSink sink;
+};
+
 class LiveTracker {
   public:
     LiveTracker(py::object on_step, py::object step_type, int64_t first_step, py::object clock,
@@ -48,6 +110,7 @@ class LiveTracker {
           on_error_(std::move(on_error)) {
         for (const char* name : {"data", "forward", "backward", "optimizer"}) phase_names_.append(py::str(name));
         names_.push_back(py::str("train.step"));
+        name_utf8_.emplace_back("train.step");
     }
 
     bool failed() const { return failed_; }
@@ -123,11 +186,28 @@ class LiveTracker {
         }
     }
 
+    // Closed steps go to `sink` from now on (CPU-timed steps): no Python Step per step; the
+    // application's current span is looked up through `context_var` (OpenTelemetry's context
+    // variable: an empty context, the usual case, costs no Python call) and `parent()`;
+    // `on_boundary(number, seconds)` runs per step when given; `notify()` when a batch is queued.
+    void attach(std::shared_ptr<PyStepSink> sink, py::object on_boundary, py::object parent, py::object context_var,
+                py::object notify) {
+        if (!context_var.is_none() && !PyContextVar_CheckExact(context_var.ptr()))
+            throw py::type_error("context_var must be a contextvars.ContextVar or None");
+        sink_ = std::move(sink);
+        on_boundary_ = std::move(on_boundary);
+        parent_ = std::move(parent);
+        context_var_ = std::move(context_var);
+        notify_ = std::move(notify);
+    }
+
     // After the session: the callbacks go (they refer back to the session, through objects
     // Python's collector cannot see into) and every later event is ignored.
     void release() {
         failed_ = true;
         on_step_ = on_first_open_ = on_error_ = clock_ = py::none();
+        on_boundary_ = parent_ = context_var_ = notify_ = py::none();
+        sink_.reset();
     }
 
   private:
@@ -158,12 +238,55 @@ class LiveTracker {
             Py_DECREF(r);
         }
         for (const otelprof::TrackedStep& s : out.closed) {
+            if (sink_) {
+                if (!to_sink(s)) return fail_current();
+                continue;
+            }
             PyObject* step = make_step(s);
             PyObject* r = step ? PyObject_CallOneArg(on_step_.ptr(), step) : nullptr;
             Py_XDECREF(step);
             if (r == nullptr) return fail_current();
             Py_DECREF(r);
         }
+    }
+
+    // False with a Python error set.
+    bool to_sink(const otelprof::TrackedStep& s) {
+        std::optional<otelprof::TraceId> trace;
+        std::optional<otelprof::SpanId> span;
+        bool look = parent_.ptr() != Py_None;
+        if (look && !context_var_.is_none()) {
+            PyObject* ctx = nullptr;
+            if (PyContextVar_Get(context_var_.ptr(), nullptr, &ctx) < 0) return false;
+            const Py_ssize_t n = ctx ? PyObject_Length(ctx) : 0;
+            Py_XDECREF(ctx);
+            if (n < 0) return false;
+            look = n > 0;  // no span, no baggage: nothing to nest under
+        }
+        if (look) {
+            PyObject* pair = PyObject_CallNoArgs(parent_.ptr());
+            if (pair == nullptr) return false;
+            const bool ok = parent_ids(pair, trace, span);
+            Py_DECREF(pair);
+            if (!ok) {
+                PyErr_SetString(PyExc_TypeError, "parent() must return (16-byte trace id, 8-byte span id) or None");
+                return false;
+            }
+        }
+        const std::shared_ptr<PyStepSink> sink = sink_;  // a callback below may release it
+        if (sink->sink.add(s, name_utf8_[s.name < name_utf8_.size() ? s.name : 0], trace, span) &&
+            !notify_.is_none()) {
+            PyObject* r = PyObject_CallNoArgs(notify_.ptr());
+            if (r == nullptr) return false;
+            Py_DECREF(r);
+        }
+        if (!on_boundary_.is_none()) {
+            PyObject* r = PyObject_CallFunction(on_boundary_.ptr(), "Ld", static_cast<long long>(s.number),
+                                                static_cast<double>(s.end - s.start) / 1e9);
+            if (r == nullptr) return false;
+            Py_DECREF(r);
+        }
+        return true;
     }
 
     // steps.Step(number, start_ns, end_ns, phases, phase_totals_ns, dropped_phases, samples,
@@ -219,6 +342,7 @@ class LiveTracker {
         }
         if (names_.size() >= kMaxNames) return static_cast<uint32_t>(kMaxNames - 1);
         names_.push_back(name);
+        name_utf8_.push_back(utf8(name.ptr()));
         return static_cast<uint32_t>(names_.size() - 1);
     }
 
@@ -226,7 +350,10 @@ class LiveTracker {
     py::object on_step_, step_type_, clock_, on_first_open_, on_error_;
     py::list phase_names_;
     std::vector<py::object> names_;  // slot 0: the default name
+    std::vector<std::string> name_utf8_;  // the same, as spans carry them
     bool failed_ = false;
+    std::shared_ptr<PyStepSink> sink_;
+    py::object on_boundary_, parent_, context_var_, notify_;
 };
 
 using Holder = std::shared_ptr<LiveTracker>;
@@ -308,6 +435,14 @@ Phase phase_of(const std::string& name) {
 }  // namespace
 
 void bind_step_tracker(py::module_& m) {
+    py::class_<PyStepSink, std::shared_ptr<PyStepSink>>(m, "StepSink")
+        .def(py::init<size_t, size_t>(), py::arg("max_pending"), py::arg("batch_steps"))
+        .def("metrics", &PyStepSink::metrics, "The step metrics folded so far (a tuple; step_metrics.py reads it).")
+        .def("encode", &PyStepSink::encode, py::arg("encoder"), py::arg("max_bytes"),
+             "The queued steps' spans as request bytes (the queue empties); the GIL is released to encode.")
+        .def_property_readonly("pending", [](const PyStepSink& s) { return s.sink.pending(); })
+        .def_property_readonly("spans_dropped", [](const PyStepSink& s) { return s.sink.metrics().spans_dropped; })
+        .def("clear_queue", [](PyStepSink& s) { s.sink.clear_queue(); });
     py::class_<LiveTracker, Holder>(m, "StepTracker")
         .def(py::init<py::object, py::object, int64_t, py::object, py::object, py::object>(), py::arg("on_step"),
              py::arg("step_type"), py::arg("first_step") = 0, py::arg("clock") = py::none(),
@@ -322,6 +457,8 @@ void bind_step_tracker(py::module_& m) {
         .def("finish", &LiveTracker::finish)
         .def("fail", &LiveTracker::fail_with)
         .def("release", &LiveTracker::release)
+        .def("attach", &LiveTracker::attach, py::arg("sink"), py::arg("on_boundary") = py::none(),
+             py::arg("parent") = py::none(), py::arg("context_var") = py::none(), py::arg("notify") = py::none())
         .def(
             "hook",
             [](const Holder& self, const std::string& name) {

@@ -20,8 +20,8 @@ import resource
 import threading
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -37,6 +37,10 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 _LE = [floatToGoString(b) for b in STEP_BUCKETS] + ["+Inf"]
 #: Steps queued before the training thread folds them into the series.
 FOLD_STEPS = 64
+
+
+def _no_trace_ids(_number: str) -> bytes:
+    raise RuntimeError("read_from() was not called")
 
 
 class Traced(Protocol):
@@ -77,8 +81,30 @@ class Buckets:
         family.add_metric(labels, buckets, self.sum)
 
 
+class NativeSink(Protocol):
+    """``_native.StepSink``: the metrics of the steps the native tracker folded."""
+
+    def metrics(self) -> tuple[Any, ...]: ...
+
+
+class _Trace:
+    __slots__ = ("trace_id",)
+
+    def __init__(self, trace_id: bytes) -> None:
+        self.trace_id = trace_id
+
+
+#: (duration, phases, steps, samples, tokens, spans dropped, last step, samples/s, tokens/s)
+_State = tuple["Buckets", "dict[str, Buckets]", int, int, int, int, "float | None", "float | None", "float | None"]
+
+
 class StepMetrics(Collector):
+    """Steps come through ``observe()`` (folded here), or, once ``read_from()`` is called, are
+    folded by the native core (the same arithmetic; tests/capture/test_step_metrics.py)."""
+
     def __init__(self, labels: Mapping[str, str], registry: CollectorRegistry = REGISTRY) -> None:
+        self._sink: NativeSink | None = None
+        self._trace_ids: Callable[[str], bytes] = _no_trace_ids
         self._values = [labels[k] for k in LABELS]
         self._registry = registry
         self._registered: list[Collector] = []
@@ -141,35 +167,39 @@ class StepMetrics(Collector):
     def describe(self) -> Iterable[Metric]:
         return []  # collect() reads live values: the registry must not call it at registration
 
+    def read_from(self, sink: NativeSink, trace_ids: Callable[[str], bytes]) -> None:
+        """From now on the steps are folded by the native core (``_native.StepSink``, which the
+        step tracker feeds directly); ``trace_ids`` hashes a step's own trace id from its number."""
+        self._sink = sink
+        self._trace_ids = trace_ids
+
     def collect(self) -> Iterable[Metric]:
         values = self._values
         self._fold()
         with self._lock:
+            state = self._state() if self._sink is None else self._native_state(self._sink)
+            duration_buckets, phase_buckets, steps, samples, tokens, dropped, last, samples_rate, tokens_rate = state
             duration = HistogramMetricFamily(
                 "otelprof_step_duration_seconds", "Training step wall time.", labels=LABELS
             )
-            self._duration.add_to(duration, values)
+            duration_buckets.add_to(duration, values)
             phase = HistogramMetricFamily(
                 "otelprof_step_phase_duration_seconds",
                 "Time per step in each phase (data wait, forward, backward, optimizer).",
                 labels=(*LABELS, "phase"),
             )
-            for name, buckets in self._phases.items():
+            for name, buckets in phase_buckets.items():
                 buckets.add_to(phase, [*values, name])
             counters = [
-                ("otelprof_steps", "Training steps completed.", self._steps),
-                ("otelprof_samples", "Samples processed.", self._samples),
-                ("otelprof_tokens", "Tokens processed.", self._tokens),
-                (
-                    "otelprof_step_spans_dropped",
-                    "Step spans dropped because the encoder fell behind.",
-                    self._spans_dropped,
-                ),
+                ("otelprof_steps", "Training steps completed.", steps),
+                ("otelprof_samples", "Samples processed.", samples),
+                ("otelprof_tokens", "Tokens processed.", tokens),
+                ("otelprof_step_spans_dropped", "Step spans dropped because the encoder fell behind.", dropped),
             ]
             gauges = [
-                ("otelprof_last_step_timestamp_seconds", "When the last step ended (Unix time).", self._last_step),
-                ("otelprof_samples_per_second", "Samples per second in the last step.", self._samples_rate),
-                ("otelprof_tokens_per_second", "Tokens per second in the last step.", self._tokens_rate),
+                ("otelprof_last_step_timestamp_seconds", "When the last step ended (Unix time).", last),
+                ("otelprof_samples_per_second", "Samples per second in the last step.", samples_rate),
+                ("otelprof_tokens_per_second", "Tokens per second in the last step.", tokens_rate),
             ]
         yield duration
         yield phase
@@ -181,6 +211,45 @@ class StepMetrics(Collector):
             gauge = GaugeMetricFamily(name, doc, labels=LABELS)
             gauge.add_metric(values, 0.0 if value is None else value)
             yield gauge
+
+    def _state(self) -> _State:
+        return (
+            self._duration,
+            self._phases,
+            self._steps,
+            self._samples,
+            self._tokens,
+            self._spans_dropped,
+            self._last_step,
+            self._samples_rate,
+            self._tokens_rate,
+        )
+
+    def _native_state(self, sink: NativeSink) -> _State:
+        (counts, total), exemplars, phases, steps, samples, tokens, dropped, last, samples_rate, tokens_rate = (
+            sink.metrics()
+        )
+        duration = Buckets()
+        duration.counts, duration.sum = counts, total
+        for i, exemplar in enumerate(exemplars):
+            if exemplar is not None:
+                number, trace_id, value, at = exemplar
+                duration.exemplars[i] = (_Trace(trace_id or self._trace_ids(str(number))), value, at)
+        by_phase = {}
+        for name, (phase_counts, phase_total) in zip(PHASES, phases, strict=True):
+            buckets = by_phase[name] = Buckets()
+            buckets.counts, buckets.sum = phase_counts, phase_total
+        return (
+            duration,
+            by_phase,
+            steps,
+            samples,
+            tokens,
+            dropped + self._spans_dropped,
+            last,
+            samples_rate,
+            tokens_rate,
+        )
 
     def unregister(self) -> None:
         """Removes every series this created (uninstrument)."""

@@ -95,6 +95,24 @@ def current_parent() -> tuple[bytes, bytes] | None:
     return ctx.trace_id.to_bytes(16, "big"), ctx.span_id.to_bytes(8, "big")
 
 
+def otel_context_var() -> Any:
+    """OpenTelemetry's context variable, which the native tracker reads to skip ``current_parent``
+    when the context is empty; None when the runtime context is another (then it is called)."""
+    import contextvars
+
+    try:
+        from opentelemetry import context
+    except ImportError:
+        return None
+    var = getattr(getattr(context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    return var if isinstance(var, contextvars.ContextVar) else None
+
+
+def native_sink() -> Any:
+    """A ``_native.StepSink`` bounded like the Python queue (None without the native core)."""
+    return None if _native is None else _native.StepSink(MAX_PENDING, BATCH_STEPS)
+
+
 class StepSpans:
     def __init__(
         self, exporter: Exporter, identity: Identity, resource: Attrs, on_drop: Callable[[], None] | None = None
@@ -106,8 +124,24 @@ class StepSpans:
         self._ordinal = 0
         self.dropped = 0
         self._on_drop = on_drop
+        self._sink: Any = None
         self._start()
         os.register_at_fork(after_in_child=self._start)
+
+    @property
+    def native_queue(self) -> bool:
+        """Whether the native core can queue steps for this encoder (see ``use_sink``)."""
+        return self.encoder.native is not None
+
+    def use_sink(self, sink: Any) -> None:
+        """From now on steps are queued by the native core (``_native.StepSink``, fed by the
+        step tracker) instead of ``add()``; this thread encodes them from there."""
+        self._sink = sink
+
+    def wake(self) -> None:
+        """A batch is waiting (the native tracker calls this)."""
+        with self._cond:
+            self._cond.notify()
 
     def context(self, step: Step) -> StepContext:
         """Ids of ``step``'s span (called on the training thread, where the current span is)."""
@@ -142,6 +176,8 @@ class StepSpans:
         self._flush()
 
     def _start(self) -> None:
+        if self._sink is not None:  # a forked child: the parent ships what was queued
+            self._sink.clear_queue()
         self._cond = threading.Condition()
         self._pending: deque[tuple[Step, StepContext]] = deque()
         self._closed = False
@@ -162,6 +198,13 @@ class StepSpans:
                 return
 
     def _flush(self) -> None:
+        sink = self._sink
+        if sink is not None:
+            for request in sink.encode(self.encoder.native, 3 * 1024 * 1024):
+                self._exporter.submit(request)
+            if sink.spans_dropped and not self.dropped:
+                self.dropped = sink.spans_dropped
+                _log.warning("step spans are produced faster than they can be encoded: dropping (counted)")
         pending = self._pending
         batch = [pending.popleft() for _ in range(len(pending))]  # steps added meanwhile stay
         if not batch:
@@ -179,7 +222,7 @@ class StepRecordEncoder:
         prefix = f"step|{identity.run_id}|"  # the converter's step trace ids
         self.trace_ids = ids.TraceIds(prefix)
         self._encoder = StepEncoder(list(resource), version)
-        self._native = (
+        self.native = (
             _native.StepSpanEncoder(list(resource), version, prefix, self.span_base)
             if native and _native is not None
             else None
@@ -187,8 +230,8 @@ class StepRecordEncoder:
 
     def encode(self, records: list[StepRecord], max_bytes: int) -> list[bytes]:
         """ExportTraceServiceRequest bytes of ``records`` (native, or the Python fallback)."""
-        if self._native is not None:
-            encoded: list[bytes] = self._native.encode(records, max_bytes)
+        if self.native is not None:
+            encoded: list[bytes] = self.native.encode(records, max_bytes)
             return encoded
         spans: list[Span] = []
         for rec in records:

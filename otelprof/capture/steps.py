@@ -332,6 +332,20 @@ class NativeStepTracker:
         """After finish(): drops the callbacks (a cycle through C++ that gc cannot break)."""
         self._native.release()
 
+    def attach(
+        self,
+        sink: Any,
+        on_boundary: Callable[[int, float], None] | None = None,
+        parent: Callable[[], tuple[bytes, bytes] | None] | None = None,
+        context_var: Any = None,
+        notify: Callable[[], None] | None = None,
+    ) -> None:
+        """Closed steps go to ``sink`` (``_native.StepSink``: metrics folded, spans queued, in
+        C++) instead of ``on_step``; ``parent()`` gives the application's current span (looked
+        up only when ``context_var``, OpenTelemetry's context variable, is not empty), and
+        ``on_boundary(number, seconds)`` runs per step for what Python still does there."""
+        self._native.attach(sink, on_boundary, parent, context_var, notify)
+
     def __getattr__(self, name: str) -> Any:  # the hooks, for type checkers
         raise AttributeError(name)
 

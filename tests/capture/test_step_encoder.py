@@ -111,7 +111,7 @@ def test_native_step_records_equal_the_official_classes(records: list, max_bytes
     (ids, parents, names, times, attributes, the split into requests)."""
     pytest.importorskip("otelprof._native")
     native, python = _encoder(native=True), _encoder(native=False)
-    assert native._native is not None and python._native is None
+    assert native.native is not None and python.native is None
     spans: list[Span] = []
     for rec in records:
         spans.extend(python.spans(rec, len(spans)))

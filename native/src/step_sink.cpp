@@ -1,0 +1,79 @@
+#include "otelprof/step_sink.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace otelprof {
+
+namespace {
+constexpr const char* kPhaseNames[kPhaseCount] = {"data", "forward", "backward", "optimizer"};
+}  // namespace
+
+size_t StepHistogram::observe(double value) {
+    const size_t i = static_cast<size_t>(std::lower_bound(kStepBuckets.begin(), kStepBuckets.end(), value) -
+                                         kStepBuckets.begin());
+    ++counts[i];
+    sum += value;
+    return i;
+}
+
+bool StepSink::add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
+                   const std::optional<SpanId>& parent_span) {
+    fold(step, parent_trace);
+    const uint64_t ordinal = ordinal_;
+    ordinal_ += 1 + step.phases.size();
+    if (queue_.size() >= max_pending_) {
+        ++metrics_.spans_dropped;
+        return false;
+    }
+    StepRecord r;
+    r.name = name;
+    r.number = step.number;
+    r.start = step.start;
+    r.end = step.end;
+    r.ordinal = ordinal;
+    r.trace_id = parent_trace;
+    r.parent_id = parent_span;
+    r.samples = step.samples;
+    r.tokens = step.tokens;
+    r.dropped_phases = step.dropped_phases;
+    r.phases.reserve(step.phases.size());
+    for (const PhaseSpan& p : step.phases) {
+        r.phases.push_back({kPhaseNames[static_cast<int>(p.phase)], p.start, p.end});
+    }
+    queue_.push_back(std::move(r));
+    return queue_.size() == batch_steps_;
+}
+
+// The same arithmetic, in the same order, as StepMetrics._fold (so the floats agree exactly).
+void StepSink::fold(const TrackedStep& step, const std::optional<TraceId>& parent_trace) {
+    StepMetricsState& m = metrics_;
+    const double seconds = static_cast<double>(step.end - step.start) / 1e9;
+    const double end = static_cast<double>(step.end) / 1e9;
+    StepExemplar& exemplar = m.exemplars[m.duration.observe(seconds)];
+    exemplar.number = step.number;
+    exemplar.trace_id = parent_trace;
+    exemplar.value = seconds;
+    exemplar.at = end;
+    ++m.steps;
+    for (int k = 0; k < kPhaseCount; ++k) {
+        if (step.with_total & (1u << k)) m.phases[static_cast<size_t>(k)].observe(static_cast<double>(step.totals[k]) / 1e9);
+    }
+    m.last_step = end;
+    if (step.samples) {
+        m.samples += *step.samples;
+        if (seconds > 0) m.samples_rate = static_cast<double>(*step.samples) / seconds;
+    }
+    if (step.tokens) {
+        m.tokens += *step.tokens;
+        if (seconds > 0) m.tokens_rate = static_cast<double>(*step.tokens) / seconds;
+    }
+}
+
+std::vector<StepRecord> StepSink::take() {
+    std::vector<StepRecord> out;
+    out.swap(queue_);
+    return out;
+}
+
+}  // namespace otelprof

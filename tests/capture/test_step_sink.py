@@ -1,0 +1,161 @@
+"""Native steps end to end: the C++ tracker folding steps into the native StepSink's metrics and
+span queue gives the same exposition (StepMetrics, itself checked against prometheus-client in
+test_step_metrics.py) and the same request bytes (the Python StepEncoder, checked against the
+official classes in test_step_encoder.py) as the Python path fed the same activity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from otelprof.capture.identity import Identity
+from otelprof.capture.step_metrics import StepMetrics
+from otelprof.capture.step_spans import StepContext, StepRecordEncoder, native_sink, record
+from otelprof.capture.steps import PHASES, Step, step_tracker
+from otelprof.converter.reference.builder import Attrs
+
+from .test_step_metrics import IDENTITY, exposition
+
+native = pytest.importorskip("otelprof._native")
+
+RESOURCE: Attrs = [("service.name", "svc"), ("pytorch.distributed.rank", 3)]
+PARENT = (b"\x11" * 16, b"\x22" * 8)
+
+
+def _events() -> Any:
+    """A loop's activity: hook events, batch sizes, clock ticks, scopes, and whether the
+    application's span is current when the next step closes."""
+    return st.lists(
+        st.one_of(
+            st.tuples(st.sampled_from(["begin", "end"]), st.sampled_from(PHASES)),
+            st.tuples(st.just("data_end"), st.tuples(st.none() | st.integers(0, 64), st.none() | st.integers(0, 999))),
+            st.tuples(st.just("tick"), st.integers(0, 3 * 10**9)),
+            st.tuples(st.just("nested"), st.booleans()),
+            st.tuples(st.just("scope"), st.sampled_from(["infer", "x\udcff"])),
+        ),
+        max_size=150,
+    )
+
+
+def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: list[bool]) -> None:
+    for kind, arg in events:
+        if kind == "tick":
+            now[0] += arg
+        elif kind == "nested":
+            nested[0] = arg
+        elif kind == "data_end":
+            tracker.data_end(*arg)
+        elif kind == "scope":
+            tracker.end_scope()
+            tracker.begin_scope(arg)
+        else:
+            getattr(tracker, f"{kind}_{arg}")(None, ())
+    tracker.finish()
+    assert not tracker.failed
+
+
+def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
+    now, nested = [1_700_000_000_000_000_000], [False]
+    tracker: Any = step_tracker(lambda s: None, clock=lambda: now[0], native=True)
+    sink = native_sink()
+    encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, version="1.0")
+    registry = CollectorRegistry()
+    metrics = StepMetrics(IDENTITY, registry)
+    metrics.read_from(sink, encoder.trace_ids)
+    boundaries: list[int] = []
+    tracker.attach(sink, lambda n, s: boundaries.append(n), lambda: PARENT if nested[0] else None)
+    _drive(tracker, events, now, nested)
+    return exposition(registry, True), sink.encode(encoder.native, max_bytes), boundaries
+
+
+def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
+    now, nested = [1_700_000_000_000_000_000], [False]
+    encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, native=False, version="1.0")
+    registry = CollectorRegistry()
+    metrics = StepMetrics(IDENTITY, registry)
+    records = []
+    ordinal = [0]
+
+    def on_step(step: Step) -> None:  # what Session._on_step and StepSpans do with a step
+        ctx = StepContext(ordinal[0], step.number, encoder.trace_ids, PARENT if nested[0] else None)
+        ordinal[0] += 1 + len(step.phases)
+        metrics.observe(step, ctx)
+        records.append(record(step, ctx))
+
+    tracker: Any = step_tracker(on_step, clock=lambda: now[0], native=False)
+    _drive(tracker, events, now, nested)
+    numbers = [r[1] for r in records]
+    return exposition(registry, True), encoder.encode(records, max_bytes) if records else [], numbers
+
+
+@settings(max_examples=150, deadline=None)
+@given(_events(), st.sampled_from([900, 3 * 1024 * 1024]))
+def test_native_steps_equal_the_python_path(events: list[tuple[str, Any]], max_bytes: int) -> None:
+    assert _native_path(events, max_bytes) == _python_path(events, max_bytes)
+
+
+def _train(tracker: Any, steps: int) -> None:
+    for _ in range(steps):
+        tracker.begin_data()
+        tracker.data_end(8, None)
+        tracker.begin_forward(None, ())
+        tracker.end_forward(None, (), None)
+        tracker.begin_optimizer(None, (), {})
+        tracker.end_optimizer(None, (), {})
+    tracker.begin_data()
+
+
+def test_a_full_queue_drops_spans_but_not_metrics() -> None:
+    tracker: Any = step_tracker(lambda s: None, native=True)
+    sink = native.StepSink(3, 2)
+    woken: list[int] = []
+    tracker.attach(sink, notify=lambda: woken.append(sink.pending))
+    _train(tracker, 5)
+    assert woken == [2]  # once, when the queue reached the batch size
+    assert sink.pending == 3 and sink.spans_dropped == 2
+    metrics = sink.metrics()
+    assert metrics[3] == 5 and metrics[4] == 40  # steps, samples
+    encoder = StepRecordEncoder(Identity("run"), RESOURCE)
+    [request] = sink.encode(encoder.native, 1 << 20)
+    assert sink.pending == 0 and sink.encode(encoder.native, 1 << 20) == []
+    assert request.count(b"train.step") == 3
+
+
+def test_the_context_variable_spares_the_parent_lookup() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ctx", default=())  # sized, like a Context
+    calls: list[int] = []
+
+    def parent() -> tuple[bytes, bytes] | None:
+        calls.append(1)
+        return PARENT
+
+    tracker: Any = step_tracker(lambda s: None, native=True)
+    sink = native.StepSink(100, 100)
+    tracker.attach(sink, parent=parent, context_var=var)
+    _train(tracker, 3)
+    assert calls == []  # an empty context: no span to nest under, no call
+    var.set(("span",))
+    _train(tracker, 2)
+    assert len(calls) == 2
+    [(_counts, _sum), exemplars, *_] = sink.metrics()
+    assert {e[1] for e in exemplars if e is not None} == {PARENT[0]}
+    with pytest.raises(TypeError, match="ContextVar"):
+        tracker.attach(sink, context_var={})
+
+
+def test_a_failing_boundary_callback_stops_the_tracker() -> None:
+    errors: list[BaseException] = []
+
+    def boundary(number: int, seconds: float) -> None:
+        raise ValueError(f"step {number}")
+
+    tracker: Any = step_tracker(lambda s: None, on_error=errors.append, native=True)
+    tracker.attach(native.StepSink(10, 10), boundary)
+    _train(tracker, 3)
+    assert tracker.failed and [str(e) for e in errors] == ["step 0"]
