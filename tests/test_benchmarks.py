@@ -43,7 +43,8 @@ def test_convert_benchmark_runs_every_engine() -> None:
 
 
 def test_overhead_benchmark_runs_both_loops() -> None:
-    text, figures = _run("overhead.py", "--rounds", "2", "--steps", "3", "--window-steps", "2", "--tiny-rounds", "3")
+    quick = ("--rounds", "2", "--steps", "3", "--window-steps", "2", "--tiny-rounds", "3", "--window-rounds", "2")
+    text, figures = _run("overhead.py", *quick)
     window = {"window_bare_ms", "window_otelprof_ms", "window_ratio", "window_ratio_error"}
     always = {"bare_ms", "instrumented_ms", "ratio", "ratio_error", "step_cost_us", "implied_ratio"}
     errors = {"step_cost_error_us", "implied_ratio_error"}
