@@ -151,6 +151,7 @@ class TorchHooks:
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
+        self.forward = None  # a step ending later (finish() at uninstrument) must not re-hook
 
     def _quiet_compile_warning(self) -> None:
         """torch.compile warns that global module hooks fire once more for its wrapper module:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from otelprof.capture import hooks as hooks_module
+from otelprof.capture import steps as steps_module
 from otelprof.capture.hooks import TorchHooks
-from otelprof.capture.steps import Step, StepTracker
+from otelprof.capture.steps import Step, step_tracker
 
 torch = pytest.importorskip("torch")
 
@@ -18,10 +19,19 @@ def _global_forward_hooks() -> int:
     return len(nn_module._global_forward_pre_hooks) + len(nn_module._global_forward_hooks)
 
 
-def test_forward_hooks_move_to_the_roots_and_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+KINDS = [
+    pytest.param(False, id="python"),
+    pytest.param(
+        True, id="native", marks=pytest.mark.skipif(steps_module._native is None, reason="the native core is not built")
+    ),
+]
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_forward_hooks_move_to_the_roots_and_come_back(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
     monkeypatch.setattr(hooks_module, "REDISCOVER_STEPS", 3)
     steps: list[Step] = []
-    tracker = StepTracker(steps.append)
+    tracker = step_tracker(steps.append, native=native)
     hooks = TorchHooks(tracker)
     before = _global_forward_hooks()
     hooks.install()
@@ -58,3 +68,19 @@ def test_forward_hooks_move_to_the_roots_and_come_back(monkeypatch: pytest.Monke
     # each root call is one forward interval, whichever hooks saw it; `late` is missed in the
     # steps between its first call and the next discovery (4 and 5)
     assert [len([p for p in s.phases if p[0] == "forward"]) for s in steps] == [2, 2, 2, 2, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_a_step_ending_after_remove_installs_nothing(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """uninstrument() removes the hooks, then finish() ends the last step: the step's boundary
+    must not bring the forward hooks back (a discovery step, or the 1000th step)."""
+    monkeypatch.setattr(hooks_module, "REDISCOVER_STEPS", 1)
+    hooks = TorchHooks(step_tracker(lambda s: None, native=native))
+    before = _global_forward_hooks()
+    hooks.install()
+    model = torch.nn.Linear(2, 1)
+    model(torch.randn(1, 2))  # found by the discovery hooks
+    hooks.remove()
+    hooks.step_done()
+    assert _global_forward_hooks() == before
+    assert not model._forward_pre_hooks and not model._forward_hooks
