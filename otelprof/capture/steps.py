@@ -82,6 +82,15 @@ class StepTracker:
     """Thread-safe; ``on_step`` runs on the thread that ended the step and must not raise
     (the caller guards it)."""
 
+    begin_data: Callable[..., None]
+    end_data: Callable[..., None]
+    begin_forward: Callable[..., None]
+    end_forward: Callable[..., None]
+    begin_backward: Callable[..., None]
+    end_backward: Callable[..., None]
+    begin_optimizer: Callable[..., None]
+    end_optimizer: Callable[..., None]
+
     def __init__(
         self,
         on_step: Callable[[Step], None],
@@ -93,6 +102,9 @@ class StepTracker:
         self._on_step = on_step
         self._on_error = on_error
         self.failed = False
+        for phase in PHASES:  # the hooks: begin_data, end_data, begin_forward, ...
+            setattr(self, f"begin_{phase}", self._hook(self.phase_begin, phase))
+            setattr(self, f"end_{phase}", self._hook(self.phase_end, phase))
         self._on_first_open = on_first_open
         self._clock = clock
         self._lock = threading.RLock()
@@ -116,36 +128,18 @@ class StepTracker:
             if self._on_error is not None:
                 self._on_error(exc)
 
+    def _hook(self, event: Callable[[str], None], phase: str) -> Callable[..., None]:
+        def hook(*_: Any) -> None:  # torch passes a module, an optimizer...: ignored
+            self._guarded(event, phase)
+
+        return hook
+
     def _guarded(self, event: Callable[..., None], *args: Any) -> None:
         if not self.failed:
             try:
                 event(*args)
             except Exception as exc:
                 self.fail(exc)
-
-    def begin_data(self, *_: Any) -> None:
-        self._guarded(self.phase_begin, "data")
-
-    def end_data(self, *_: Any) -> None:
-        self._guarded(self.phase_end, "data")
-
-    def begin_forward(self, *_: Any) -> None:
-        self._guarded(self.phase_begin, "forward")
-
-    def end_forward(self, *_: Any) -> None:
-        self._guarded(self.phase_end, "forward")
-
-    def begin_backward(self, *_: Any) -> None:
-        self._guarded(self.phase_begin, "backward")
-
-    def end_backward(self, *_: Any) -> None:
-        self._guarded(self.phase_end, "backward")
-
-    def begin_optimizer(self, *_: Any) -> None:
-        self._guarded(self.phase_begin, "optimizer")
-
-    def end_optimizer(self, *_: Any) -> None:
-        self._guarded(self.phase_end, "optimizer")
 
     # --- phases -----------------------------------------------------------------------------
 
