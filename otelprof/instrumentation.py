@@ -134,21 +134,23 @@ class Session:
 
     def _on_boundary(self, _number: int, seconds: float) -> None:
         """What a native step still does in Python (training thread; errors stop the tracker)."""
+        self._boundary(seconds)
+        if self.straggler is not None:
+            self.straggler.observe(seconds)
+
+    def _boundary(self, seconds: float) -> None:
+        """Every step, either path: root discovery, the profiler's step boundary."""
         self.hooks.step_done()
         if self.windows is not None:
             self.windows.boundary(seconds)
-        if self.straggler is not None:
-            self.straggler.observe(seconds)
 
     def _on_step(self, step: Step) -> None:
         """A step ended on the CPU (training thread): the profiler's step boundary is here."""
         if self._failed or self.metrics is None or self.spans is None:
             return
         try:
-            self.hooks.step_done()
             ctx = self.spans.context(step)  # the application's current span is on this thread
-            if self.windows is not None:
-                self.windows.boundary(step.duration_s)
+            self._boundary(step.duration_s)
             if self.timing is not None:
                 self.timing.add(step, ctx)  # recorded once the GPU has run it
             else:

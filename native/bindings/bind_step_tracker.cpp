@@ -117,19 +117,10 @@ class LiveTracker {
 
     // The hot path: one event, then what it left (a closed step, the first opening) delivered.
     void begin(Phase phase) {
-        if (failed_) return;
-        int64_t now = 0;
-        if (!read_clock(now)) return;
-        core_.phase_begin(phase, now);
-        if (core_.pending()) deliver();
+        timed([this, phase](int64_t now) { core_.phase_begin(phase, now); });
     }
-
     void end(Phase phase) {
-        if (failed_) return;
-        int64_t now = 0;
-        if (!read_clock(now)) return;
-        core_.phase_end(phase, now);
-        if (core_.pending()) deliver();
+        timed([this, phase](int64_t now) { core_.phase_end(phase, now); });
     }
 
     void data_end(PyObject* samples, PyObject* tokens) {
@@ -142,16 +133,14 @@ class LiveTracker {
             PyErr_Clear();  // an odd batch: its size stays unknown, the step is still timed
             s = t = -1;
         }
-        int64_t now = 0;
-        if (!read_clock(now)) return;
-        core_.data_end(now, s, t);
-        if (core_.pending()) deliver();
+        timed([this, s, t](int64_t now) { core_.data_end(now, s, t); });
     }
 
     void set_batch(py::object samples, py::object tokens) {
         core_.set_batch(size_arg(samples.ptr()), size_arg(tokens.ptr()));
     }
 
+    // An event at the clock's time, then what it left delivered (not after a failure).
     template <typename Event>
     void timed(Event&& event) {
         if (failed_) return;

@@ -88,10 +88,6 @@ class TorchHooks:
         self._undo: list[Callable[[], None]] = []
         self.forward: RootForwardHooks | None = None
 
-    @property
-    def _failed(self) -> bool:
-        return self._tracker.failed
-
     def install(self) -> None:
         import torch
         from torch.nn.modules import module as nn_module
@@ -104,7 +100,7 @@ class TorchHooks:
             optim.register_optimizer_step_post_hook(tracker.end_optimizer),
         ):
             self._undo.append(handle.remove)
-        self.forward = RootForwardHooks(nn_module, self)
+        self.forward = RootForwardHooks(nn_module, tracker)
         self.forward.discover()
         self._undo.append(self.forward.remove)
         self._quiet_compile_warning()
@@ -196,12 +192,10 @@ class TorchHooks:
 class RootForwardHooks:
     """The forward phase from the outermost module calls, hooked on the root modules only."""
 
-    def __init__(self, nn_module: Any, hooks: TorchHooks) -> None:
+    def __init__(self, nn_module: Any, tracker: StepTracker | NativeStepTracker) -> None:
         self._nn = nn_module
-        self._hooks = hooks
-        self._tracker = hooks._tracker
-        self._root_pre = self._tracker.begin_forward
-        self._root_post = self._tracker.end_forward
+        self._root_pre = tracker.begin_forward
+        self._root_post = tracker.end_forward
         self._local = threading.local()  # module-call depth per thread (DataParallel replicas)
         self._global: list[Any] = []  # handles of the global hooks while discovering
         self._roots: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}  # id -> (module, handles)

@@ -203,8 +203,8 @@ class StepSpans:
             for request in sink.encode(self.encoder.native, 3 * 1024 * 1024):
                 self._exporter.submit(request)
             if sink.spans_dropped and not self.dropped:
-                self.dropped = sink.spans_dropped
                 _log.warning("step spans are produced faster than they can be encoded: dropping (counted)")
+            self.dropped = max(self.dropped, sink.spans_dropped)
         pending = self._pending
         batch = [pending.popleft() for _ in range(len(pending))]  # steps added meanwhile stay
         if not batch:
@@ -221,18 +221,19 @@ class StepRecordEncoder:
         self.span_base = ids.span_base(identity.run_id, f"live|{identity.rank}")
         prefix = f"step|{identity.run_id}|"  # the converter's step trace ids
         self.trace_ids = ids.TraceIds(prefix)
-        self._encoder = StepEncoder(list(resource), version)
         self.native = (
             _native.StepSpanEncoder(list(resource), version, prefix, self.span_base)
             if native and _native is not None
             else None
         )
+        self._encoder = StepEncoder(list(resource), version) if self.native is None else None
 
     def encode(self, records: list[StepRecord], max_bytes: int) -> list[bytes]:
         """ExportTraceServiceRequest bytes of ``records`` (native, or the Python fallback)."""
         if self.native is not None:
             encoded: list[bytes] = self.native.encode(records, max_bytes)
             return encoded
+        assert self._encoder is not None
         spans: list[Span] = []
         for rec in records:
             spans.extend(self.spans(rec, len(spans)))

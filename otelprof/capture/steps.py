@@ -78,18 +78,23 @@ HOOKS = (
 )
 
 
-class StepTracker:
-    """Thread-safe; ``on_step`` runs on the thread that ended the step and must not raise
-    (the caller guards it)."""
+class TrackerHooks:
+    """The hooks both trackers offer (HOOKS), set per instance."""
 
     begin_data: Callable[..., None]
     end_data: Callable[..., None]
+    data_end: Callable[..., None]
     begin_forward: Callable[..., None]
     end_forward: Callable[..., None]
     begin_backward: Callable[..., None]
     end_backward: Callable[..., None]
     begin_optimizer: Callable[..., None]
     end_optimizer: Callable[..., None]
+
+
+class StepTracker(TrackerHooks):
+    """Thread-safe; ``on_step`` runs on the thread that ended the step and must not raise
+    (the caller guards it)."""
 
     def __init__(
         self,
@@ -291,7 +296,7 @@ except ImportError:  # pragma: no cover - a broken build; the Python tracker tak
     _native = None
 
 
-class NativeStepTracker:
+class NativeStepTracker(TrackerHooks):
     """The native core's tracker with StepTracker's interface; ``hooks`` are C functions."""
 
     def __init__(
@@ -339,9 +344,6 @@ class NativeStepTracker:
         up only when ``context_var``, OpenTelemetry's context variable, is not empty), and
         ``on_boundary(number, seconds)`` runs per step for what Python still does there."""
         self._native.attach(sink, on_boundary, parent, context_var, notify)
-
-    def __getattr__(self, name: str) -> Any:  # the hooks, for type checkers
-        raise AttributeError(name)
 
 
 def step_tracker(
