@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import urllib.request
 import sys
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
