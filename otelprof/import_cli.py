@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -31,21 +32,37 @@ from ._cli_common import (
     microseconds,
 )
 from .converter import ConvertOptions, ConvertResult
+from .environment_variables import (
+    OTEL_EXPORTER_OTLP_TIMEOUT,
+    OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+    OTELPROF_MAX_REQUEST_BYTES,
+)
 from .importer.discover import Source, SourceError, find_sources
 from .importer.ledger import Ledger, LedgerError, default_path
 from .importer.progress import Progress
 from .importer.session import DEFAULT_BATCH_BYTES, Importer, Report
 
 if TYPE_CHECKING:
+    from .export.config import ExporterConfig
     from .export.exporter import Exporter
 
 _log = logging.getLogger(__name__)
+
+#: An import is a batch job: it can wait for a slow backend (a 2.4 MB request took MLflow over
+#: the exporter's 10 s default; a timed-out request is sent again, and stored twice by a backend
+#: that does not deduplicate by span id). Used when OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT is unset.
+IMPORT_TIMEOUT_S = 30.0
+#: Over OTLP/HTTP, requests of 1 MiB rather than 3 MiB (when neither --max-request-bytes nor
+#: OTELPROF_MAX_REQUEST_BYTES says): a backend that stores a request before answering (MLflow)
+#: answers each well within the timeout.
+HTTP_IMPORT_REQUEST_BYTES = 1024 * 1024
 
 EPILOG = """\
 exit codes:
   0    every file was delivered (sent, or spooled when no endpoint is set or it is unreachable)
   1    a file could not be read (one line each; nothing of that file is sent, the others are),
-       or the backend rejected requests
+       or requests were lost (rejected by the backend, or the spool could not take them): the
+       ledger does not record them, --resume sends them again
   2    usage error
   130  interrupted: what was delivered is in the ledger; rerun with --resume for the rest
 
@@ -85,7 +102,8 @@ def add_parser(
         "--max-request-bytes",
         type=int_at_least(1024),
         metavar="N",
-        help="split requests larger than N bytes (default: $OTELPROF_MAX_REQUEST_BYTES or 3 MiB)",
+        help="split requests larger than N bytes (default: $OTELPROF_MAX_REQUEST_BYTES, else 1 MiB over "
+        "OTLP/HTTP and 3 MiB over gRPC)",
     )
     parser.add_argument(
         "--min-duration-us",
@@ -143,8 +161,18 @@ def _stop_on_signals(stop: threading.Event, quiet: bool) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _cmd_import(args: argparse.Namespace) -> int:
+def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
+    """The exporter's configuration from ``OTEL_EXPORTER_OTLP_*``, with the import's longer
+    timeout where no timeout variable is set."""
     from .export.config import exporter_config_from_env
+
+    config = exporter_config_from_env(environ)
+    if any(environ.get(name, "").strip() for name in (OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT)):
+        return config
+    return dataclasses.replace(config, timeout_s=IMPORT_TIMEOUT_S)
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
     from .export.exporter import Exporter
 
     base = convert_options(args)
@@ -157,9 +185,12 @@ def _cmd_import(args: argparse.Namespace) -> int:
         ledger = Ledger.load(ledger_path) if args.resume else Ledger(ledger_path)
     except LedgerError as exc:
         raise CliError(str(exc)) from None
-    config = exporter_config_from_env()
+    config = import_exporter_config(os.environ)
     if config.disabled:
         raise CliError("export is disabled (OTEL_SDK_DISABLED=true): nothing would be sent")
+    told = args.max_request_bytes is not None or os.environ.get(OTELPROF_MAX_REQUEST_BYTES, "").strip()
+    if config.protocol == "http/protobuf" and not told:
+        base = dataclasses.replace(base, max_request_bytes=HTTP_IMPORT_REQUEST_BYTES)
 
     def options_for(source: Source) -> ConvertOptions:
         rank = source.rank if source.rank is not None else base.rank
@@ -221,14 +252,15 @@ def _cmd_import(args: argparse.Namespace) -> int:
     if evicted:  # the spool is bounded: a big import with no backend pushes out its own oldest requests
         print(
             f"otelprof: error: the spool {exporter.spool.directory} was full: {evicted} older requests were "
-            "evicted; import again with a reachable endpoint",
+            "evicted; import again, without --resume, with a reachable endpoint",
             file=sys.stderr,
         )
         return EXIT_ERROR
     if counters.requests_dropped:
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(counters.dropped_by_reason.items()))
         print(
-            f"otelprof: error: {counters.requests_dropped} requests were dropped (rejected by the backend; "
-            "see the warning above)",
+            f"otelprof: error: {counters.requests_dropped} requests were lost ({reasons}; see the warnings "
+            "above); the ledger does not record them: --resume sends them again",
             file=sys.stderr,
         )
         return EXIT_ERROR

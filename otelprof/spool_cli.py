@@ -1,10 +1,18 @@
-"""``otelprof spool ls|replay|drop``: look at, send, or discard requests waiting in the spool."""
+"""``otelprof spool ls|replay|drop``: look at, send, or discard requests waiting in the spool.
+
+Each record names the destination it was spooled for (a digest of endpoint, protocol and
+headers: ``export/destination.py``). ``replay`` sends only the records of the destination it is
+given (``--endpoint``/``--protocol``, else ``OTEL_EXPORTER_OTLP_*``), plus those that name none
+(spooled with no endpoint set, or by an otelprof older than destinations); records of another
+destination go there only when named explicitly with ``--destination``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,8 +20,12 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from .export.config import exporter_config_from_env
+from .export.destination import NO_DESTINATION, destination_id, is_destination_id
 from .export.exporter import spool_dir_from_env, transport
-from .export.spool import Spool
+from .export.spool import Spool, record_destination
+
+#: How ``ls`` names the records written before destinations existed.
+UNKNOWN = "unknown"
 
 
 def add_parser(
@@ -25,7 +37,8 @@ def add_parser(
         "spool",
         help="list, replay or drop export requests waiting in the spool",
         description="Requests wait in the spool while the OTLP backend is unreachable, or when no\n"
-        "endpoint is configured. The exporter replays them by itself once the backend answers.",
+        "endpoint is configured. The exporter replays them by itself once the backend answers,\n"
+        "each only to the destination (endpoint, protocol, headers) it was spooled for.",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -34,10 +47,24 @@ def add_parser(
         "--dir", type=Path, metavar="DIR", help="spool folder (default: $OTELPROF_SPOOL_DIR or ~/.cache/otelprof/spool)"
     )
     actions = spool.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("ls", help="one line per waiting request: name, bytes, spans").set_defaults(func=_ls)
-    replay = actions.add_parser("replay", help="send the waiting requests, oldest first, removing each one sent")
+    actions.add_parser(
+        "ls", help="one line per waiting request: name, bytes, spans, destination; then the destinations"
+    ).set_defaults(func=_ls)
+    replay = actions.add_parser(
+        "replay",
+        help="send the waiting requests of this destination (and those naming none), oldest first, "
+        "removing each one sent",
+    )
     replay.add_argument("--endpoint", help="OTLP endpoint (default: $OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
     replay.add_argument("--protocol", choices=("grpc", "http/protobuf"), help="default: $OTEL_EXPORTER_OTLP_PROTOCOL")
+    replay.add_argument(
+        "--destination",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="also send the requests spooled for destination ID (from `ls`; `all`: every one) to this "
+        "endpoint; repeatable",
+    )
     replay.set_defaults(func=_replay)
     actions.add_parser("drop", help="delete every waiting request").set_defaults(func=_drop)
 
@@ -59,15 +86,39 @@ def _spans(data: bytes) -> int | None:
     return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
 
 
+def _destination(record: Path) -> str:
+    return record_destination(record) or UNKNOWN
+
+
+def _describe(spool: Spool, destination: str) -> str:
+    if destination == NO_DESTINATION:
+        return "none: spooled with no endpoint set; `otelprof spool replay` sends these wherever it is told"
+    if destination == UNKNOWN:
+        return "unknown: spooled by an otelprof older than destinations; `otelprof spool replay` sends these"
+    doc = spool.describe(destination)
+    if doc is None:
+        return "(no description kept)"
+    headers = doc.get("headers") or []
+    named = f", headers {', '.join(map(str, headers))}" if isinstance(headers, list) and headers else ""
+    return f"{doc.get('endpoint')} ({doc.get('protocol')}{named})"
+
+
 def _ls(args: argparse.Namespace) -> int:
     spool = _spool(args)
     total_bytes = total_spans = 0
+    per_destination: Counter[str] = Counter()
     for record, data in spool:
         spans = _spans(data)
         total_bytes += len(data)
         total_spans += spans or 0
-        print(f"{record.name}\t{len(data)} bytes\t{'unreadable' if spans is None else f'{spans} spans'}")
-    _info(args, f"{len(spool.records())} requests, {total_spans} spans, {total_bytes} bytes in {spool.directory}")
+        destination = _destination(record)
+        per_destination[destination] += 1
+        print(f"{record.name}\t{len(data)} bytes\t{'unreadable' if spans is None else f'{spans} spans'}\t{destination}")
+    _info(
+        args, f"{sum(per_destination.values())} requests, {total_spans} spans, {total_bytes} bytes in {spool.directory}"
+    )
+    for destination, count in sorted(per_destination.items()):
+        _info(args, f"  destination {destination}: {count} requests, {_describe(spool, destination)}")
     return 0
 
 
@@ -83,30 +134,48 @@ def _replay(args: argparse.Namespace) -> int:
     if not cfg.endpoint_configured:
         print("otelprof: error: no endpoint: pass --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT", file=sys.stderr)
         return 1
+    chosen = set(args.destination)
+    bad = sorted(d for d in chosen if d != "all" and not is_destination_id(d) and d != UNKNOWN)
+    if bad:
+        print(f"otelprof: error: not a destination id (see `otelprof spool ls`): {', '.join(bad)}", file=sys.stderr)
+        return 2
+    # records for this destination, those naming none, and the other destinations asked for
+    wanted = {destination_id(cfg), NO_DESTINATION, UNKNOWN} | chosen
     spool, sent = _spool(args), 0
+    records = spool.records()
+    selected = [r for r in records if "all" in chosen or _destination(r) in wanted]
     with spool.replay_lock() as mine:
         if not mine:
             print(f"otelprof: error: another process is replaying {spool.directory}; try later", file=sys.stderr)
             return 1
         send, close = transport(cfg)
         try:
-            for record, data in spool:
+            for record, data in spool.read(selected):
                 result = send(data)
                 if not result.ok:  # keep it: the user decides (drop) or retries later
                     print(f"otelprof: error: {record.name}: {result.message}; {sent} sent, stopping", file=sys.stderr)
                     return 1
-                spool.remove(record)
+                if not spool.remove(record):
+                    print(f"otelprof: error: cannot remove {record} after sending it; stopping", file=sys.stderr)
+                    return 1
                 sent += 1
         finally:
             close()
     _info(args, f"{sent} requests sent to {cfg.url}")
+    kept = set(selected)
+    others = Counter(_destination(r) for r in records if r not in kept)
+    if others:
+        _info(
+            args,
+            f"{sum(others.values())} requests for {len(others)} other destinations left in {spool.directory} "
+            "(`otelprof spool ls`; `--destination ID` sends them to this endpoint)",
+        )
     return 0
 
 
 def _drop(args: argparse.Namespace) -> int:
     spool = _spool(args)
     records = spool.records()
-    for record in records:
-        spool.remove(record)
-    _info(args, f"{len(records)} requests dropped from {spool.directory}")
-    return 0
+    removed = sum(spool.remove(record) for record in records)
+    _info(args, f"{removed} requests dropped from {spool.directory}")
+    return 0 if removed == len(records) else 1

@@ -5,14 +5,24 @@ Policy, in order:
 - no endpoint configured: every request goes to the spool (the embedded default destination);
 - retryable failure: exponential backoff with jitter, capped, honouring the server's delay;
   after ``max_attempts`` the request is spooled and the backend is considered down; a server
-  delay longer than the cap spools at once and the next probe waits that long;
+  delay longer than the cap spools at once and the next probe waits that long, but never
+  longer than ``max_server_delay_s`` (a huge, infinite or malformed delay is clamped);
 - backend down: new requests are spooled; every ``probe_interval_s`` the oldest spooled request
   is retried, and once one succeeds the spool is replayed in order before anything newer;
 - non-retryable failure: the request is dropped, counted, and the backend's message logged once;
 - the in-memory queue is bounded in bytes; when full, the request goes to the spool through a
   second bounded queue and its own thread (overflow.py), and is dropped (counted) past that;
 - on start, a spool left by an earlier run is replayed before anything new is sent; one process
-  at a time replays a directory (Spool.replay_lock).
+  at a time replays a directory (Spool.replay_lock);
+- every record carries its destination (destination.py): the exporter replays only records
+  spooled for its own endpoint, protocol and headers, never another tenant's or endpoint's;
+- a spool that cannot be written (read-only, full, not creatable) does not stop export: what
+  would have gone there is dropped, counted by reason and logged once;
+- the worker survives anything a server sends or a bug raises: each loop iteration is guarded,
+  the error logged once and counted (``otelprof_export_worker_errors_total``), the request in
+  hand spooled rather than lost.
+
+Every request lost for good is counted in ``otelprof_export_dropped_requests_total{reason}``.
 """
 
 from __future__ import annotations
@@ -26,15 +36,16 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from ..environment_variables import OTELPROF_SPOOL_DIR
 from .config import ExporterConfig, exporter_config_from_env
+from .destination import describe, destination_id
 from .overflow import OverflowWriter
-from .result import ExportResult
+from .result import MAX_SERVER_DELAY_S, ExportResult, server_delay
 from .spool import Spool
 from .telemetry import ExporterMetrics
 
@@ -62,6 +73,8 @@ class ExporterCounters:
     requests_dropped: int = 0
     spans_rejected: int = 0
     retries: int = 0
+    worker_errors: int = 0
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 def transport(cfg: ExporterConfig) -> tuple[Send, Callable[[], None]]:
@@ -97,11 +110,15 @@ class Exporter:
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         probe_interval_s: float = 5.0,
+        max_server_delay_s: float = MAX_SERVER_DELAY_S,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config or exporter_config_from_env()
-        self.spool = Spool(spool_dir or spool_dir_from_env(), spool_max_bytes)
+        self.spool = Spool(spool_dir or spool_dir_from_env(), spool_max_bytes)  # never raises
+        self.destination = destination_id(self.config)
+        self._description = describe(self.config)
         self.counters = ExporterCounters()
+        self._lock = threading.Lock()  # counters: the worker, the spool writer and submit() count
         # shared by every exporter of the process that uses the same registry
         self.metrics = (
             ExporterMetrics.for_registry(registry) if registry is not None else ExporterMetrics.for_registry()
@@ -112,6 +129,8 @@ class Exporter:
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._probe_interval_s = probe_interval_s
+        self._max_server_delay_s = max_server_delay_s
+        self._unremovable: set[Path] = set()  # replayed records a read-only spool kept
         self._send, self._close = transport(self.config)
         self._warned: set[str] = set()
         self._overflow = OverflowWriter(
@@ -140,7 +159,7 @@ class Exporter:
     def submit(self, request: bytes) -> None:
         try:
             if self.config.disabled:
-                self._count("requests_dropped")
+                self._drop("disabled")
                 return
             with self._cond:
                 closed = self._closed
@@ -152,10 +171,10 @@ class Exporter:
             if closed:  # a late request at exit: straight to the spool, for the next start
                 self._to_spool(request, "the exporter is shut down")
             elif overflow and not self._overflow.put(request):
-                self._count("requests_dropped")
+                self._drop("queue_full")
                 self._warn_once("overflow", "export queue and spool writer are both full: dropping requests")
         except Exception:  # never into the training loop
-            self._count("requests_dropped")
+            self._drop("error")
             self._warn_once("submit", "dropping a request after an unexpected error", exc_info=True)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
@@ -190,6 +209,12 @@ class Exporter:
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    def losses(self) -> int:
+        """Requests lost for good so far (every reason): a caller that must know whether what
+        it submitted was delivered (``otelprof import``'s ledger) compares it before and after."""
+        with self._lock:
+            return self.counters.requests_dropped + self.counters.dropped_by_reason.get("spool_evicted", 0)
+
     # --- worker ---------------------------------------------------------------------------
 
     def _start(self, replay_spool: bool) -> None:
@@ -199,7 +224,17 @@ class Exporter:
         self._busy = False
         self._closed = False
         # "down" until the spool an earlier run left is replayed, so nothing newer overtakes it
-        self._backend_down = not self.config.endpoint_configured or (replay_spool and bool(self.spool.records()))
+        mine = self.spool.records(self.destination) if self.config.endpoint_configured else []
+        self._backend_down = not self.config.endpoint_configured or (replay_spool and bool(mine))
+        if replay_spool and self.config.endpoint_configured:
+            others = len(self.spool.records()) - len(mine)
+            if others:
+                _log.info(
+                    "%d spooled requests in %s are for other destinations (or name none) and stay there; "
+                    "`otelprof spool ls` shows them, `otelprof spool replay` sends them",
+                    others,
+                    self.spool.directory,
+                )
         self._next_probe = 0.0
         self._thread = threading.Thread(target=self._run, name="otelprof-exporter", daemon=True)
         self._thread.start()
@@ -207,32 +242,52 @@ class Exporter:
     def _after_fork(self) -> None:
         """A forked child (e.g. a DataLoader worker) starts clean: no inherited lock, queue,
         thread or channel. Its own submissions get a fresh worker."""
+        self._lock = threading.Lock()  # a parent thread may have held it at fork
+        self.spool.after_fork()
         self._send, self._close = transport(self.config)
         self._overflow.after_fork()
         self._start(replay_spool=False)  # the parent replays; two replayers would send twice
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while not self._queue and not self._closed and not self._probe_due():
-                    self._cond.wait(self._probe_wait())
-                if self._closed:
-                    return
-                request = self._queue.popleft() if self._queue else None
-                if request is not None:
-                    self._queued_bytes -= len(request)
-                self._busy = True
-            try:
+            request: bytes | None = None
+            try:  # everything, waiting included: no value a server sends may end this thread
+                with self._cond:
+                    while not self._queue and not self._closed and not self._probe_due():
+                        self._cond.wait(self._probe_wait())
+                    if self._closed:
+                        return
+                    if self._queue:
+                        request = self._queue.popleft()
+                        self._queued_bytes -= len(request)
+                    self._busy = True
                 if self._probe_due():
                     self._probe_and_replay()
                 if request is not None:
                     self._deliver(request)
-            except Exception:  # the worker must survive anything
-                self._warn_once("worker", "export worker error", exc_info=True)
+                    request = None
+            except Exception:
+                self._survive(request)
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _survive(self, request: bytes | None) -> None:
+        """An unexpected error in the worker: logged once, counted; the request in hand is
+        spooled (it may have reached the backend: at least once, never lost); the probe is
+        rescheduled sanely and the worker pauses, so a persistent error cannot spin."""
+        with self._lock:
+            self.counters.worker_errors += 1
+        self.metrics.worker_errors.inc()
+        self._warn_once("worker", "export worker error (the worker goes on)", exc_info=True)
+        self._next_probe = time.monotonic() + self._probe_interval_s
+        if request is not None:
+            self._to_spool(request, "")
+            self._backend_down = True  # the spool goes first again: newer requests wait behind it
+        with self._cond:
+            if not self._closed:
+                self._cond.wait(min(self._probe_interval_s, 1.0))
 
     def _probe_due(self) -> bool:
         return self._backend_down and self.config.endpoint_configured and time.monotonic() >= self._next_probe
@@ -240,7 +295,9 @@ class Exporter:
     def _probe_wait(self) -> float | None:
         if not (self._backend_down and self.config.endpoint_configured):
             return None
-        return max(0.01, self._next_probe - time.monotonic())
+        longest = max(self._probe_interval_s, self._max_server_delay_s)
+        wait = self._next_probe - time.monotonic()
+        return min(max(0.01, wait), longest) if wait == wait else 0.01  # NaN: probe now
 
     def _deliver(self, request: bytes) -> None:
         if self._backend_down:
@@ -251,11 +308,16 @@ class Exporter:
             return
         if result.retryable:
             self._backend_down = True
-            self._next_probe = time.monotonic() + max(self._probe_interval_s, result.retry_after_s or 0.0)
+            self._next_probe = time.monotonic() + max(self._probe_interval_s, self._server_delay(result) or 0.0)
             self._to_spool(request, f"the backend is failing ({result.message})")
         else:
-            self._count("requests_dropped")
+            self._drop("rejected")
             self._warn_once("rejected", "the backend rejected a request, dropped: %s", result.message)
+
+    def _server_delay(self, result: ExportResult) -> float | None:
+        """The delay the server asked for, bounded (a transport of our own already bounds it;
+        this holds for any ``send``)."""
+        return server_delay(result.retry_after_s, self._max_server_delay_s)
 
     def _send_with_retries(self, request: bytes) -> ExportResult:
         delay = self._backoff_s
@@ -271,10 +333,11 @@ class Exporter:
                 return result
             if not result.retryable or attempt == self._max_attempts or self._closed:
                 return result
-            if result.retry_after_s is not None and result.retry_after_s > self._max_backoff_s:
+            asked = self._server_delay(result)
+            if asked is not None and asked > self._max_backoff_s:
                 return result  # a long throttle: spool, and probe again when the server said
             self._count("retries")
-            wait = result.retry_after_s if result.retry_after_s is not None else delay * random.uniform(0.5, 1.5)
+            wait = asked if asked is not None else delay * random.uniform(0.5, 1.5)
             time.sleep(min(wait, self._max_backoff_s))
             delay = min(delay * 2, self._max_backoff_s)
         return result  # pragma: no cover - the loop always returns
@@ -285,33 +348,55 @@ class Exporter:
             if not mine:  # another process is replaying this directory; ours wait their turn
                 self._next_probe = time.monotonic() + self._probe_interval_s
                 return
-            for record, request in self.spool:
+            records = [r for r in self.spool.records(self.destination) if r not in self._unremovable]
+            for record, request in self.spool.read(records):
                 result = self._timed_send(request)
                 if not result.ok and result.retryable:
                     self._next_probe = time.monotonic() + self._probe_interval_s
                     return
-                self.spool.remove(record)
+                if not self.spool.remove(record):  # a read-only spool: never send it again from here
+                    self._unremovable.add(record)
                 if result.ok:
                     self._count("requests_replayed")
                 else:
-                    self._count("requests_dropped")
+                    self._drop("rejected")
                     self._warn_once("rejected", "the backend rejected a spooled request, dropped: %s", result.message)
         self._backend_down = False
         _log.info("OTLP backend %s is reachable again; spool replayed", self.config.url)
 
     def _to_spool(self, request: bytes, why: str) -> None:
-        evicted = self.spool.counters.evicted
-        written = self.spool.write(request)
-        self.metrics.spool_evicted.inc(self.spool.counters.evicted - evicted)
-        if written:
+        """Never raises: a request the spool refuses is dropped, counted with the spool's reason
+        (the spool logs each reason once)."""
+        try:
+            evicted = self.spool.counters.evicted
+            failure = self.spool.store(request, self.destination, self._description)
+            newly_evicted = self.spool.counters.evicted - evicted
+            if newly_evicted:
+                self.metrics.spool_evicted.inc(newly_evicted)
+                self._drop("spool_evicted", newly_evicted, as_request=False)
+        except Exception:
+            failure = "error"
+            self._warn_once("spool-error", "cannot spool a request", exc_info=True)
+        if failure is None:
             self._count("requests_spooled")
             if why:
                 self._warn_once("spooling", "spooling export requests to %s: %s", self.spool.directory, why)
         else:
-            self._count("requests_dropped")
+            self._drop(failure)
+
+    def _drop(self, reason: str, amount: int = 1, *, as_request: bool = True) -> None:
+        """A loss, by reason. ``as_request``: also ``requests_total{result="dropped"}``, which
+        counts what became of each request once (an evicted one was counted spooled)."""
+        with self._lock:
+            by_reason = self.counters.dropped_by_reason
+            by_reason[reason] = by_reason.get(reason, 0) + amount
+        self.metrics.dropped.labels(reason=reason).inc(amount)
+        if as_request:
+            self._count("requests_dropped", amount)
 
     def _count(self, name: str, amount: int = 1) -> None:
-        setattr(self.counters, name, getattr(self.counters, name) + amount)
+        with self._lock:
+            setattr(self.counters, name, getattr(self.counters, name) + amount)
         if name.startswith("requests_"):
             self.metrics.requests.labels(result=name.removeprefix("requests_")).inc(amount)
         elif name == "retries":

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from .._version import __version__
 from .config import ExporterConfig
-from .result import ExportResult
+from .result import ExportResult, server_delay
 
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 RETRYABLE_CODES = frozenset(
@@ -56,7 +56,7 @@ def _retry_delay(error: grpc.RpcError) -> float | None:
         for detail in status.details:
             info = error_details_pb2.RetryInfo()
             if detail.Unpack(info):
-                return float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+                return server_delay(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
     return None
 
 

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from .._version import __version__
 from .config import ExporterConfig
-from .result import ExportResult
+from .result import ExportResult, server_delay
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 USER_AGENT = f"otelprof/{__version__}"
@@ -36,16 +36,20 @@ def ssl_context(cfg: ExporterConfig) -> ssl.SSLContext:
 
 
 def _retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header: a number of seconds or an HTTP date."""
+    """Seconds from a ``Retry-After`` header: a number of seconds or an HTTP date, bounded
+    (``server_delay``); None when absent or unreadable."""
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        return server_delay(float(value))  # also "inf", "nan", "1e400", "-5"
     except ValueError:
         pass
     try:
-        return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
-    except (TypeError, ValueError):
+        when = parsedate_to_datetime(value)
+        if when.tzinfo is None:  # "-0000": UTC by RFC 5322
+            when = when.replace(tzinfo=timezone.utc)
+        return server_delay((when - datetime.now(timezone.utc)).total_seconds())
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
 
 

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+#: The longest a server may make the exporter wait (``Retry-After``, gRPC ``RetryInfo``): a
+#: larger, infinite or far-future value means "wait long", not "stop exporting for good".
+MAX_SERVER_DELAY_S = 300.0
+
+
+def server_delay(seconds: float | None, cap_s: float = MAX_SERVER_DELAY_S) -> float | None:
+    """A delay a server asked for, made safe: NaN is no delay given (None), negative is 0, and
+    anything above ``cap_s`` (infinity included) is ``cap_s``."""
+    if seconds is None or math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), cap_s)
 
 
 @dataclass(frozen=True)

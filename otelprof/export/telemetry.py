@@ -12,6 +12,16 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 #: Outcomes of a request, the ``result`` label of ``otelprof_export_requests_total``.
 RESULTS = ("exported", "spooled", "replayed", "dropped")
+#: Why a request was lost for good, the ``reason`` of ``otelprof_export_dropped_requests_total``.
+DROP_REASONS = (
+    "rejected",  # the backend refused it (not retryable)
+    "queue_full",  # the export queue and the spool writer were both full
+    "spool_unwritable",  # it had to be spooled and the spool refused it (read-only, full disk, ...)
+    "spool_too_large",  # it had to be spooled and is larger than the whole spool
+    "spool_evicted",  # it was spooled, then evicted (the oldest) to make room in a full spool
+    "disabled",  # OTEL_SDK_DISABLED=true
+    "error",  # an unexpected error in otelprof
+)
 
 
 class ExporterMetrics:
@@ -39,6 +49,19 @@ class ExporterMetrics:
         )
         for result in RESULTS:  # every series exists from the start (rate() needs a zero)
             self.requests.labels(result=result)
+        self.dropped = Counter(
+            "otelprof_export_dropped_requests",
+            "OTLP export requests lost for good, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in DROP_REASONS:
+            self.dropped.labels(reason=reason)
+        self.worker_errors = Counter(
+            "otelprof_export_worker_errors",
+            "Unexpected errors the export worker survived (logged once).",
+            registry=registry,
+        )
         self.spans_rejected = Counter(
             "otelprof_export_spans_rejected", "Spans the backend refused in partial successes.", registry=registry
         )

@@ -5,8 +5,11 @@ the spool that it replays later).
 - A file is converted completely before any of its requests is submitted, so a bad file sends
   nothing.
 - A batch is recorded only after ``Exporter.flush`` says the queue is empty and nothing is in
-  flight; the ledger therefore never claims a request that could still be lost, and a resumed
-  import sends only what was not confirmed.
+  flight, and only if the exporter lost none of it meanwhile (``losses()``: rejected by the
+  backend, refused by an unwritable spool, ...); the ledger therefore never claims a request
+  that was or could still be lost, and a resumed import sends what was not confirmed. A file
+  with a lost batch stops there (its later batches could not be recorded either): it is a
+  failed file, and ``--resume`` sends it from its last recorded batch.
 - The next file is converted while the exporter still sends the last batch of the previous
   one (the converter releases the GIL), so conversion and network overlap.
 - ``stop`` (set by the CLI on SIGINT/SIGTERM) is honoured between batches: the batch in flight
@@ -38,6 +41,7 @@ DEFAULT_BATCH_BYTES = 8 * 1024 * 1024
 class Sink(Protocol):
     def submit(self, request: bytes) -> None: ...
     def flush(self, timeout_s: float = 10.0) -> bool: ...
+    def losses(self) -> int: ...
 
 
 def convert_source(source: Source, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
@@ -59,6 +63,7 @@ class Report:
     files_skipped: int = 0  # complete in the ledger (--resume)
     files_failed: int = 0
     requests: int = 0  # delivered this run
+    requests_lost: int = 0  # submitted this run and not delivered (not in the ledger)
     spans: int = 0
     events: int = 0
     stopped: bool = False
@@ -75,6 +80,7 @@ class _Batch:
     spans: int
     nbytes: float
     last: bool
+    losses_before: int  # the sink's losses() when the batch was submitted
 
 
 class Importer:
@@ -104,6 +110,7 @@ class Importer:
         self.batch_bytes = batch_bytes
         self.report = Report()
         self._pending: _Batch | None = None
+        self._lost: set[str] = set()  # keys of files with a lost batch
 
     def run(self, sources: Sequence[Source]) -> Report:
         started = time.perf_counter()
@@ -166,6 +173,7 @@ class Importer:
             while j < total and (j == i or size + len(requests[j]) <= self.batch_bytes):
                 size += len(requests[j])
                 j += 1
+            losses = self.sink.losses()
             for request in requests[i:j]:
                 self.sink.submit(request)
             # counts split by request share; cumulative, so a file's batches add up exactly
@@ -177,11 +185,12 @@ class Importer:
                 spans * j // total - spans * i // total,
                 source.size * (j - i) / total,
                 j == total,
+                losses,
             )
             i = j
             if i < total:  # the file's last batch is confirmed after the next conversion
                 self._confirm()
-                if self.stop.is_set():
+                if self.stop.is_set() or source.key in self._lost:
                     return
 
     def _confirm(self) -> None:
@@ -191,6 +200,19 @@ class Importer:
             return
         while not self.sink.flush(timeout_s=0.5):
             pass
+        lost = self.sink.losses() - batch.losses_before
+        if lost:  # not recorded: --resume sends the batch again
+            self._lost.add(batch.source.key)
+            self.report.requests_lost += batch.count
+            done = batch.entry.sent - batch.count
+            self._fail(
+                batch.source,
+                f"{batch.source.path}: {lost} of the {batch.count} requests of a batch were not delivered "
+                f"(see the warning above); {done} of its {batch.entry.requests} requests are recorded as "
+                "delivered, --resume sends the rest",
+                nbytes=batch.nbytes,
+            )
+            return
         self.ledger.record(batch.source.key, batch.entry)
         self.report.requests += batch.count
         self.report.events += batch.events
@@ -199,11 +221,11 @@ class Importer:
             self.report.files_sent += 1
         self._advance(events=batch.events, nbytes=batch.nbytes, files=1 if batch.last else 0)
 
-    def _fail(self, source: Source, message: str) -> None:
+    def _fail(self, source: Source, message: str, nbytes: float | None = None) -> None:
         self.report.files_failed += 1
         self.report.errors.append(message)
         self.on_error(message)
-        self._advance(nbytes=source.size, files=1)
+        self._advance(nbytes=source.size if nbytes is None else nbytes, files=1)
 
     def _advance(self, events: int = 0, nbytes: float = 0.0, files: int = 0) -> None:
         if self.progress is not None:

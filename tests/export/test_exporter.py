@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from otelprof.converter import convert
 from otelprof.export import ExporterConfig, exporter_config_from_env
+from otelprof.export.destination import destination_id
 from otelprof.export.exporter import Exporter
 from otelprof.export.spool import Spool
 
@@ -158,10 +159,10 @@ def test_full_queue_and_full_spool_writer_drop_and_count(
 
 
 def test_spool_of_an_earlier_run_is_replayed_first_on_start(tmp_path: Path, requests: list[bytes]) -> None:
-    earlier = Spool(tmp_path)
-    for r in requests[:5]:
-        earlier.write(r)
     with http_receiver() as rec:
+        earlier = Spool(tmp_path)  # an earlier run with the same destination
+        for r in requests[:5]:
+            earlier.write(r, destination_id(_config(rec.port)))
         exporter = _exporter(_config(rec.port), tmp_path)
         _submit_all(exporter, requests[5:])
         wait_until(lambda: len(rec.requests) == len(requests))
@@ -172,11 +173,12 @@ def test_spool_of_an_earlier_run_is_replayed_first_on_start(tmp_path: Path, requ
 
 
 def test_one_replayer_per_spool_directory(tmp_path: Path, requests: list[bytes]) -> None:
+    port = free_port()
     spool = Spool(tmp_path)
-    spool.write(requests[0])
+    spool.write(requests[0], destination_id(_config(port)))  # the exporter's own destination
     with spool.replay_lock() as first, Spool(tmp_path).replay_lock() as second:
         assert (first, second) == (True, False)
-        with http_receiver() as rec:  # an exporter starting meanwhile leaves the record alone
+        with http_receiver(HttpReceiver(port=port)) as rec:  # an exporter starting meanwhile leaves the record alone
             exporter = _exporter(_config(rec.port), tmp_path)
             time.sleep(0.3)
             assert rec.requests == [] and len(spool.records()) == 1

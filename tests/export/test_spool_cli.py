@@ -29,8 +29,9 @@ def test_ls_lists_every_request(spooled: tuple[Path, list[bytes]], capsys: pytes
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert len(lines) == len(requests)
-    assert all(line.endswith(" spans") for line in lines)
+    assert all(line.split("\t")[2].endswith(" spans") and line.split("\t")[3] == "none" for line in lines)
     assert err.startswith(f"{len(requests)} requests, ")
+    assert "destination none: " in err
 
 
 def test_replay_sends_oldest_first_and_empties_the_spool(
