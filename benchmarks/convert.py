@@ -28,7 +28,7 @@ DEFAULT_TRACE = (
 )
 
 
-def native_run(data: bytes, repeat: int) -> dict[str, float]:
+def native_run(data: bytes | bytearray, repeat: int) -> dict[str, float]:
     from otelprof import _native
 
     opts = ConvertOptions(detail="full").as_native()
@@ -42,7 +42,7 @@ def native_run(data: bytes, repeat: int) -> dict[str, float]:
     return best
 
 
-def sdk_run(data: bytes, limit: int) -> tuple[int, float]:
+def sdk_run(data: bytes | bytearray, limit: int) -> tuple[int, float]:
     """Create the same spans through the SDK (explicit timestamps, parents, attributes) and encode them."""
     from opentelemetry import trace as api
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans

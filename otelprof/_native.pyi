@@ -9,7 +9,7 @@ class TraceError(ValueError):
 OpRowTuple = tuple[str, str, str, int, int, int, int, int]
 
 def convert(
-    data: bytes, options: dict[str, Any]
+    data: bytes | bytearray | memoryview, options: dict[str, Any]
 ) -> tuple[list[bytes], list[OpRowTuple], dict[str, int], dict[str, int]]:
     """Kineto JSON bytes -> (requests, op rows, stats, phase wall times in ns). Releases the GIL."""
 

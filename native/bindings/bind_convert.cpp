@@ -41,9 +41,14 @@ otelprof::Options to_options(const py::dict& d) {
     return o;
 }
 
-py::tuple convert(const py::bytes& data, const py::dict& options) {
+// `data`: bytes, or a bytearray/memoryview (inflated gzip is converted without a copy). The
+// buffer stays exported, so it cannot be resized, while the GIL is released.
+py::tuple convert(const py::buffer& data, const py::dict& options) {
     otelprof::Options opts = to_options(options);
-    std::string_view json = data;  // view into the bytes object, kept alive by the caller
+    const py::buffer_info buf = data.request();
+    if (buf.ndim > 1 || (buf.ndim == 1 && buf.strides[0] != buf.itemsize))
+        throw py::type_error("convert() needs a contiguous bytes-like object");
+    std::string_view json(static_cast<const char*>(buf.ptr), static_cast<size_t>(buf.size * buf.itemsize));
     otelprof::ConvertOutput out;
     {
         py::gil_scoped_release release;

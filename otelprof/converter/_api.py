@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from ._errors import TraceFormatError
-from ._load import TraceInput, load_bytes
+from ._load import TraceBytes, TraceInput, load_bytes
 from ._options import ConvertOptions
 
 _log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def _fallback_warning() -> None:
         _log.warning("otelprof._native could not be loaded (%s); using the slower Python converter", _native_error)
 
 
-def convert_bytes(data: bytes, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
+def convert_bytes(data: TraceBytes, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
     """Convert raw Kineto JSON bytes. ``engine``: "auto", "native" or "reference"."""
     if engine not in ("auto", "native", "reference"):
         raise ValueError(f"engine must be 'auto', 'native' or 'reference', not {engine!r}")
