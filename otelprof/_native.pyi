@@ -10,8 +10,8 @@ OpRowTuple = tuple[str, str, str, int, int, int, int, int]
 
 def convert(
     data: bytes | bytearray | memoryview, options: dict[str, Any]
-) -> tuple[list[bytes], list[OpRowTuple], dict[str, int], dict[str, int]]:
-    """Kineto JSON bytes -> (requests, op rows, stats, phase wall times in ns). Releases the GIL."""
+) -> tuple[list[bytes], list[OpRowTuple], dict[str, int], dict[str, int], str]:
+    """Kineto JSON bytes -> (requests, op rows, stats, phase wall times in ns, window id). Releases the GIL."""
 
 def schema() -> dict[str, list[tuple[str, ...]]]:
     """The argument and memory attribute tables, for consistency tests."""

@@ -33,6 +33,8 @@ otelprof::Options to_options(const py::dict& d) {
     o.link_limit = get_or<int64_t>(d, "link_limit", o.link_limit);
     o.split_world_size = get_or<int64_t>(d, "split_world_size", o.split_world_size);
     o.max_request_bytes = get_or<int64_t>(d, "max_request_bytes", o.max_request_bytes);
+    o.attribute_value_length_limit = get_or<int64_t>(d, "attribute_value_length_limit", o.attribute_value_length_limit);
+    o.resource_value_limit = get_or<int64_t>(d, "resource_value_limit", o.resource_value_limit);
     o.resource_attributes =
         get_or<std::vector<std::pair<std::string, std::string>>>(d, "resource_attributes", {});
     if (d.contains("host_name") && !d["host_name"].is_none()) o.host_name = d["host_name"].cast<std::string>();
@@ -68,7 +70,7 @@ py::tuple convert(const py::buffer& data, const py::dict& options) {
                                   row.device_total_ns, row.self_device_ns));
     py::dict stats;
     for (const auto& [k, v] : out.stats) stats[py::str(k)] = v;
-    return py::make_tuple(requests, ops, stats, phases);
+    return py::make_tuple(requests, ops, stats, phases, out.window_id);
 }
 
 py::dict schema() {
@@ -94,7 +96,7 @@ int category_kind(const std::string& cat) { return static_cast<int>(otelprof::ca
 void bind_convert(py::module_& m) {
     py::register_exception<otelprof::TraceError>(m, "TraceError", PyExc_ValueError);
     m.def("convert", &convert, py::arg("data"), py::arg("options"),
-          "Convert Kineto JSON bytes into (requests, op rows, stats). Raises TraceError (ValueError).");
+          "Convert Kineto JSON bytes into (requests, op rows, stats, phases, window id). Raises TraceError (ValueError).");
     m.def("schema", &schema, "The category and argument tables, for consistency tests.");
     m.def("category_kind", &category_kind, py::arg("category"));
 }
