@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 import pytest
-from converter_helpers import all_spans_pb, decode, read_json_bytes, shared_trace
+from converter_helpers import all_spans_pb, decode, read_json_bytes, shared_trace, skip_unless_native
 
 from otelprof.converter import ConvertResult, convert
 from otelprof.converter._options import DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT, SPAN_NAME_LENGTH_LIMIT
@@ -153,3 +153,16 @@ def test_limit_from_the_environment(caplog: pytest.LogCaptureFixture) -> None:
         bad = options_from_env({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "-1"})
     assert bad.attribute_value_length_limit == LIMIT
     assert "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT" in caplog.text
+
+
+def test_both_engines_cut_the_same_bytes() -> None:
+    skip_unless_native()
+    cases = [
+        (_huge_metadata(50_000), {"max_request_bytes": 16 * 1024}),
+        (_one_event("é" * 9000, {"Call stack": "\U0001f600a" * 5000, "Input Dims": [["x" * 9000]]}), {}),
+        (_one_event("n", {"Call stack": "s" * 100}), {"attribute_value_length_limit": 0}),
+    ]
+    for data, fields in cases:
+        native, reference = (convert(data, engine=e, **fields) for e in ("native", "reference"))
+        assert native.requests == reference.requests
+        assert native.stats == reference.stats and native.stats["values_truncated"] > 0

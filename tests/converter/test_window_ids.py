@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from converter_helpers import KINETO_TRACES, all_spans_pb, is_big, read_json_bytes, shared_trace, trace_id_for
+from converter_helpers import (
+    KINETO_TRACES,
+    all_spans_pb,
+    is_big,
+    load_raw,
+    micros_to_ns,
+    read_json_bytes,
+    shared_trace,
+    trace_id_for,
+)
 
 from otelprof.converter import ConvertResult, convert
 from otelprof.converter.reference import ids
@@ -72,8 +81,6 @@ def test_the_window_id_is_the_content_of_the_window(engine: str) -> None:
     JSON; the span ids follow from it and the event ordinals."""
     path = shared_trace("amd_trace__mi250")
     result = convert(path, engine=engine, detail="full", run_id="ref", rank=0)
-    from converter_helpers import load_raw, micros_to_ns
-
     raw = load_raw(path)
     base = raw.base_ns
     bounds = [
@@ -115,6 +122,7 @@ def _two_windows(tmp_path: Path) -> list[Path]:
     return paths
 
 
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
 def test_two_live_windows_of_one_rank(engine: str, tmp_path: Path) -> None:
     """Both windows' operators join the live step traces, and their window traces and span
     ids stay apart (the "PyTorch Profiler (0)" roots had one id before)."""
