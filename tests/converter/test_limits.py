@@ -157,7 +157,7 @@ def test_limit_from_the_environment(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_both_engines_cut_the_same_bytes() -> None:
     skip_unless_native()
-    cases = [
+    cases: list[tuple[bytes, dict[str, Any]]] = [
         (_huge_metadata(50_000), {"max_request_bytes": 16 * 1024}),
         (_one_event("é" * 9000, {"Call stack": "\U0001f600a" * 5000, "Input Dims": [["x" * 9000]]}), {}),
         (_one_event("n", {"Call stack": "s" * 100}), {"attribute_value_length_limit": 0}),
