@@ -28,21 +28,21 @@ DEFAULT_TRACE = (
 )
 
 
-def native_run(data: bytes, repeat: int) -> dict[str, float]:
+def native_run(data: bytes | bytearray, repeat: int) -> dict[str, float]:
     from otelprof import _native
 
     opts = ConvertOptions(detail="full").as_native()
     best: dict[str, float] = {}
     for _ in range(repeat):
         start = time.perf_counter()
-        _requests, _rows, stats, phases = _native.convert(data, opts)
+        _requests, _rows, stats, phases, _window = _native.convert(data, opts)
         wall = time.perf_counter() - start
         if not best or wall < best["wall_s"]:
             best = {"wall_s": wall, "spans": stats["spans"], **{k: v / 1e9 for k, v in phases.items()}}
     return best
 
 
-def sdk_run(data: bytes, limit: int) -> tuple[int, float]:
+def sdk_run(data: bytes | bytearray, limit: int) -> tuple[int, float]:
     """Create the same spans through the SDK (explicit timestamps, parents, attributes) and encode them."""
     from opentelemetry import trace as api
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans

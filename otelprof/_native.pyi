@@ -9,9 +9,9 @@ class TraceError(ValueError):
 OpRowTuple = tuple[str, str, str, int, int, int, int, int]
 
 def convert(
-    data: bytes, options: dict[str, Any]
-) -> tuple[list[bytes], list[OpRowTuple], dict[str, int], dict[str, int]]:
-    """Kineto JSON bytes -> (requests, op rows, stats, phase wall times in ns). Releases the GIL."""
+    data: bytes | bytearray | memoryview, options: dict[str, Any]
+) -> tuple[list[bytes], list[OpRowTuple], dict[str, int], dict[str, int], str]:
+    """Kineto JSON bytes -> (requests, op rows, stats, phase wall times in ns, window id). Releases the GIL."""
 
 def schema() -> dict[str, list[tuple[str, ...]]]:
     """The argument and memory attribute tables, for consistency tests."""

@@ -344,3 +344,18 @@ OTELPROF_ANOMALY_FACTOR = "OTELPROF_ANOMALY_FACTOR"
 A step slower than this many times the median of the last 50 profiles the next steps, at
 most once per 10 minutes; ``0`` turns it off. Default: ``3``.
 """
+
+# --- attribute limits (OpenTelemetry specification names; the SPAN_ variant wins) ----------
+
+OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+"""
+.. envvar:: OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
+
+Characters kept of a string attribute value of a converted span (longer values are cut, as
+the OpenTelemetry SDKs do); resource values read from a trace file are cut at it too, and at
+1/64 of :envvar:`OTELPROF_MAX_REQUEST_BYTES`. A non-negative integer. Default: ``8192`` (the
+SDK default is no limit, but a trace file's strings are input and could fill every request).
+"""
+
+OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+"""Span-specific :envvar:`OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT` (wins when set)."""

@@ -18,14 +18,17 @@ from ._config import env_int
 from ._version import __version__
 from .converter import ConvertOptions
 from .converter._options import (
+    DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MIN_DURATION_NS,
     DEFAULT_SPLIT_WORLD_SIZE,
     Detail,
 )
 from .environment_variables import (
+    OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT,
     OTEL_RESOURCE_ATTRIBUTES,
     OTEL_SERVICE_NAME,
+    OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT,
     OTELPROF_DETAIL,
     OTELPROF_MAX_REQUEST_BYTES,
     OTELPROF_MIN_DURATION_US,
@@ -142,9 +145,18 @@ def _min_duration_ns(environ: Mapping[str, str]) -> int:
     return round(value * 1000)
 
 
+def _attribute_value_length_limit(environ: Mapping[str, str]) -> int:
+    """The span-specific variable when set, else the general one (the spec's precedence)."""
+    for name in (OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT):
+        if _env(environ, name) is not None:
+            return env_int(environ, name, DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT, 0, 2**31 - 1)
+    return DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
+
+
 def options_from_env(environ: Mapping[str, str] = os.environ, **overrides: Any) -> ConvertOptions:
-    """:class:`ConvertOptions` from ``OTELPROF_*``, ``OTEL_SERVICE_NAME`` and
-    ``OTEL_RESOURCE_ATTRIBUTES``, with ``scope_version`` set to otelprof's version.
+    """:class:`ConvertOptions` from ``OTELPROF_*``, ``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_[SPAN_]ATTRIBUTE_VALUE_LENGTH_LIMIT``, with
+    ``scope_version`` set to otelprof's version.
 
     Keyword ``overrides`` (any :class:`ConvertOptions` field) take precedence over the
     environment; unlike environment values, a bad override raises ``ValueError``.
@@ -154,6 +166,7 @@ def options_from_env(environ: Mapping[str, str] = os.environ, **overrides: Any) 
         detail=_detail(environ),
         min_duration_ns=_min_duration_ns(environ),
         max_request_bytes=_max_request_bytes(environ),
+        attribute_value_length_limit=_attribute_value_length_limit(environ),
         split_world_size=env_int(environ, OTELPROF_SPLIT_WORLD_SIZE, DEFAULT_SPLIT_WORLD_SIZE),
         resource_attributes=resource_attributes_from_env(environ),
         scope_version=__version__,

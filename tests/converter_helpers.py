@@ -240,7 +240,8 @@ class Decoded:
     def span_id_of_event(self, ordinal: int) -> bytes:
         """The span id the span model gives the trace event at ``ordinal`` (see reference/ids.py)."""
         rank = self.resource.get("pytorch.distributed.rank")
-        base = ids.span_base(str(self.resource["otelprof.run.id"]), "" if rank is None else str(rank))
+        run_id, rank_s = str(self.resource["otelprof.run.id"]), "" if rank is None else str(rank)
+        base = ids.span_base(run_id, rank_s, self.result.window_id)
         return ids.span_id(base, ordinal)
 
     def span_of_event(self, ordinal: int) -> DSpan | None:

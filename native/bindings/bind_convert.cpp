@@ -33,6 +33,8 @@ otelprof::Options to_options(const py::dict& d) {
     o.link_limit = get_or<int64_t>(d, "link_limit", o.link_limit);
     o.split_world_size = get_or<int64_t>(d, "split_world_size", o.split_world_size);
     o.max_request_bytes = get_or<int64_t>(d, "max_request_bytes", o.max_request_bytes);
+    o.attribute_value_length_limit = get_or<int64_t>(d, "attribute_value_length_limit", o.attribute_value_length_limit);
+    o.resource_value_limit = get_or<int64_t>(d, "resource_value_limit", o.resource_value_limit);
     o.resource_attributes =
         get_or<std::vector<std::pair<std::string, std::string>>>(d, "resource_attributes", {});
     if (d.contains("host_name") && !d["host_name"].is_none()) o.host_name = d["host_name"].cast<std::string>();
@@ -41,9 +43,14 @@ otelprof::Options to_options(const py::dict& d) {
     return o;
 }
 
-py::tuple convert(const py::bytes& data, const py::dict& options) {
+// `data`: bytes, or a bytearray/memoryview (inflated gzip is converted without a copy). The
+// buffer stays exported, so it cannot be resized, while the GIL is released.
+py::tuple convert(const py::buffer& data, const py::dict& options) {
     otelprof::Options opts = to_options(options);
-    std::string_view json = data;  // view into the bytes object, kept alive by the caller
+    const py::buffer_info buf = data.request();
+    if (buf.ndim > 1 || (buf.ndim == 1 && buf.strides[0] != buf.itemsize))
+        throw py::type_error("convert() needs a contiguous bytes-like object");
+    std::string_view json(static_cast<const char*>(buf.ptr), static_cast<size_t>(buf.size * buf.itemsize));
     otelprof::ConvertOutput out;
     {
         py::gil_scoped_release release;
@@ -63,7 +70,7 @@ py::tuple convert(const py::bytes& data, const py::dict& options) {
                                   row.device_total_ns, row.self_device_ns));
     py::dict stats;
     for (const auto& [k, v] : out.stats) stats[py::str(k)] = v;
-    return py::make_tuple(requests, ops, stats, phases);
+    return py::make_tuple(requests, ops, stats, phases, out.window_id);
 }
 
 py::dict schema() {
@@ -89,7 +96,7 @@ int category_kind(const std::string& cat) { return static_cast<int>(otelprof::ca
 void bind_convert(py::module_& m) {
     py::register_exception<otelprof::TraceError>(m, "TraceError", PyExc_ValueError);
     m.def("convert", &convert, py::arg("data"), py::arg("options"),
-          "Convert Kineto JSON bytes into (requests, op rows, stats). Raises TraceError (ValueError).");
+          "Convert Kineto JSON bytes into (requests, op rows, stats, phases, window id). Raises TraceError (ValueError).");
     m.def("schema", &schema, "The category and argument tables, for consistency tests.");
     m.def("category_kind", &category_kind, py::arg("category"));
 }

@@ -16,8 +16,11 @@ namespace {
 constexpr int kUnset = -2;
 
 // Counters returned with every conversion (same names and order as the reference's STAT_KEYS).
-enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, kStatCount };
-const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests"};
+enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, kStatCount };
+const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated"};
+
+// Characters kept of a span name (reference: SPAN_NAME_LENGTH_LIMIT).
+constexpr int64_t kSpanNameLengthLimit = 8192;
 
 struct IdentPairHash {
     size_t operator()(const std::pair<Ident, Ident>& k) const {
@@ -166,6 +169,15 @@ uint64_t find_args(const Document& doc, const JNode* args, const std::vector<int
     return present;
 }
 
+// The first `limit` characters (code points) of UTF-8 text, or all of it (limit < 0: no limit).
+std::string_view cut_chars(std::string_view text, int64_t limit) {
+    if (limit < 0 || text.size() <= static_cast<uint64_t>(limit)) return text;
+    int64_t chars = 0;
+    for (size_t k = 0; k < text.size(); ++k)
+        if ((static_cast<unsigned char>(text[k]) & 0xC0) != 0x80 && chars++ == limit) return text.substr(0, k);
+    return text;
+}
+
 // Index of the memory attribute read from arg `key`.
 int memory_arg(std::string_view key) {
     for (int a = 0; a < kMemoryAttributeCount; ++a)
@@ -229,7 +241,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         run_id = "auto|" + std::string(trace.trace_name) + "|" + std::to_string(min_start);
     }
     const bool split = opts.split_world_size > 0 && world.value_or(1) >= opts.split_world_size;
-    const uint64_t base = fnv1a64("span|" + run_id + "|" + rank_s, kSeedHi);
+    WindowFold fold;
+    for (const Event& e : ev) fold.add(e.start, e.end);
+    out.window_id = fold.finish(trace.total);
+    const uint64_t base = fnv1a64("span|" + run_id + "|" + rank_s + "|" + out.window_id, kSeedHi);
     auto sid = [&](uint64_t ordinal) { return make_span_id(base, ordinal); };
 
     // --- steps ---------------------------------------------------------------------------
@@ -385,7 +400,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         step_trace[step_index[s]] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
         if (split) detail_trace[step_index[s]] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
     }
-    const TraceId window_trace = make_trace_id("window|" + run_id + "|" + rank_s);
+    const TraceId window_trace = make_trace_id("window|" + run_id + "|" + rank_s + "|" + out.window_id);
     auto trace_of = [&](int i) -> const TraceId& {
         int o = owner[i];
         if (o < 0) return window_trace;
@@ -849,6 +864,24 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
     stats[SPANS] = static_cast<int64_t>(out.order.size());
 
+    // --- length limits: span names and string attribute values (reference: _cut_strings) ------------
+    for (Span& sp : out.spans) {
+        if (const std::string_view name = cut_chars(sp.name, kSpanNameLengthLimit); name.size() != sp.name.size()) {
+            sp.name = name;
+            ++stats[VALUES_TRUNCATED];
+        }
+        if (opts.attribute_value_length_limit < 0) continue;
+        for (uint32_t k = 0; k < sp.attrs.count; ++k) {
+            AttrValue& v = pool[sp.attrs.begin + k];
+            if (v.type != AttrValue::Type::Str) continue;
+            const std::string_view s = cut_chars(std::string_view(v.s, v.len), opts.attribute_value_length_limit);
+            if (s.size() != v.len) {
+                v.len = static_cast<uint32_t>(s.size());
+                ++stats[VALUES_TRUNCATED];
+            }
+        }
+    }
+
     // --- key_averages rows ---------------------------------------------------------------------------
     {
         std::vector<char> merged(n, 0);
@@ -944,6 +977,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         computed.emplace_back("telemetry.sdk.name", AttrValue::str("otelprof"));
         computed.emplace_back("telemetry.sdk.language", AttrValue::str("python"));
         if (!opts.scope_version.empty()) computed.emplace_back("telemetry.sdk.version", AttrValue::str(opts.scope_version));
+        const size_t first_cut = computed.size();  // the SDK's own values are not cut; the trace's are
         if (trace.host_name) computed.emplace_back("host.name", AttrValue::str(*trace.host_name));
         else if (opts.host_name && !opts.host_name->empty()) computed.emplace_back("host.name", AttrValue::str(*opts.host_name));
         if (rank) computed.emplace_back("pytorch.distributed.rank", AttrValue::integer(*rank));
@@ -954,8 +988,18 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             computed.emplace_back("hw.gpu.count", AttrValue::integer(static_cast<int64_t>(trace.gpu_models.size())));
         }
         computed.emplace_back("otelprof.run.id", AttrValue::str(keep_str(run_id)));
-        for (auto& a : computed)
-            if (!keys.count(a.first)) res.push_back(std::move(a));
+        for (size_t k = 0; k < computed.size(); ++k) {
+            auto& [key, value] = computed[k];
+            if (keys.count(key)) continue;
+            if (k >= first_cut && value.type == AttrValue::Type::Str) {
+                const std::string_view s = cut_chars(std::string_view(value.s, value.len), opts.resource_value_limit);
+                if (s.size() != value.len) {
+                    value.len = static_cast<uint32_t>(s.size());
+                    ++stats[VALUES_TRUNCATED];
+                }
+            }
+            res.push_back(computed[k]);
+        }
     }
     for (int k = 0; k < kStatCount; ++k) out.stats.emplace_back(kStatNames[k], stats[k]);
     return out;

@@ -29,6 +29,7 @@ ConvertOutput convert_trace(std::string_view json, const Options& options) {
     out.phase_ns = {{"parse", ns(t0, t1)}, {"read", ns(t1, t2)}, {"build", ns(t2, t3)}, {"encode", ns(t3, t4)}};
     out.ops = std::move(built.ops);
     out.stats = std::move(built.stats);
+    out.window_id = std::move(built.window_id);
     for (auto& [key, value] : out.stats)
         if (key == "requests") value = static_cast<int64_t>(out.requests.size());
     return out;

@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from ._errors import TraceFormatError
-from ._load import TraceInput, load_bytes
+from ._load import TraceBytes, TraceInput, load_bytes
 from ._options import ConvertOptions
 
 _log = logging.getLogger(__name__)
@@ -40,12 +40,15 @@ class OpStats:
 @dataclass(frozen=True)
 class ConvertResult:
     """OTLP ``ExportTraceServiceRequest`` messages (each under the size limit), per-op
-    aggregates, and counters that reconcile kept and dropped events with the input."""
+    aggregates, and counters that reconcile kept and dropped events with the input.
+    ``window_id`` names the trace by its content (16 hex digits): it is mixed into the span
+    ids, so several windows or files of one run and rank never share an id."""
 
     requests: list[bytes]
     ops: list[OpStats]
     stats: dict[str, int]
     engine: str
+    window_id: str = ""
 
 
 def native_available() -> bool:
@@ -59,7 +62,7 @@ def _fallback_warning() -> None:
         _log.warning("otelprof._native could not be loaded (%s); using the slower Python converter", _native_error)
 
 
-def convert_bytes(data: bytes, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
+def convert_bytes(data: TraceBytes, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
     """Convert raw Kineto JSON bytes. ``engine``: "auto", "native" or "reference"."""
     if engine not in ("auto", "native", "reference"):
         raise ValueError(f"engine must be 'auto', 'native' or 'reference', not {engine!r}")
@@ -67,22 +70,22 @@ def convert_bytes(data: bytes, options: ConvertOptions, engine: str = "auto") ->
         raise RuntimeError(f"otelprof._native is not available: {_native_error}")
     if engine != "reference" and _native is not None:
         try:
-            requests, rows, stats, _phases = _native.convert(data, options.as_native())
+            requests, rows, stats, _phases, window = _native.convert(data, options.as_native())
         except _native.TraceError as exc:
             raise TraceFormatError(str(exc)) from None
-        return ConvertResult(list(requests), [OpStats(*row) for row in rows], dict(stats), "native")
+        return ConvertResult(list(requests), [OpStats(*row) for row in rows], dict(stats), "native", window)
     if engine == "auto":
         _fallback_warning()
     from . import reference
 
-    requests, ref_rows, stats = reference.convert(data, options)
+    requests, ref_rows, stats, window = reference.convert(data, options)
     ops = [
         OpStats(
             r.name, r.kind, r.input_shapes, r.calls, r.cpu_total_ns, r.self_cpu_ns, r.device_total_ns, r.self_device_ns
         )
         for r in ref_rows
     ]
-    return ConvertResult(requests, ops, stats, "reference")
+    return ConvertResult(requests, ops, stats, "reference", window)
 
 
 def convert(

@@ -9,33 +9,53 @@ from pathlib import Path
 from ._errors import TraceFormatError
 
 TraceInput = str | os.PathLike[str] | bytes | bytearray | memoryview
+#: Raw JSON as ``load_bytes`` returns it: inflated gzip stays the bytearray it was inflated into.
+TraceBytes = bytes | bytearray
 
-#: Refuse to inflate gzip members past this (a zip bomb must not exhaust memory).
+#: Refuse to inflate past this, over all gzip members together (a gzip bomb must not exhaust
+#: memory); inflation stops at the first byte past it.
 MAX_TRACE_BYTES = 4 * 1024**3
+#: Compressed input fed to zlib per call, and the most it inflates per call.
+_IN_CHUNK = 1024 * 1024
+_OUT_CHUNK = 16 * 1024 * 1024
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _gunzip(data: bytes, source: str) -> bytes:
+def gunzip(data: bytes | bytearray | memoryview, source: str, limit: int | None = None) -> bytearray:
+    """Every member of a gzip stream (concatenated members are one file, as gzip(1) reads
+    them) inflated into one buffer, one member after another in a loop. Raises
+    TraceFormatError for corrupt or truncated data and as soon as more than ``limit``
+    (default ``MAX_TRACE_BYTES``) bytes come out."""
+    cap = MAX_TRACE_BYTES if limit is None else limit
+    view = memoryview(data).cast("B")
     out = bytearray()
-    decomp = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    at = 0  # start of the current member in `view`
     try:
-        view = memoryview(data)
         while True:
-            out += decomp.decompress(view, 64 * 1024 * 1024)
-            if len(out) > MAX_TRACE_BYTES:
-                raise TraceFormatError(f"{source}: decompressed trace exceeds {MAX_TRACE_BYTES} bytes")
-            view = memoryview(decomp.unconsumed_tail)
-            if decomp.eof:
-                if decomp.unused_data.startswith(b"\x1f\x8b"):  # concatenated gzip members
-                    return bytes(out) + _gunzip(decomp.unused_data, source)
-                return bytes(out)
-            if not view:
-                raise TraceFormatError(f"{source}: truncated gzip data")
+            decomp = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            fed = at  # input is fed in pieces: unconsumed_tail then copies a piece, not the rest
+            pending: bytes | memoryview = b""
+            while not decomp.eof:
+                if not pending:
+                    if fed >= len(view):
+                        raise TraceFormatError(f"{source}: truncated gzip data")
+                    pending = view[fed : fed + _IN_CHUNK]
+                    fed += len(pending)
+                # never more than one byte past the cap: a bomb stops there
+                out += decomp.decompress(pending, min(_OUT_CHUNK, cap + 1 - len(out)))
+                if len(out) > cap:
+                    raise TraceFormatError(f"{source}: decompressed trace exceeds {cap} bytes")
+                pending = decomp.unconsumed_tail
+            at = fed - len(decomp.unused_data)
+            if view[at : at + 2] != _GZIP_MAGIC:  # trailing bytes that are not a member are ignored
+                return out
     except zlib.error as exc:
         raise TraceFormatError(f"{source}: corrupt gzip data ({exc})") from None
 
 
-def load_bytes(trace: TraceInput) -> tuple[bytes, str]:
+def load_bytes(trace: TraceInput) -> tuple[TraceBytes, str]:
     """Raw JSON bytes of a trace and a name for messages."""
+    data: TraceBytes
     if isinstance(trace, (bytes, bytearray, memoryview)):
         data, source = bytes(trace), "<bytes>"
     else:
@@ -45,11 +65,11 @@ def load_bytes(trace: TraceInput) -> tuple[bytes, str]:
             data = path.read_bytes()
         except OSError as exc:
             raise TraceFormatError(f"{source}: cannot read trace ({exc.strerror or exc})") from None
-    if data[:2] == b"\x1f\x8b":
-        data = _gunzip(data, source)
+    if data[:2] == _GZIP_MAGIC:
+        data = gunzip(data, source)  # kept as inflated: a bytes() copy would double the memory
     if not data or data.isspace():  # (strip() would copy the whole trace to decide this)
         raise TraceFormatError(f"{source}: empty trace")
     return data, source
 
 
-__all__ = ["TraceInput", "load_bytes"]
+__all__ = ["MAX_TRACE_BYTES", "TraceBytes", "TraceInput", "gunzip", "load_bytes"]

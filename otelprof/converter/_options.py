@@ -18,6 +18,14 @@ DEFAULT_EVENT_LIMIT = 128
 DEFAULT_LINK_LIMIT = 128
 #: From this world size on, operator/kernel detail moves to per-rank traces.
 DEFAULT_SPLIT_WORLD_SIZE = 4
+#: Characters kept of a string attribute value (OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT): the SDK's
+#: default is no limit, but a trace's strings are input: the longest real values are ~3.3k.
+DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT = 8192
+#: Characters kept of a span name (the longest real kernel names are ~5.1k).
+SPAN_NAME_LENGTH_LIMIT = 8192
+#: A resource value the trace supplies keeps at most max_request_bytes / this many characters,
+#: so the resource, repeated in every request, stays a small part of one.
+RESOURCE_VALUE_SHARE = 64
 
 _INT64_MAX = 2**63 - 1
 
@@ -40,6 +48,7 @@ class ConvertOptions:
     link_limit: int = DEFAULT_LINK_LIMIT
     split_world_size: int = DEFAULT_SPLIT_WORLD_SIZE
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    attribute_value_length_limit: int | None = DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
     resource_attributes: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     host_name: str | None = None
     base_time_ns: int | None = None
@@ -55,7 +64,7 @@ class ConvertOptions:
                 raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
         if not isinstance(self.max_request_bytes, int) or self.max_request_bytes < 1024:
             raise ValueError(f"max_request_bytes must be an integer >= 1024, not {self.max_request_bytes!r}")
-        for name in ("rank", "world_size", "base_time_ns"):
+        for name in ("rank", "world_size", "base_time_ns", "attribute_value_length_limit"):
             value = getattr(self, name)
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT64_MAX
@@ -80,6 +89,14 @@ class ConvertOptions:
     def span_link_limit(self) -> int:
         return 0 if self.full else self.link_limit
 
+    @property
+    def resource_value_limit(self) -> int:
+        """Characters kept of a resource value taken from the trace (host, backend, GPU model)
+        or computed (run id): the attribute limit, and a share of a request."""
+        share = self.max_request_bytes // RESOURCE_VALUE_SHARE
+        limit = self.attribute_value_length_limit
+        return share if limit is None else min(limit, share)
+
     def as_native(self) -> dict[str, object]:
         """The flat dict the native core takes (same keys as the fields)."""
         return {
@@ -92,6 +109,10 @@ class ConvertOptions:
             "link_limit": self.span_link_limit,
             "split_world_size": self.split_world_size,
             "max_request_bytes": self.max_request_bytes,
+            "attribute_value_length_limit": -1
+            if self.attribute_value_length_limit is None
+            else self.attribute_value_length_limit,
+            "resource_value_limit": self.resource_value_limit,
             "resource_attributes": [(clean(k), clean(v)) for k, v in self.resource_attributes],
             "host_name": None if self.host_name is None else clean(self.host_name),
             "base_time_ns": -1 if self.base_time_ns is None else self.base_time_ns,

@@ -8,7 +8,8 @@ distributed run must share one, and unrelated files must not. Without ``--run-id
 - a set whose files all have different ranks is one run;
 - where a rank repeats (several profiler windows per rank), files are grouped by their first
   ``ProfilerStep#N`` and each group whose ranks differ is one run; any file still sharing a
-  rank with another is a run of its own, so no two files ever collide on span ids.
+  rank with another is a run of its own, so unrelated files never share a step trace (span
+  ids never collide anyway: the converter mixes each file's window id into them).
 
 The run id is readable: ``<folder>/<name with numbers as #>`` for a set, ``<folder>/<name>``
 for a lone file (Composer's ``<run>/torch_traces`` folder keeps the run name).

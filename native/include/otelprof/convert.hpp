@@ -15,6 +15,7 @@ struct ConvertOutput {
     std::vector<OpRow> ops;
     Stats stats;
     Stats phase_ns;  // wall time of parse / read / build / encode, for benchmarks
+    std::string window_id;
 };
 
 // Throws TraceError for input that is not a readable trace.

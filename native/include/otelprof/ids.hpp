@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "otelprof/spans.hpp"
@@ -40,6 +41,30 @@ inline TraceId make_trace_id(std::string_view key) {
     put_be64(lo, id.data() + 8);
     return id;
 }
+
+// 16 hex digits naming a window by its content: a fold of every complete event's (start, end)
+// in file order, and the count of all events (mirrors reference/ids.py window_id).
+class WindowFold {
+  public:
+    void add(int64_t start, int64_t end) {
+        step(static_cast<uint64_t>(start));
+        step(static_cast<uint64_t>(end));
+    }
+    std::string finish(uint64_t total) const {
+        static const char digits[] = "0123456789abcdef";
+        uint64_t v = mix64(h_ ^ total);
+        std::string out(16, '0');
+        for (int k = 15; k >= 0; --k, v >>= 4) out[static_cast<size_t>(k)] = digits[v & 0xF];
+        return out;
+    }
+
+  private:
+    void step(uint64_t x) {
+        h_ = (h_ ^ x) * kGolden;
+        h_ ^= h_ >> 32;
+    }
+    uint64_t h_ = kSeedHi;
+};
 
 inline SpanId make_span_id(uint64_t base, uint64_t ordinal) {
     uint64_t v = mix64(base + ordinal * kGolden);

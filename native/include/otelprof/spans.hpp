@@ -101,6 +101,8 @@ struct Options {
     int64_t link_limit = 128;
     int64_t split_world_size = 4;
     int64_t max_request_bytes = 3 * 1024 * 1024;
+    int64_t attribute_value_length_limit = 8192;  // characters of a string attribute; -1 = none
+    int64_t resource_value_limit = 3 * 1024 * 1024 / 64;  // characters of a computed resource value
     std::vector<std::pair<std::string, std::string>> resource_attributes;
     std::optional<std::string> host_name;
     bool group_by_input_shapes = false;
@@ -117,6 +119,7 @@ struct Built {
     std::vector<OpRow> ops;
     std::vector<ResourceAttr> resource;
     Stats stats;
+    std::string window_id;  // 16 hex digits (ids.hpp window_id)
 };
 
 }  // namespace otelprof

@@ -12,7 +12,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._options import ConvertOptions
+from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions
 from .._text import clean
 from . import ids, tree
 from .jsonload import as_double, as_int64, render
@@ -66,6 +66,7 @@ class Built:
     ops: list[OpRow]
     resource: Attrs
     stats: dict[str, int]
+    window_id: str
 
 
 def _arg_attributes(args: dict[str, Any]) -> Attrs:
@@ -111,7 +112,8 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     if run_id is None:
         run_id = f"auto|{trace.trace_name}|{min_start}"
     split = opts.split_world_size > 0 and (world or 1) >= opts.split_world_size
-    base = ids.span_base(run_id, rank_s)
+    window = ids.window_id(((e.start, e.end) for e in ev), trace.total)
+    base = ids.span_base(run_id, rank_s, window)
 
     # --- steps -------------------------------------------------------------------------
     step_num: dict[int, int] = {}
@@ -165,7 +167,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     n_total = trace.total
     step_trace = {s: ids.trace_id(f"step|{run_id}|{step_num[s]}") for s in steps}
     detail_trace = {s: ids.trace_id(f"detail|{run_id}|{rank_s}|{step_num[s]}") for s in steps} if split else {}
-    window_trace = ids.trace_id(f"window|{run_id}|{rank_s}")
+    window_trace = ids.trace_id(f"window|{run_id}|{rank_s}|{window}")
 
     def trace_of(i: int) -> bytes:
         o = owner[i]
@@ -379,11 +381,34 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     stats["links"] = sum(1 for sp in synthetic + by_order for link in sp.links if link[2][0][1] == "fwdbwd")
 
     ordered = _order_by_trace(synthetic, by_order, steps, ev, step_trace, detail_trace, window_trace, split)
+    stats["values_truncated"] = _cut_strings(ordered, opts.attribute_value_length_limit)
     stats["spans"] = len(ordered)
     stats["synthetic_spans"] = len(synthetic)
     ops = _aggregate_ops(ev, in_a, a_parent, a_children, child_dur, self_dev, opts.group_by_input_shapes)
-    resource = _resource(trace, opts, run_id, rank, world)
-    return Built(ordered, ops, resource, stats)
+    resource, cut = _resource(trace, opts, run_id, rank, world)
+    stats["values_truncated"] += cut
+    return Built(ordered, ops, resource, stats, window)
+
+
+def _cut(text: str, limit: int | None) -> str:
+    return text if limit is None or len(text) <= limit else text[:limit]
+
+
+def _cut_strings(spans: list[Span], limit: int | None) -> int:
+    """Cut span names and string attribute values longer than their limits (OpenTelemetry's
+    attribute value length limit, in characters); returns how many were cut."""
+    cut = 0
+    for sp in spans:
+        if len(sp.name) > SPAN_NAME_LENGTH_LIMIT:
+            sp.name = sp.name[:SPAN_NAME_LENGTH_LIMIT]
+            cut += 1
+        if limit is None:
+            continue
+        for k, (key, value) in enumerate(sp.attrs):
+            if isinstance(value, str) and len(value) > limit:
+                sp.attrs[k] = (key, value[:limit])
+                cut += 1
+    return cut
 
 
 def _detail_root_attrs(step: int, rank: int | None) -> Attrs:
@@ -398,6 +423,7 @@ STAT_KEYS = (
     "events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events",
     "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python",
     "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests",
+    "values_truncated",
 )  # fmt: skip
 
 
@@ -501,7 +527,11 @@ def resource_attributes(user: Attrs, scope_version: str | None, computed: Attrs)
     return attrs
 
 
-def _resource(trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None, world: int | None) -> Attrs:
+def _resource(
+    trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None, world: int | None
+) -> tuple[Attrs, int]:
+    """The resource, and how many of the values it computed were cut (the user's
+    ``resource_attributes`` are kept whole, as the OpenTelemetry spec exempts resources)."""
     computed: Attrs = []
     host = trace.host_name or (clean(opts.host_name) if opts.host_name else None)
     if host:
@@ -516,4 +546,7 @@ def _resource(trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None,
         computed.append(("hw.gpu.model", trace.gpu_models[0]))
         computed.append(("hw.gpu.count", len(trace.gpu_models)))
     computed.append(("otelprof.run.id", run_id))
-    return resource_attributes(list(opts.resource_attributes), opts.scope_version, computed)
+    limit, user_keys = opts.resource_value_limit, {clean(k) for k, _ in opts.resource_attributes}
+    long = {k for k, v in computed if isinstance(v, str) and len(v) > limit and k not in user_keys}
+    computed = [(k, _cut(v, limit) if k in long else v) for k, v in computed]  # type: ignore[arg-type]
+    return resource_attributes(list(opts.resource_attributes), opts.scope_version, computed), len(long)

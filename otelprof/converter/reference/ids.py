@@ -6,6 +6,8 @@ platforms and languages, and well spread for backends that shard by trace id.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 M64 = (1 << 64) - 1
 SEED_HI = 0xCBF29CE484222325
 SEED_LO = 0x84222325CBF29CE4
@@ -51,8 +53,23 @@ class TraceIds:
         return hi.to_bytes(8, "big") + lo.to_bytes(8, "big")
 
 
-def span_base(run_id: str, rank: str) -> int:
-    return fnv1a64(f"span|{run_id}|{rank}".encode("utf-8", "surrogatepass"), SEED_HI)
+def window_id(bounds: Iterable[tuple[int, int]], total: int) -> str:
+    """16 hex digits naming one profiling window by its content: a fold of every complete
+    event's (start, end) in file order and the count of all events. Several windows or files of
+    one run and rank get their own span ids from it; the same file always the same."""
+    h = SEED_HI
+    for start, end in bounds:
+        h = ((h ^ (start & M64)) * GOLDEN) & M64
+        h ^= h >> 32
+        h = ((h ^ (end & M64)) * GOLDEN) & M64
+        h ^= h >> 32
+    return f"{mix64(h ^ (total & M64)):016x}"
+
+
+def span_base(run_id: str, rank: str, window: str = "") -> int:
+    """Base of the span ids of one (run, rank[, window]); the live step spans pass no window."""
+    key = f"span|{run_id}|{rank}|{window}" if window else f"span|{run_id}|{rank}"
+    return fnv1a64(key.encode("utf-8", "surrogatepass"), SEED_HI)
 
 
 def span_id(base: int, ordinal: int) -> bytes:

@@ -42,7 +42,7 @@ def _check_depth(doc: Any) -> None:
             stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
 
 
-def loads(text: bytes) -> Any:
+def loads(text: bytes | bytearray) -> Any:
     try:
         decoded = text.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -134,7 +134,7 @@ def _metadata(doc: dict[str, Any], trace: Trace, base_override: int | None) -> N
             setattr(trace, attr, clean(value))
 
 
-def read(data: bytes, base_override: int | None = None) -> Trace:
+def read(data: bytes | bytearray, base_override: int | None = None) -> Trace:
     doc = loads(data)
     trace = Trace()
     if isinstance(doc, list):
