@@ -43,6 +43,11 @@ int64_t StepTracker::eval_forwards() {
 void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int p = index(phase);
+    if (depth_[p] && phase == Phase::kData) {  // the last fetch never ended: forget it
+        depth_[p] = 0;
+        const auto it = std::find(stack_.begin(), stack_.end(), phase);
+        if (it != stack_.end()) stack_.erase(it);
+    }
     if (depth_[p]) {
         ++depth_[p];  // a nested call (a submodule's forward): counted once
         return;

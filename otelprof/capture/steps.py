@@ -222,6 +222,10 @@ class StepTracker(TrackerHooks):
     def phase_begin(self, phase: str, key: int = 0) -> None:
         """``key`` tells optimizers apart (the hook passes the optimizer's identity)."""
         with self._lock:
+            if self._depth[phase] and phase == "data":  # the last fetch never ended: forget it
+                self._depth[phase] = 0
+                if phase in self._stack:
+                    self._stack.remove(phase)
             if self._depth[phase]:
                 self._depth[phase] += 1  # a nested call (a submodule's forward): counted once
                 return

@@ -24,6 +24,7 @@ native = pytest.importorskip("otelprof._native")
 
 RESOURCE: Attrs = [("service.name", "svc"), ("pytorch.distributed.rank", 3)]
 PARENT = (b"\x11" * 16, b"\x22" * 8)
+OPTIMIZERS = [object(), object()]
 
 
 def _events() -> Any:
@@ -36,14 +37,28 @@ def _events() -> Any:
             st.tuples(st.just("tick"), st.integers(0, 3 * 10**9)),
             st.tuples(st.just("nested"), st.booleans()),
             st.tuples(st.just("scope"), st.sampled_from(["infer", "x\udcff"])),
+            st.tuples(st.just("begin_optimizer"), st.integers(0, 1)),
+            st.tuples(st.just("end_data"), st.none()),
+            st.tuples(st.just("grad"), st.booleans()),
+            st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 99), st.none() | st.integers(0, 9))),
         ),
         max_size=150,
     )
 
 
-def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: list[bool]) -> None:
+def _drive(
+    tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: list[bool], grad: list[bool]
+) -> None:
     for kind, arg in events:
-        if kind == "tick":
+        if kind == "grad":
+            grad[0] = arg
+        elif kind == "begin_optimizer":
+            tracker.begin_optimizer(OPTIMIZERS[arg], (), {})
+        elif kind == "end_data":
+            tracker.end_data()
+        elif kind == "step":
+            tracker.step(number=arg[0], samples=arg[1])
+        elif kind == "tick":
             now[0] += arg
         elif kind == "nested":
             nested[0] = arg
@@ -59,21 +74,22 @@ def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: 
 
 
 def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
-    now, nested = [1_700_000_000_000_000_000], [False]
-    tracker: Any = step_tracker(lambda s: None, clock=lambda: now[0], native=True)
+    now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
+    tracker: Any = step_tracker(lambda s: None, clock=lambda: now[0], native=True, grad_enabled=lambda: grad[0])
     sink = native_sink()
     encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, version="1.0")
     registry = CollectorRegistry()
     metrics = StepMetrics(IDENTITY, registry)
     metrics.read_from(sink, encoder.trace_ids)
+    metrics.count_eval(lambda: tracker.eval_forwards)
     boundaries: list[int] = []
     tracker.attach(sink, lambda n, s: boundaries.append(n), lambda: PARENT if nested[0] else None)
-    _drive(tracker, events, now, nested)
+    _drive(tracker, events, now, nested, grad)
     return exposition(registry, True), sink.encode(encoder.native, max_bytes), boundaries
 
 
 def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
-    now, nested = [1_700_000_000_000_000_000], [False]
+    now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
     encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, native=False, version="1.0")
     registry = CollectorRegistry()
     metrics = StepMetrics(IDENTITY, registry)
@@ -86,8 +102,9 @@ def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
         metrics.observe(step, ctx)
         records.append(record(step, ctx))
 
-    tracker: Any = step_tracker(on_step, clock=lambda: now[0], native=False)
-    _drive(tracker, events, now, nested)
+    tracker: Any = step_tracker(on_step, clock=lambda: now[0], native=False, grad_enabled=lambda: grad[0])
+    metrics.count_eval(lambda: tracker.eval_forwards)
+    _drive(tracker, events, now, nested, grad)
     numbers = [r[1] for r in records]
     return exposition(registry, True), encoder.encode(records, max_bytes) if records else [], numbers
 
