@@ -251,7 +251,7 @@ def _hint(forwards: int) -> None:
     _log.warning(
         "otelprof: %d forward passes and no optimizer.step() or otelprof.step(): no steps are recorded. "
         "Call otelprof.step() at the end of each iteration, or wrap each unit of work in "
-        "`with otelprof.step_scope(\"name\"):`",
+        '`with otelprof.step_scope("name"):`',
         forwards,
     )
 

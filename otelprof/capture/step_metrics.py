@@ -99,9 +99,7 @@ class _Trace:
 
 #: (duration, phases, steps, samples, tokens, spans dropped, last step, samples/s, tokens/s,
 #: micro-batches)
-_State = tuple[
-    "Buckets", "dict[str, Buckets]", int, int, int, int, "float | None", "float | None", "float | None", int
-]
+_State = tuple["Buckets", "dict[str, Buckets]", int, int, int, int, "float | None", "float | None", "float | None", int]
 
 
 class StepMetrics(Collector):
@@ -191,9 +189,18 @@ class StepMetrics(Collector):
         self._fold()
         with self._lock:
             state = self._state() if self._sink is None else self._native_state(self._sink)
-            duration_buckets, phase_buckets, steps, samples, tokens, dropped, last, samples_rate, tokens_rate, batches = (
-                state
-            )
+            (
+                duration_buckets,
+                phase_buckets,
+                steps,
+                samples,
+                tokens,
+                dropped,
+                last,
+                samples_rate,
+                tokens_rate,
+                batches,
+            ) = state
             eval_forwards = 0 if self._eval_forwards is None else self._eval_forwards()
             duration = HistogramMetricFamily(
                 "otelprof_step_duration_seconds", "Training step wall time.", labels=LABELS
@@ -249,9 +256,19 @@ class StepMetrics(Collector):
         )
 
     def _native_state(self, sink: NativeSink) -> _State:
-        (counts, total), exemplars, phases, steps, samples, tokens, dropped, last, samples_rate, tokens_rate, batches = (
-            sink.metrics()
-        )
+        (
+            (counts, total),
+            exemplars,
+            phases,
+            steps,
+            samples,
+            tokens,
+            dropped,
+            last,
+            samples_rate,
+            tokens_rate,
+            batches,
+        ) = sink.metrics()
         duration = Buckets()
         duration.counts, duration.sum = counts, total
         for i, exemplar in enumerate(exemplars):

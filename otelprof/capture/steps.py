@@ -507,6 +507,8 @@ class StepTracker(TrackerHooks):
         self._reset_batches()
         # phases still running (a forward that spans the boundary) continue into the next step
         self._on_step(step)
+
+
 try:
     _native: Any = importlib.import_module("otelprof._native")
 except ImportError:  # pragma: no cover - a broken build; the Python tracker takes over

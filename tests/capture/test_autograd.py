@@ -5,6 +5,7 @@ intervals of its step."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def test_checkpoint_recomputation_stays_inside_its_step(tmp_path: Path) -> None:
             (s for s in rec.spans if s.parent_span_id == step.span_id), key=lambda s: s.start_time_unix_nano
         )
         assert [p.name for p in phases] == ["data", "forward", "backward", "forward", "backward", "optimizer"]
-        for before, after in zip(phases, phases[1:]):
+        for before, after in itertools.pairwise(phases):
             assert before.end_time_unix_nano <= after.start_time_unix_nano  # no overlap
         assert step.start_time_unix_nano <= phases[0].start_time_unix_nano
         assert phases[-1].end_time_unix_nano <= step.end_time_unix_nano

@@ -4,9 +4,11 @@ OTLP receiver and a /metrics scrape taken while the process runs."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,7 @@ def _check_phases(step: PbSpan, phases: list[PbSpan]) -> None:
     assert phases
     assert step.start_time_unix_nano <= phases[0].start_time_unix_nano
     assert phases[-1].end_time_unix_nano <= step.end_time_unix_nano
-    for before, after in zip(phases, phases[1:], strict=False):
+    for before, after in itertools.pairwise(phases):
         assert before.end_time_unix_nano <= after.start_time_unix_nano, (before.name, after.name)
     total = sum(p.end_time_unix_nano - p.start_time_unix_nano for p in phases)
     assert total <= step.end_time_unix_nano - step.start_time_unix_nano
@@ -136,11 +138,7 @@ def test_accumulated_micro_batches_make_one_step(receiver: HttpReceiver, tmp_pat
         _check_phases(step, phases)
     # the profiled step's operators ran inside it
     profiled = steps[3][0]
-    ops = [
-        s
-        for s in receiver.spans
-        if s.trace_id == ids.trace_id(f"step|{RUN}|3") and s.name.startswith("aten::")
-    ]
+    ops = [s for s in receiver.spans if s.trace_id == ids.trace_id(f"step|{RUN}|3") and s.name.startswith("aten::")]
     assert len(ops) > 20
     outside = [s.name for s in ops if not profiled.start_time_unix_nano <= s.start_time_unix_nano]
     outside += [s.name for s in ops if not s.end_time_unix_nano <= profiled.end_time_unix_nano]
@@ -160,17 +158,17 @@ def test_a_closure_optimizer_phase_is_its_own_time(receiver: HttpReceiver, tmp_p
     opt = torch.optim.LBFGS(model.parameters(), max_iter=3)
     evaluations: list[int] = []
     for batch in data:
-        calls = [0]
+        count = [0]
 
-        def closure(batch: Any = batch, calls: list[int] = calls) -> Any:
-            calls[0] += 1
+        def closure(batch: Any = batch, count: list[int] = count) -> Any:
+            count[0] += 1
             opt.zero_grad()
             loss = model(batch).pow(2).mean()
             loss.backward()
             return loss
 
         opt.step(closure)
-        evaluations.append(calls[0])
+        evaluations.append(count[0])
     live_session.stop(session)
     steps = _steps(receiver)
     assert len(steps) == 5
@@ -252,10 +250,11 @@ def test_evaluation_forwards_are_charged_to_no_step(receiver: HttpReceiver, tmp_
             model.eval()
             with torch.no_grad():
                 source = torch.utils.data.DataLoader(held_out, batch_size=4) if eval_loader else held_out.split(4)
-                for k, held in enumerate(source):
+                first_end = 0
+                for held in source:
                     model(held)
-                    start = time.time_ns() if k == 0 else start
-            evaluations.append((start, time.time_ns()))  # the first evaluation forward's end to the last's
+                    first_end = first_end or time.time_ns()
+            evaluations.append((first_end, time.time_ns()))  # the first evaluation forward's end to the last's
             model.train()
     scraped = _scrape(session)
     live_session.stop(session)
@@ -309,3 +308,70 @@ def test_explicit_steps_from_a_framework_sum_their_fetches(receiver: HttpReceive
         (100 + k, 6) for k in range(5)
     ]
     assert all(_attrs(s)["otelprof.step.micro_batches"] == 2 for s, _p in steps)
+
+
+@dataclass
+class ScrapingReceiver(HttpReceiver):
+    """Scrapes the trainer's /metrics while it holds each trace request (before answering)."""
+
+    metrics_url: str = ""
+    scrapes: list[tuple[list[int], float | None]] = field(default_factory=list)  # (steps in request, steps_total)
+
+    def _handle(self, handler: Any) -> tuple[int, dict[str, str], bytes]:
+        before = len(self.requests)
+        reply = super()._handle(handler)
+        with self.lock:
+            new = self.requests[before:]
+        numbers = [
+            _attrs(s)["pytorch.step"]
+            for r in new
+            for rs in r.resource_spans
+            for ss in rs.scope_spans
+            for s in ss.spans
+            if s.name == "train.step"
+        ]
+        total: float | None = None
+        try:
+            text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+            total = next(
+                s.value
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+                if s.name == "otelprof_steps_total"
+            )
+        except (OSError, StopIteration):
+            pass
+        self.scrapes.append((numbers, total))
+        return reply
+
+
+def test_the_last_step_is_scrapeable_during_the_shutdown_flush(tmp_path: Path) -> None:
+    """The last step (open when the loop breaks) is closed at interpreter shutdown before the
+    final flush, and /metrics still answers while that flush runs."""
+    import os
+    import subprocess
+    import sys
+
+    from export.receivers import free_port
+
+    updates, port = 7, free_port()
+    receiver = ScrapingReceiver(metrics_url=f"http://127.0.0.1:{port}/metrics")
+    with http_receiver(receiver):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELPROF_"))}
+        repo = Path(__file__).resolve().parents[2]
+        env |= {
+            "PYTHONPATH": os.pathsep.join([str(repo), env.get("PYTHONPATH", "")]),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+            "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+            "OTELPROF_RUN_ID": RUN,
+            "OTELPROF_PROFILE": "false",
+            "OTELPROF_TRIGGER_SIGNAL": "none",
+            "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),
+        }
+        script = Path(__file__).with_name("exit_train.py")
+        done = subprocess.run([sys.executable, str(script), str(updates)], env=env, capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr.decode()[-3000:]
+    [total] = [t for numbers, t in receiver.scrapes if updates - 1 in numbers]
+    assert total == updates  # scraped while the request with the last step was being delivered
+    assert sorted(n for numbers, _t in receiver.scrapes for n in numbers) == list(range(updates))

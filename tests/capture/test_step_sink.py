@@ -46,9 +46,7 @@ def _events() -> Any:
     )
 
 
-def _drive(
-    tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: list[bool], grad: list[bool]
-) -> None:
+def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: list[bool], grad: list[bool]) -> None:
     for kind, arg in events:
         if kind == "grad":
             grad[0] = arg
