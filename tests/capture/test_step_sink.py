@@ -5,6 +5,7 @@ official classes in test_step_encoder.py) as the Python path fed the same activi
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -174,3 +175,53 @@ def test_a_failing_boundary_callback_stops_the_tracker() -> None:
     tracker.attach(native.StepSink(10, 10), boundary)
     _train(tracker, 3)
     assert tracker.failed and [str(e) for e in errors] == ["step 0"]
+
+
+@pytest.mark.parametrize("native_path", [True, False], ids=["native", "python"])
+def test_every_scrape_is_one_snapshot(native_path: bool) -> None:
+    """Steps close on a training thread while scrapes run: within every scrape, the counters
+    that move together agree (steps, samples, tokens, micro-batches, the histograms' counts)."""
+    import threading
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    metrics = StepMetrics(IDENTITY, registry)
+    encoder = StepRecordEncoder(Identity("run"), RESOURCE, native=native_path)
+    if native_path:
+        tracker: Any = step_tracker(lambda s: None, native=True)
+        sink = native_sink()
+        metrics.read_from(sink, encoder.trace_ids)
+        tracker.attach(sink)
+    else:
+        tracker = step_tracker(lambda s: metrics.observe(s, SimpleNamespace(trace_id=b"\x01" * 16)), native=False)
+
+    def train() -> None:
+        for _ in range(3000):
+            tracker.begin_data()
+            tracker.data_end(8, 128)
+            tracker.begin_forward(None, ())
+            tracker.end_forward(None, (), None)
+            tracker.begin_backward()
+            tracker.end_backward()
+            tracker.begin_optimizer(None, (), {})
+            tracker.end_optimizer(None, (), {})
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    scrapes = 0
+    while True:
+        running = thread.is_alive()
+        text = generate_latest(registry).decode()
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        steps = values["otelprof_steps_total"]
+        assert values["otelprof_samples_total"] == 8 * steps
+        assert values["otelprof_tokens_total"] == 128 * steps
+        assert values["otelprof_micro_batches_total"] == steps
+        assert values["otelprof_step_duration_seconds_count"] == steps
+        scrapes += 1
+        if not running:
+            break
+    thread.join()
+    assert steps == 2999 and scrapes >= 1  # the last step waits for the next fetch
