@@ -51,6 +51,8 @@ class Session:
         exporter: Exporter | None,
         environ: Mapping[str, str],
     ) -> None:
+        import torch
+
         from .capture.hooks import TorchHooks, log_failure  # imports torch
 
         self.settings = settings
@@ -66,7 +68,12 @@ class Session:
         self.timing = cuda_timing(self._record) if settings.cuda_events else None
         clock = self.timing.clock if self.timing is not None else time.time_ns
         self.tracker = step_tracker(
-            self._on_step, clock=clock, on_first_open=self._first_step_begins, on_error=log_failure
+            self._on_step,
+            clock=clock,
+            on_first_open=self._first_step_begins,
+            on_error=log_failure,
+            grad_enabled=torch.is_grad_enabled,
+            on_hint=_hint,
         )
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
@@ -93,6 +100,8 @@ class Session:
                 atexit.unregister(_at_exit)
                 atexit.register(_at_exit, self)
             self.metrics = StepMetrics(self.identity.labels(), self.registry)
+            tracker = self.tracker
+            self.metrics.count_eval(lambda: tracker.eval_forwards)
             if self.straggler is not None:
                 self.straggler.register(self.identity.labels(), self.registry)
             resource = _resource(self.identity, self._environ)
@@ -207,6 +216,8 @@ class Session:
         return True
 
     def close(self) -> None:
+        """The last step is closed first (its metrics scrapeable, its span in the final flush);
+        /metrics keeps serving until the spans are flushed."""
         self.hooks.remove()
         self.tracker.finish()
         self.tracker.close()
@@ -233,6 +244,16 @@ class Session:
             self.metrics.unregister()
         if self.straggler is not None:
             self.straggler.unregister(self.registry)
+
+
+def _hint(forwards: int) -> None:
+    """The tracker's on_hint: forwards run, but nothing marks a step (logged once)."""
+    _log.warning(
+        "otelprof: %d forward passes and no optimizer.step() or otelprof.step(): no steps are recorded. "
+        "Call otelprof.step() at the end of each iteration, or wrap each unit of work in "
+        '`with otelprof.step_scope("name"):`',
+        forwards,
+    )
 
 
 def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
@@ -297,10 +318,14 @@ def session() -> Session | None:
     return _session
 
 
-def step() -> None:
-    """Marks the end of a step, for loops the automatic rules do not fit."""
+def step(*, number: int | None = None, samples: int | None = None, tokens: int | None = None) -> None:
+    """Ends the current step now (after the optimizer update), for loops the automatic rules do
+    not fit and for framework callbacks; the automatic boundaries are off from then on.
+    ``number``: the step's number (the framework's global step; the next steps count on from
+    it); ``samples``/``tokens``: the step's sizes, replacing the sums over its DataLoader
+    fetches. Negative values raise ValueError."""
     if _session is not None:
-        _session.tracker.step()
+        _session.tracker.step(number, samples, tokens)
 
 
 @contextlib.contextmanager
@@ -317,6 +342,7 @@ def step_scope(name: str = "step") -> Iterator[None]:
 
 
 def set_batch_size(samples: int | None = None, tokens: int | None = None) -> None:
-    """Samples and tokens of the current step, when they cannot be inferred from the batch."""
+    """Samples and tokens of the current step, when they cannot be inferred from the batch
+    (they replace the sums over the step's DataLoader fetches)."""
     if _session is not None:
         _session.tracker.set_batch(samples, tokens)

@@ -31,11 +31,11 @@ int64_t wall_ns() {
 }
 
 // -1: None (unknown); a non-negative int otherwise.
-int64_t size_arg(PyObject* obj) {
+int64_t size_arg(PyObject* obj, const char* what = "a batch size") {
     if (obj == Py_None) return -1;
     const long long v = PyLong_AsLongLong(obj);
     if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-    if (v < 0) throw py::value_error("a batch size must be >= 0");
+    if (v < 0) throw py::value_error(std::string(what) + " must be >= 0");
     return v;
 }
 
@@ -69,9 +69,10 @@ class PyStepSink {
 
     // (duration (counts, sum), exemplars [None | (number, trace id | None, value, at)],
     //  phases [(counts, sum)] in PHASES order, steps, samples, tokens, spans dropped,
-    //  last step, samples/s, tokens/s)
+    //  last step, samples/s, tokens/s, micro-batches), all from one snapshot: the state is
+    //  copied before any Python object is made (making one may run other Python threads).
     py::tuple metrics() const {
-        const otelprof::StepMetricsState& m = sink.metrics();
+        const otelprof::StepMetricsState m = sink.metrics();
         py::list exemplars;
         for (const otelprof::StepExemplar& e : m.exemplars) {
             if (e.number < 0) {
@@ -86,7 +87,7 @@ class PyStepSink {
         for (const otelprof::StepHistogram& h : m.phases) phases.append(histogram(h));
         return py::make_tuple(histogram(m.duration), exemplars, phases, m.steps, m.samples, m.tokens, m.spans_dropped,
                               optional_float(m.last_step), optional_float(m.samples_rate),
-                              optional_float(m.tokens_rate));
+                              optional_float(m.tokens_rate), m.micro_batches);
     }
 
     py::list encode(const PyStepSpanEncoder& encoder, size_t max_bytes) {
@@ -101,13 +102,15 @@ class PyStepSink {
 class LiveTracker {
   public:
     LiveTracker(py::object on_step, py::object step_type, int64_t first_step, py::object clock,
-                py::object on_first_open, py::object on_error)
+                py::object on_first_open, py::object on_error, py::object grad_enabled, py::object on_hint)
         : core_(first_step),
           on_step_(std::move(on_step)),
           step_type_(std::move(step_type)),
           clock_(std::move(clock)),
           on_first_open_(std::move(on_first_open)),
-          on_error_(std::move(on_error)) {
+          on_error_(std::move(on_error)),
+          grad_enabled_(std::move(grad_enabled)),
+          on_hint_(std::move(on_hint)) {
         for (const char* name : {"data", "forward", "backward", "optimizer"}) phase_names_.append(py::str(name));
         names_.push_back(py::str("train.step"));
         name_utf8_.emplace_back("train.step");
@@ -116,14 +119,25 @@ class LiveTracker {
     bool failed() const { return failed_; }
 
     // The hot path: one event, then what it left (a closed step, the first opening) delivered.
-    void begin(Phase phase) {
-        timed([this, phase](int64_t now) { core_.phase_begin(phase, now); });
+    // `key`: the optimizer's identity; an outermost forward reads grad mode (evaluation: off).
+    void begin(Phase phase, uint64_t key = 0) {
+        if (failed_) return;
+        bool grad = true;
+        if (phase == Phase::kForward && !grad_enabled_.is_none() && core_.forward_is_outermost()) {
+            PyObject* r = PyObject_CallNoArgs(grad_enabled_.ptr());
+            const int truth = r ? PyObject_IsTrue(r) : -1;
+            Py_XDECREF(r);
+            if (truth < 0) return fail_current();
+            grad = truth == 1;
+        }
+        timed([this, phase, key, grad](int64_t now) { core_.phase_begin(phase, now, key, grad); });
     }
     void end(Phase phase) {
         timed([this, phase](int64_t now) { core_.phase_end(phase, now); });
     }
 
-    void data_end(PyObject* samples, PyObject* tokens) {
+    // A fetch ended: with a batch (its sizes, None: unknown) or none (the iterator was exhausted).
+    void data_end(bool batch, PyObject* samples, PyObject* tokens) {
         if (failed_) return;
         int64_t s = -1, t = -1;
         try {
@@ -133,12 +147,15 @@ class LiveTracker {
             PyErr_Clear();  // an odd batch: its size stays unknown, the step is still timed
             s = t = -1;
         }
-        timed([this, s, t](int64_t now) { core_.data_end(now, s, t); });
+        timed([this, batch, s, t](int64_t now) { core_.data_end(now, batch, s, t); });
     }
 
     void set_batch(py::object samples, py::object tokens) {
-        core_.set_batch(size_arg(samples.ptr()), size_arg(tokens.ptr()));
+        const int64_t s = size_arg(samples.ptr()), t = size_arg(tokens.ptr());
+        if (!failed_) core_.set_batch(s, t);
     }
+
+    int64_t eval_forwards() { return core_.eval_forwards(); }
 
     // An event at the clock's time, then what it left delivered (not after a failure).
     template <typename Event>
@@ -150,8 +167,10 @@ class LiveTracker {
         if (core_.pending()) deliver();
     }
 
-    void step() {
-        timed([this](int64_t now) { core_.step(now); });
+    void step(py::object number, py::object samples, py::object tokens) {
+        const int64_t n = size_arg(number.ptr(), "a step number");
+        const int64_t s = size_arg(samples.ptr()), t = size_arg(tokens.ptr());
+        timed([this, n, s, t](int64_t now) { core_.step(now, n, s, t); });
     }
     void begin_scope(const py::str& name) {
         const uint32_t slot = name_slot(name);
@@ -161,7 +180,9 @@ class LiveTracker {
         timed([this](int64_t now) { core_.end_scope(now); });
     }
     void finish() {
-        timed([this](int64_t now) { core_.finish(now); });
+        if (failed_) return;
+        core_.finish();
+        if (core_.pending()) deliver();
     }
 
     // A Python-side failure (a hook wrapper's): the tracker stops, logged once by on_error.
@@ -194,7 +215,7 @@ class LiveTracker {
     // Python's collector cannot see into) and every later event is ignored.
     void release() {
         failed_ = true;
-        on_step_ = on_first_open_ = on_error_ = clock_ = py::none();
+        on_step_ = on_first_open_ = on_error_ = clock_ = grad_enabled_ = on_hint_ = py::none();
         on_boundary_ = parent_ = context_var_ = notify_ = py::none();
         sink_.reset();
     }
@@ -222,6 +243,13 @@ class LiveTracker {
         if (out.first_open && !on_first_open_.is_none()) {
             PyObject* n = PyLong_FromLongLong(*out.first_open);
             PyObject* r = n ? PyObject_CallOneArg(on_first_open_.ptr(), n) : nullptr;
+            Py_XDECREF(n);
+            if (r == nullptr) return fail_current();
+            Py_DECREF(r);
+        }
+        if (out.hint && !on_hint_.is_none()) {
+            PyObject* n = PyLong_FromLongLong(*out.hint);
+            PyObject* r = n ? PyObject_CallOneArg(on_hint_.ptr(), n) : nullptr;
             Py_XDECREF(n);
             if (r == nullptr) return fail_current();
             Py_DECREF(r);
@@ -279,7 +307,7 @@ class LiveTracker {
     }
 
     // steps.Step(number, start_ns, end_ns, phases, phase_totals_ns, dropped_phases, samples,
-    // tokens, name)
+    // tokens, name, micro_batches)
     PyObject* make_step(const otelprof::TrackedStep& s) {
         py::list phases(s.phases.size());
         size_t i = 0;
@@ -297,7 +325,7 @@ class LiveTracker {
         for (int k = 0; k < otelprof::kPhaseCount; ++k) {
             if (s.with_total & (1u << k)) totals[phase_names_[static_cast<size_t>(k)]] = py::int_(s.totals[k]);
         }
-        py::object args[9] = {
+        py::object args[10] = {
             py::int_(s.number),
             py::int_(s.start),
             py::int_(s.end),
@@ -307,10 +335,11 @@ class LiveTracker {
             s.samples ? py::object(py::int_(*s.samples)) : py::none(),
             s.tokens ? py::object(py::int_(*s.tokens)) : py::none(),
             names_[s.name < names_.size() ? s.name : 0],
+            py::int_(s.micro_batches),
         };
-        PyObject* argv[9];
-        for (int k = 0; k < 9; ++k) argv[k] = args[k].ptr();
-        return PyObject_Vectorcall(step_type_.ptr(), argv, 9, nullptr);
+        PyObject* argv[10];
+        for (int k = 0; k < 10; ++k) argv[k] = args[k].ptr();
+        return PyObject_Vectorcall(step_type_.ptr(), argv, 10, nullptr);
     }
 
     // The Python error now set stops the tracker (handed to on_error, then cleared).
@@ -336,7 +365,7 @@ class LiveTracker {
     }
 
     otelprof::StepTracker core_;
-    py::object on_step_, step_type_, clock_, on_first_open_, on_error_;
+    py::object on_step_, step_type_, clock_, on_first_open_, on_error_, grad_enabled_, on_hint_;
     py::list phase_names_;
     std::vector<py::object> names_;  // slot 0: the default name
     std::vector<std::string> name_utf8_;  // the same, as spans carry them
@@ -360,13 +389,15 @@ LiveTracker* from_capsule(PyObject* self) {
 
 // Each hook ignores its arguments (a module and its input, an optimizer and its args...) and
 // returns None, as torch's hooks must to leave what they observe unchanged.
+// The optimizer hooks' first argument is the optimizer: its identity tells optimizers apart.
 template <bool Begin, Phase P>
-PyObject* phase_hook(PyObject* self, PyObject* const*, Py_ssize_t) {
+PyObject* phase_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     LiveTracker* t = from_capsule(self);
     if (t == nullptr) return nullptr;
     try {
         if (Begin) {
-            t->begin(P);
+            const bool keyed = P == Phase::kOptimizer && nargs > 0 && args[0] != Py_None;
+            t->begin(P, keyed ? static_cast<uint64_t>(reinterpret_cast<uintptr_t>(args[0])) : 0);
         } else {
             t->end(P);
         }
@@ -376,11 +407,12 @@ PyObject* phase_hook(PyObject* self, PyObject* const*, Py_ssize_t) {
     Py_RETURN_NONE;
 }
 
+template <bool Batch>
 PyObject* data_end_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     LiveTracker* t = from_capsule(self);
     if (t == nullptr) return nullptr;
     try {
-        t->data_end(nargs > 0 ? args[0] : Py_None, nargs > 1 ? args[1] : Py_None);
+        t->data_end(Batch, Batch && nargs > 0 ? args[0] : Py_None, Batch && nargs > 1 ? args[1] : Py_None);
     } catch (...) {
         t->fail_with(out_of_memory());
     }
@@ -390,9 +422,9 @@ PyObject* data_end_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 PyMethodDef kHooks[] = {
     {"begin_data", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&phase_hook<true, Phase::kData>)),
      METH_FASTCALL, "A DataLoader fetch begins."},
-    {"end_data", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&phase_hook<false, Phase::kData>)),
-     METH_FASTCALL, "A DataLoader fetch ended (no batch)."},
-    {"data_end", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&data_end_hook)), METH_FASTCALL,
+    {"end_data", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&data_end_hook<false>)),
+     METH_FASTCALL, "A DataLoader fetch ended with no batch (the iterator was exhausted)."},
+    {"data_end", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&data_end_hook<true>)), METH_FASTCALL,
      "data_end(samples, tokens): a fetch ended with a batch of that size (None: unknown)."},
     {"begin_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&phase_hook<true, Phase::kForward>)),
      METH_FASTCALL, "A root module's forward pre-hook."},
@@ -433,14 +465,20 @@ void bind_step_tracker(py::module_& m) {
         .def_property_readonly("spans_dropped", [](const PyStepSink& s) { return s.sink.metrics().spans_dropped; })
         .def("clear_queue", [](PyStepSink& s) { s.sink.clear_queue(); });
     py::class_<LiveTracker, Holder>(m, "StepTracker")
-        .def(py::init<py::object, py::object, int64_t, py::object, py::object, py::object>(), py::arg("on_step"),
-             py::arg("step_type"), py::arg("first_step") = 0, py::arg("clock") = py::none(),
-             py::arg("on_first_open") = py::none(), py::arg("on_error") = py::none())
+        .def(py::init<py::object, py::object, int64_t, py::object, py::object, py::object, py::object, py::object>(),
+             py::arg("on_step"), py::arg("step_type"), py::arg("first_step") = 0, py::arg("clock") = py::none(),
+             py::arg("on_first_open") = py::none(), py::arg("on_error") = py::none(),
+             py::arg("grad_enabled") = py::none(), py::arg("on_hint") = py::none())
         .def_property_readonly("failed", &LiveTracker::failed)
-        .def("phase_begin", [](LiveTracker& t, const std::string& phase) { t.begin(phase_of(phase)); })
+        .def_property_readonly("eval_forwards", &LiveTracker::eval_forwards)
+        .def(
+            "phase_begin",
+            [](LiveTracker& t, const std::string& phase, uint64_t key) { t.begin(phase_of(phase), key); },
+            py::arg("phase"), py::arg("key") = 0)
         .def("phase_end", [](LiveTracker& t, const std::string& phase) { t.end(phase_of(phase)); })
         .def("set_batch", &LiveTracker::set_batch, py::arg("samples") = py::none(), py::arg("tokens") = py::none())
-        .def("step", &LiveTracker::step)
+        .def("step", &LiveTracker::step, py::arg("number") = py::none(), py::arg("samples") = py::none(),
+             py::arg("tokens") = py::none())
         .def("begin_scope", &LiveTracker::begin_scope)
         .def("end_scope", &LiveTracker::end_scope)
         .def("finish", &LiveTracker::finish)

@@ -37,6 +37,7 @@ bool StepSink::add(const TrackedStep& step, const std::string& name, const std::
     r.samples = step.samples;
     r.tokens = step.tokens;
     r.dropped_phases = step.dropped_phases;
+    r.micro_batches = step.micro_batches;
     r.phases.reserve(step.phases.size());
     for (const PhaseSpan& p : step.phases) {
         r.phases.push_back({kPhaseNames[static_cast<int>(p.phase)], p.start, p.end});
@@ -60,6 +61,7 @@ void StepSink::fold(const TrackedStep& step, const std::optional<TraceId>& paren
         if (step.with_total & (1u << k)) m.phases[static_cast<size_t>(k)].observe(static_cast<double>(step.totals[k]) / 1e9);
     }
     m.last_step = end;
+    m.micro_batches += step.micro_batches;
     if (step.samples) {
         m.samples += *step.samples;
         if (seconds > 0) m.samples_rate = static_cast<double>(*step.samples) / seconds;

@@ -28,7 +28,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
     for (const StepRecord& step : steps) span_count += 1 + step.phases.size();
     built.spans.reserve(span_count);
     built.order.reserve(span_count);
-    built.attrs.reserve(span_count * 2 + steps.size() * 3);
+    built.attrs.reserve(span_count * 2 + steps.size() * 4);
     auto attr = [&](Span& sp, AttrKey key, AttrValue v) {
         v.key = key;
         built.attrs.push_back(v);
@@ -62,6 +62,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
         if (step.samples) attr(sp, kStepSamplesKey, AttrValue::integer(*step.samples));
         if (step.tokens) attr(sp, kStepTokensKey, AttrValue::integer(*step.tokens));
         if (step.dropped_phases) attr(sp, kDroppedPhasesKey, AttrValue::integer(step.dropped_phases));
+        if (step.micro_batches > 0) attr(sp, kStepMicroBatchesKey, AttrValue::integer(step.micro_batches));
         const TraceId trace_id = sp.trace_id;
         const SpanId step_id = sp.span_id;
         add(std::move(sp));

@@ -7,25 +7,101 @@ namespace otelprof {
 
 namespace {
 constexpr int index(Phase p) { return static_cast<int>(p); }
+constexpr uint8_t bit(Phase p) { return static_cast<uint8_t>(1u << index(p)); }
 }  // namespace
 
-void StepTracker::phase_begin(Phase phase, int64_t now) {
+void StepTracker::reset_step() {
+    optimized_ = backward_ = scoped_ = false;
+    forwards_ = nograd_ = last_opt_end_ = 0;
+    opts_.clear();
+}
+
+void StepTracker::reset_batches() {
+    samples_.reset();
+    tokens_.reset();
+    batches_ = 0;
+    // set_batch() / step(samples=...) replace the sums; set_batch() after the step's update
+    // (automatic rules) is for the next step
+    set_samples_ = std::exchange(next_samples_, std::nullopt);
+    set_tokens_ = std::exchange(next_tokens_, std::nullopt);
+}
+
+bool StepTracker::in_stack(Phase phase) const {
+    return std::find(stack_.begin(), stack_.end(), phase) != stack_.end();
+}
+
+bool StepTracker::forward_is_outermost() {
     std::lock_guard<std::mutex> lock(mutex_);
-    int& depth = depth_[index(phase)];
-    if (depth && current_ && !pending_end_ && phase != Phase::kData) {
-        ++depth;  // a nested call (a submodule's forward): counted by its outermost call
+    return depth_[index(Phase::kForward)] == 0;
+}
+
+int64_t StepTracker::eval_forwards() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return eval_forwards_;
+}
+
+void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int p = index(phase);
+    if (depth_[p] && phase == Phase::kData) {  // the last fetch never ended: forget it
+        depth_[p] = 0;
+        const auto it = std::find(stack_.begin(), stack_.end(), phase);
+        if (it != stack_.end()) stack_.erase(it);
+    }
+    if (depth_[p]) {
+        ++depth_[p];  // a nested call (a submodule's forward): counted once
         return;
     }
+    if (phase == Phase::kForward) forward_seen();
+    if (!stack_.empty()) {
+        const Phase top = stack_.back();  // pauses while this one runs inside it
+        // an empty stretch since it resumed (between a closure's forward and backward) is none
+        if (!untimed_[index(top)] && now > phase_start_[index(top)]) interval(top, phase_start_[index(top)], now);
+    } else if (decide(phase, key, grad, now)) {
+        untimed_[p] = true;
+        depth_[p] = 1;
+        ++eval_forwards_;
+        return;
+    }
+    if (!current_ && !stack_.empty()) {
+        untimed_[p] = true;  // inside an untimed call
+    } else {
+        if (!current_) open(now);
+        untimed_[p] = false;
+    }
+    stack_.push_back(phase);
+    depth_[p] = 1;
+    phase_start_[p] = now;
+    if (phase == Phase::kForward) {
+        ++forwards_;
+        if (!grad) ++nograd_;
+    } else if (phase == Phase::kBackward) {
+        backward_ = true;
+    } else if (phase == Phase::kOptimizer) {
+        opt_key_ = key;
+    }
+}
+
+bool StepTracker::decide(Phase phase, uint64_t key, bool grad, int64_t now) {
     if (phase == Phase::kData) {
         on_data_fetch(now);
-    } else if ((phase == Phase::kForward || phase == Phase::kBackward) && pending_end_) {
-        const int64_t end = *pending_end_;
-        close(end);
-        open(end);  // the loop's tail (logging, zero_grad) belongs to the next step
+    } else if (phase == Phase::kForward && !grad) {
+        const bool had = current_.has_value();
+        if (!had || optimized_ || (current_->phases.empty() && !scoped_)) {
+            if (had && !scoped_ && !explicit_) {
+                if (optimized_) {
+                    close(now);
+                } else {
+                    discard();  // a step opened at the last update, nothing in it yet
+                }
+            }
+            return !had || !scoped_;
+        }
+    } else if (phase == Phase::kOptimizer && current_ && !explicit_ &&
+               std::find(opts_.begin(), opts_.end(), key) != opts_.end()) {
+        split();
     }
-    if (!current_) open(now);
-    if (depth == 0) phase_start_[index(phase)] = now;
-    ++depth;
+    return false;
 }
 
 void StepTracker::phase_end(Phase phase, int64_t now) {
@@ -33,97 +109,146 @@ void StepTracker::phase_end(Phase phase, int64_t now) {
     phase_end_locked(phase, now);
 }
 
-void StepTracker::data_end(int64_t now, int64_t samples, int64_t tokens) {
+bool StepTracker::phase_end_locked(Phase phase, int64_t now) {
+    const int p = index(phase);
+    if (depth_[p] == 0) return false;  // began before instrumentation
+    if (--depth_[p]) return false;
+    const auto it = std::find(stack_.begin(), stack_.end(), phase);
+    if (it != stack_.end()) stack_.erase(it);
+    if (untimed_[p]) {
+        untimed_[p] = false;
+        return true;
+    }
+    now = std::max(now, phase_start_[p]);  // threads read the clock before taking the lock
+    interval(phase, phase_start_[p], now);
+    if (!stack_.empty()) {
+        phase_start_[index(stack_.back())] = now;  // the paused phase resumes
+    } else if (phase == Phase::kOptimizer && current_) {
+        optimizer_done(now);
+    }
+    return true;
+}
+
+void StepTracker::interval(Phase phase, int64_t start, int64_t end) {
+    if (!current_) return;
+    TrackedStep& step = *current_;
+    step.totals[index(phase)] += end - start;
+    step.with_total |= bit(phase);
+    if (step.phases.size() < kMaxPhaseSpans) {
+        step.phases.push_back(PhaseSpan{phase, start, end});
+    } else {
+        ++step.dropped_phases;
+    }
+}
+
+void StepTracker::optimizer_done(int64_t now) {
+    optimized_ = optimizer_seen_ = true;
+    last_opt_end_ = now;
+    if (std::find(opts_.begin(), opts_.end(), opt_key_) == opts_.end() && opts_.size() < kMaxOptimizers)
+        opts_.push_back(opt_key_);
+    if (dataloader_ || explicit_ || !known_) return;
+    for (uint64_t k : *known_) {
+        if (std::find(opts_.begin(), opts_.end(), k) == opts_.end()) return;
+    }
+    close(now);  // every optimizer of an update has stepped: the update is done
+    open(now);   // the loop's tail (zero_grad, logging) belongs to the next step
+}
+
+void StepTracker::forward_seen() {
+    ++forwards_seen_;
+    if (!hinted_ && forwards_seen_ >= kHintForwards && !optimizer_seen_ && !explicit_) {
+        hinted_ = true;
+        outbox_.hint = forwards_seen_;
+        has_outbox_ = true;
+    }
+}
+
+void StepTracker::data_end(int64_t now, bool batch, int64_t samples, int64_t tokens) {
     std::lock_guard<std::mutex> lock(mutex_);
-    phase_end_locked(Phase::kData, now);
-    if (samples >= 0) samples_ = samples;
-    if (tokens >= 0) tokens_ = tokens;
+    if (!phase_end_locked(Phase::kData, now)) return;
+    if (batch) {
+        ++batches_;
+        if (samples >= 0) samples_ = samples_.value_or(0) + samples;
+        if (tokens >= 0) tokens_ = tokens_.value_or(0) + tokens;
+    } else if (current_ && !(forwards_ || backward_ || optimized_ || batches_ || scoped_)) {
+        discard();  // the DataLoader was exhausted: no step begins here
+    }
 }
 
 void StepTracker::set_batch(int64_t samples, int64_t tokens) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (samples >= 0) samples_ = samples;
-    if (tokens >= 0) tokens_ = tokens;
+    const bool later = optimized_ && !explicit_;  // after the update: the next step's
+    if (samples >= 0) (later ? next_samples_ : set_samples_) = samples;
+    if (tokens >= 0) (later ? next_tokens_ : set_tokens_) = tokens;
 }
 
-void StepTracker::phase_end_locked(Phase phase, int64_t now) {
-    int& depth = depth_[index(phase)];
-    if (depth == 0) return;  // began before instrumentation
-    --depth;
-    if (depth || !current_) return;
-    const int64_t start = phase_start_[index(phase)];
-    now = std::max(now, start);  // threads read the clock before taking the lock
-    TrackedStep& step = *current_;
-    const uint8_t bit = static_cast<uint8_t>(1u << index(phase));
-    step.totals[index(phase)] += now - start;
-    step.with_total |= bit;
-    if (step.phases.size() < kMaxPhaseSpans) {
-        step.phases.push_back(PhaseSpan{phase, start, now});
-    } else {
-        ++step.dropped_phases;
-    }
-    if (phase == Phase::kOptimizer) {
-        optimized_ = true;
-        if (!dataloader_ && !explicit_) pending_end_ = now;
-    }
-}
-
-void StepTracker::step(int64_t now) {
+void StepTracker::step(int64_t now, int64_t number, int64_t samples, int64_t tokens) {
     std::lock_guard<std::mutex> lock(mutex_);
     explicit_ = true;
-    if (!current_) open(now);
-    close(now);
-    open(now);
+    if (samples >= 0) set_samples_ = samples;
+    if (tokens >= 0) set_tokens_ = tokens;
+    if (!current_) open(boundary_ ? *boundary_ : now);
+    close(now, number);
+    boundary_ = now;
 }
 
 void StepTracker::begin_scope(uint32_t name, int64_t now) {
     std::lock_guard<std::mutex> lock(mutex_);
     explicit_ = true;
-    if (current_ && !current_->phases.empty()) close(now);  // work since the last boundary is a step
+    if (current_) {
+        if (backward_ || optimized_) {
+            close(now);  // training since the last boundary is a step of its own
+        } else {
+            discard();
+        }
+    }
     open(now);
     current_->name = name;
+    scoped_ = true;
 }
 
 void StepTracker::end_scope(int64_t now) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (current_) close(now);
+    if (!current_) return;
+    close(now);
+    boundary_ = now;
 }
 
-void StepTracker::finish(int64_t now) {
+void StepTracker::finish() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (pending_end_) {
-        close(*pending_end_);
-    } else if (current_ && optimized_) {
-        close(now);
+    if (current_ && optimized_ && !scoped_) {
+        close(last_opt_end_);
+    } else if (current_) {
+        discard();
     }
-    current_.reset();
 }
 
 void StepTracker::take(TrackerOutbox& out) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!has_outbox_) return;
     if (outbox_.first_open) out.first_open = outbox_.first_open;
+    if (outbox_.hint) out.hint = outbox_.hint;
     for (TrackedStep& s : outbox_.closed) out.closed.push_back(std::move(s));
     outbox_.closed.clear();
     outbox_.first_open.reset();
+    outbox_.hint.reset();
     has_outbox_ = false;
 }
 
 void StepTracker::on_data_fetch(int64_t now) {
     dataloader_ = true;
-    pending_end_.reset();
-    if (explicit_ || !current_) return;
-    if (optimized_) {
+    if (!current_ || scoped_) return;
+    if (optimized_ && !explicit_) {
         close(now);
-    } else {
-        current_.reset();  // no training since the last fetch: start over here
-    }
+    } else if (forwards_ && !backward_) {
+        discard();  // forward-only work since the step began: evaluation batches
+    }  // else: another micro-batch of this step (or a batch fetched ahead)
 }
 
 void StepTracker::open(int64_t now) {
     current_.emplace();
     current_->start = current_->end = now;
-    optimized_ = false;
+    reset_step();
     if (!opened_) {
         opened_ = true;
         outbox_.first_open = next_number_;
@@ -131,17 +256,55 @@ void StepTracker::open(int64_t now) {
     }
 }
 
-void StepTracker::close(int64_t end) {
-    pending_end_.reset();
+void StepTracker::discard() {
+    eval_forwards_ += nograd_;
+    current_.reset();
+    reset_step();
+    reset_batches();
+}
+
+void StepTracker::split() {
+    TrackedStep& step = *current_;
+    const int64_t cut = last_opt_end_;
+    std::vector<PhaseSpan> moved, kept;
+    for (const PhaseSpan& s : step.phases) (s.start >= cut ? moved : kept).push_back(s);
+    step.phases = std::move(kept);
+    for (const PhaseSpan& s : moved) step.totals[index(s.phase)] -= s.end - s.start;
+    for (int k = 0; k < kPhaseCount; ++k) {
+        const Phase phase = static_cast<Phase>(k);
+        if (!(step.with_total & bit(phase)) || step.dropped_phases) continue;
+        const bool left = std::any_of(step.phases.begin(), step.phases.end(),
+                                      [phase](const PhaseSpan& s) { return s.phase == phase; });
+        if (!left) {  // none of its intervals is left
+            step.with_total &= static_cast<uint8_t>(~bit(phase));
+            step.totals[k] = 0;
+        }
+    }
+    close(cut);
+    open(cut);
+    for (const PhaseSpan& s : moved) {
+        interval(s.phase, s.start, s.end);
+        if (s.phase == Phase::kForward) {
+            ++forwards_;
+        } else if (s.phase == Phase::kBackward) {
+            backward_ = true;
+        }
+    }
+}
+
+void StepTracker::close(int64_t end, int64_t number) {
     if (!current_) return;
     TrackedStep step = std::move(*current_);
     current_.reset();
     step.end = std::max(end, step.start);
-    step.number = next_number_++;
-    step.samples = samples_;
-    step.tokens = tokens_;
-    samples_.reset();
-    tokens_.reset();
+    step.number = number >= 0 ? number : next_number_;
+    next_number_ = step.number + 1;
+    step.samples = set_samples_ ? set_samples_ : samples_;
+    step.tokens = set_tokens_ ? set_tokens_ : tokens_;
+    step.micro_batches = batches_;
+    if (!opts_.empty()) known_ = opts_;
+    reset_step();
+    reset_batches();
     // phases still running (a forward that spans the boundary) continue into the next step
     outbox_.closed.push_back(std::move(step));
     has_outbox_ = true;

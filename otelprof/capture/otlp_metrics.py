@@ -38,6 +38,7 @@ DIRECT = (
     "otelprof.steps",
     "otelprof.samples",
     "otelprof.tokens",
+    "otelprof.micro_batches",
 )
 #: Prometheus families bridged as observable instruments: (name, counter?). The per-second
 #: gauges are left out: over OTLP, rates come from the counters.
@@ -50,6 +51,7 @@ BRIDGED = (
     ("otelprof_gpu_memory_peak_bytes", False),
     ("otelprof_gpu_memory_total_bytes", False),
     ("otelprof_step_spans_dropped", True),
+    ("otelprof_eval_forwards", True),
     ("otelprof_profiling_windows", True),
     ("otelprof_profiling_windows_failed", True),
     ("otelprof_profiling_window_last_timestamp_seconds", False),
@@ -113,6 +115,9 @@ class OtlpMetrics:
         self._steps = meter.create_counter("otelprof.steps", "1", "Training steps completed.")
         self._samples_total = meter.create_counter("otelprof.samples", "1", "Samples processed.")
         self._tokens_total = meter.create_counter("otelprof.tokens", "1", "Tokens processed.")
+        self._micro_batches = meter.create_counter(
+            "otelprof.micro_batches", "1", "DataLoader batches (micro-batches) of the steps completed."
+        )
         for family, counter in BRIDGED:
             name, unit = otel_name(family)
             make = meter.create_observable_counter if counter else meter.create_observable_gauge
@@ -137,6 +142,8 @@ class OtlpMetrics:
             self._samples_total.add(step.samples, labels)
         if step.tokens is not None:
             self._tokens_total.add(step.tokens, labels)
+        if step.micro_batches:
+            self._micro_batches.add(step.micro_batches, labels)
 
     def shutdown(self) -> None:
         """Exports what is left (bounded by the SDK's own timeout)."""

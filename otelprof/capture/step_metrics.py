@@ -8,7 +8,10 @@ exemplar, so a dashboard can jump from a slow bucket to that step's trace.
 A step is queued (a deque append) and folded into plain numbers in batches of FOLD_STEPS, or at
 the next scrape, which folds first so that what it reads is exact: code run once per 64 steps
 stays in the CPU's caches, where once per step it ran cold, after the model's own work. The
-registry reads the numbers as metric families at scrape time. prometheus-client's Histogram,
+registry reads the numbers as metric families at scrape time, all of them from one snapshot
+(under one lock here, one copy of the native state), so series that move together (steps,
+samples, tokens, micro-batches, a histogram's count and sum) agree within every scrape.
+prometheus-client's Histogram,
 Counter and Gauge objects took ~8 us per step (a lock per bucket, counter and gauge, exemplar
 validation); tests/capture/test_step_metrics.py checks that the exposition equals theirs for
 the same observations.
@@ -94,8 +97,9 @@ class _Trace:
         self.trace_id = trace_id
 
 
-#: (duration, phases, steps, samples, tokens, spans dropped, last step, samples/s, tokens/s)
-_State = tuple["Buckets", "dict[str, Buckets]", int, int, int, int, "float | None", "float | None", "float | None"]
+#: (duration, phases, steps, samples, tokens, spans dropped, last step, samples/s, tokens/s,
+#: micro-batches)
+_State = tuple["Buckets", "dict[str, Buckets]", int, int, int, int, "float | None", "float | None", "float | None", int]
 
 
 class StepMetrics(Collector):
@@ -115,6 +119,8 @@ class StepMetrics(Collector):
         self._steps = 0
         self._samples = 0
         self._tokens = 0
+        self._micro_batches = 0
+        self._eval_forwards: Callable[[], int] | None = None
         self._spans_dropped = 0
         self._last_step: float | None = None
         self._samples_rate: float | None = None
@@ -151,6 +157,7 @@ class StepMetrics(Collector):
                     buckets.counts[bisect_left(STEP_BUCKETS, value)] += 1
                     buckets.sum += value
                 self._last_step = end
+                self._micro_batches += step.micro_batches
                 if step.samples is not None:
                     self._samples += step.samples
                     if seconds > 0:
@@ -163,6 +170,10 @@ class StepMetrics(Collector):
     def span_dropped(self) -> None:
         with self._lock:
             self._spans_dropped += 1
+
+    def count_eval(self, read: Callable[[], int]) -> None:
+        """``read()`` gives the forwards charged to no step (the tracker's ``eval_forwards``)."""
+        self._eval_forwards = read
 
     def describe(self) -> Iterable[Metric]:
         return []  # collect() reads live values: the registry must not call it at registration
@@ -178,7 +189,19 @@ class StepMetrics(Collector):
         self._fold()
         with self._lock:
             state = self._state() if self._sink is None else self._native_state(self._sink)
-            duration_buckets, phase_buckets, steps, samples, tokens, dropped, last, samples_rate, tokens_rate = state
+            (
+                duration_buckets,
+                phase_buckets,
+                steps,
+                samples,
+                tokens,
+                dropped,
+                last,
+                samples_rate,
+                tokens_rate,
+                batches,
+            ) = state
+            eval_forwards = 0 if self._eval_forwards is None else self._eval_forwards()
             duration = HistogramMetricFamily(
                 "otelprof_step_duration_seconds", "Training step wall time.", labels=LABELS
             )
@@ -194,6 +217,12 @@ class StepMetrics(Collector):
                 ("otelprof_steps", "Training steps completed.", steps),
                 ("otelprof_samples", "Samples processed.", samples),
                 ("otelprof_tokens", "Tokens processed.", tokens),
+                ("otelprof_micro_batches", "DataLoader batches (micro-batches) of the steps completed.", batches),
+                (
+                    "otelprof_eval_forwards",
+                    "Forward passes charged to no training step (evaluation, inference).",
+                    eval_forwards,
+                ),
                 ("otelprof_step_spans_dropped", "Step spans dropped because the encoder fell behind.", dropped),
             ]
             gauges = [
@@ -223,12 +252,23 @@ class StepMetrics(Collector):
             self._last_step,
             self._samples_rate,
             self._tokens_rate,
+            self._micro_batches,
         )
 
     def _native_state(self, sink: NativeSink) -> _State:
-        (counts, total), exemplars, phases, steps, samples, tokens, dropped, last, samples_rate, tokens_rate = (
-            sink.metrics()
-        )
+        (
+            (counts, total),
+            exemplars,
+            phases,
+            steps,
+            samples,
+            tokens,
+            dropped,
+            last,
+            samples_rate,
+            tokens_rate,
+            batches,
+        ) = sink.metrics()
         duration = Buckets()
         duration.counts, duration.sum = counts, total
         for i, exemplar in enumerate(exemplars):
@@ -249,6 +289,7 @@ class StepMetrics(Collector):
             last,
             samples_rate,
             tokens_rate,
+            batches,
         )
 
     def unregister(self) -> None:

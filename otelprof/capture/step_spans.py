@@ -42,9 +42,21 @@ FLUSH_INTERVAL_S = 1.0
 
 
 #: What the encoders get per step: (name, number, start_ns, end_ns, ordinal, trace_id | None,
-#: parent_id | None, samples | None, tokens | None, dropped_phases, [(phase, start_ns, end_ns)]).
+#: parent_id | None, samples | None, tokens | None, dropped_phases, [(phase, start_ns, end_ns)],
+#: micro_batches).
 StepRecord = tuple[
-    str, int, int, int, int, "bytes | None", "bytes | None", "int | None", "int | None", int, list[tuple[str, int, int]]
+    str,
+    int,
+    int,
+    int,
+    int,
+    "bytes | None",
+    "bytes | None",
+    "int | None",
+    "int | None",
+    int,
+    list[tuple[str, int, int]],
+    int,
 ]
 
 
@@ -241,7 +253,7 @@ class StepRecordEncoder:
 
     def spans(self, rec: StepRecord, order: int) -> list[Span]:
         """A step's span and its phase spans, as the span model has them."""
-        name, number, start_ns, end_ns, ordinal, trace_id, parent_id, samples, tokens, dropped, phases = rec
+        name, number, start_ns, end_ns, ordinal, trace_id, parent_id, samples, tokens, dropped, phases, batches = rec
         attrs: Attrs = [("pytorch.step", number), ("otelprof.step.source", "live")]
         if samples is not None:
             attrs.append(("otelprof.step.samples", samples))
@@ -249,6 +261,8 @@ class StepRecordEncoder:
             attrs.append(("otelprof.step.tokens", tokens))
         if dropped:
             attrs.append(("otelprof.step.dropped_phases", dropped))
+        if batches > 0:
+            attrs.append(("otelprof.step.micro_batches", batches))
         if trace_id is None:
             trace_id = self.trace_ids(str(number))
         step_id = ids.span_id(self.span_base, ordinal)
@@ -272,4 +286,5 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         step.tokens,
         step.dropped_phases,
         step.phases,
+        step.micro_batches,
     )

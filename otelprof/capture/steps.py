@@ -1,28 +1,49 @@
 """Step boundaries and phases from what the training loop does, with no code change.
 
 The hooks (hooks.py) report activity; this module decides where one step ends and the next
-begins. Rules:
+begins. **One step is one optimizer update**, whatever the loop:
 
-- A step starts at the first activity (data fetch, forward, backward, optimizer step).
-- With a DataLoader in use, a step ends where the next batch is fetched after at least one
-  optimizer step: steps tile the loop, each beginning with its data wait, and every optimizer
-  stepping in one iteration (GAN generator and discriminator, several param groups' optimizers)
-  falls in one step. A fetch that finds no optimizer step since the last one restarts the step
-  instead: evaluation loops and epoch ends are not training steps.
-- Without a DataLoader, a step ends at the last optimizer step before new work (forward or
-  backward) starts: consecutive optimizer steps with no work between them count as one step.
-- ``step()`` called by the application ends the step explicitly and turns the automatic rules off,
-  as ``step_scope()`` does for loops without an optimizer (inference, evaluation).
-
-Phases are intervals inside the step; nested calls of one phase (a module calling another,
-an LBFGS closure) count once, by their outermost call.
+- All micro-batches between two updates belong to one step: its samples, tokens and
+  micro-batches (DataLoader batches) are the sums over every fetch inside it, its phases the sums
+  of their intervals.
+- With a DataLoader in use, a step begins at the first fetch after the previous update and ends
+  where the next fetch begins after at least one optimizer step: steps tile the loop, each
+  beginning with its data wait, and every optimizer stepping once in one iteration (GAN
+  generator and discriminator) falls in one step. A fetch that finds forwards but no backward
+  since the step began drops that work instead (evaluation batches), and a fetch that finds the
+  DataLoader exhausted does not begin a step (epoch ends).
+- **An optimizer that already stepped in the current step, stepping again, starts a new step**:
+  the step ends where its last optimizer step ended and the work since moves to the next one.
+  Without a DataLoader, once a step has ended this way the set of optimizers of one update is
+  known, and a step ends as soon as each of them has stepped (at the end of the last one; the
+  loop's tail, zero_grad and logging, belongs to the next step). So a GAN with no DataLoader
+  (D and G each stepping once per iteration) gives one step per iteration; a critic stepping
+  five times per generator update gives five steps, one per update.
+- Phases never overlap: a phase that begins inside another (the forward and backward an
+  LBFGS or Lightning closure runs inside ``optimizer.step(closure)``) pauses it, so the optimizer
+  phase is the optimizer's own time. Nested calls of one phase count once, by the outermost.
+- A forward under ``torch.no_grad()`` / ``inference_mode`` after the step's update (or outside
+  any step) is evaluation: it ends the updated step, is timed in no step, and is counted
+  (``eval_forwards``, the ``otelprof_eval_forwards_total`` metric). Forward-only work a fetch
+  drops (an evaluation DataLoader's batches) is counted the same way.
+- The explicit API turns the automatic boundaries off (the dropping of forward-only work at a
+  fetch stays): ``step(number=None, samples=None, tokens=None)`` ends the current step now
+  (numbered ``number`` when given, the next counting on from it; ``samples``/``tokens`` replace
+  the sums of its fetches); the next step begins at its first activity (a fetch, forward,
+  backward or optimizer step), or, when none came, at the previous boundary.
+  ``begin_scope(name)`` / ``end_scope()`` make one named step of a block (inference,
+  evaluation), with every forward in it charged. ``otelprof.step()`` / ``otelprof.step_scope()``
+  / ``otelprof.set_batch_size()`` are these for the application and for framework callbacks.
+- A loop that runs forwards with no optimizer step and no explicit step gets one log line
+  saying how to mark steps (``on_hint``, after HINT_FORWARDS forwards).
 
 The native core runs these rules in C++ (``NativeStepTracker``, ``native/src/step_tracker.cpp``),
 its hooks plain C functions torch calls directly: in Python each event cost ~1.5 us on the
 training thread. ``StepTracker`` here is the reference (property-tested equal,
 tests/capture/test_steps.py) and the fallback without the native core. Both offer the hooks
-(``begin_forward`` ...): each ignores its arguments, returns None and never raises: a failure
-stops the tracker and goes to ``on_error`` once.
+(``begin_forward`` ...): each returns None and never raises (a failure stops the tracker and goes
+to ``on_error`` once); they read only the optimizer a ``begin_optimizer`` gets (its identity) and,
+at a forward, ``grad_enabled()``.
 """
 
 from __future__ import annotations
@@ -35,8 +56,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PHASES = ("data", "forward", "backward", "optimizer")
-#: Phase intervals kept per step (gradient accumulation makes several); later ones are counted.
+#: Phase intervals kept per step (gradient accumulation and closures make several); later ones
+#: are counted.
 MAX_PHASE_SPANS = 64
+#: Distinct optimizers told apart per step (more share the last slot's fate: they do not split).
+MAX_OPTIMIZERS = 16
+#: Forwards with no optimizer step and no explicit step before the hint is logged.
+HINT_FORWARDS = 10
 
 
 @dataclass(slots=True)
@@ -50,6 +76,7 @@ class Step:
     samples: int | None = None
     tokens: int | None = None
     name: str = "train.step"
+    micro_batches: int = 0  # DataLoader batches fetched in the step
 
     @property
     def duration_s(self) -> float:
@@ -62,6 +89,12 @@ def _now_ns() -> int:
 
 def _ignore(_step: Step) -> None:
     pass
+
+
+def _check(value: int | None, what: str = "a batch size") -> None:
+    """The native binding's checks: a non-negative int or None."""
+    if value is not None and (not isinstance(value, int) or value < 0):
+        raise ValueError(f"{what} must be >= 0") if isinstance(value, int) else TypeError(f"{what} must be an int")
 
 
 #: What the hooks call (torch passes a module, an optimizer... which the hooks ignore).
@@ -94,7 +127,9 @@ class TrackerHooks:
 
 class StepTracker(TrackerHooks):
     """Thread-safe; ``on_step`` runs on the thread that ended the step and must not raise
-    (the caller guards it)."""
+    (the caller guards it). ``grad_enabled()`` tells a training forward from an evaluation one
+    (``torch.is_grad_enabled``; None: every forward trains); ``on_hint(forwards)`` is called once
+    when forwards run with no optimizer step and no explicit step."""
 
     def __init__(
         self,
@@ -103,26 +138,59 @@ class StepTracker(TrackerHooks):
         clock: Callable[[], int] = _now_ns,
         on_first_open: Callable[[int], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        grad_enabled: Callable[[], bool] | None = None,
+        on_hint: Callable[[int], None] | None = None,
     ) -> None:
         self._on_step = on_step
         self._on_error = on_error
+        self._on_hint = on_hint
+        self._grad_enabled = grad_enabled
         self.failed = False
         for phase in PHASES:  # the hooks: begin_data, end_data, begin_forward, ...
-            setattr(self, f"begin_{phase}", self._hook(self.phase_begin, phase))
+            setattr(self, f"begin_{phase}", self._hook(self._begin_hook, phase))
             setattr(self, f"end_{phase}", self._hook(self.phase_end, phase))
+        self.end_data = self._hook(self._end_data, "data")  # a fetch that found no batch
         self._on_first_open = on_first_open
         self._clock = clock
         self._lock = threading.RLock()
         self._next_number = first_step
         self._current: Step | None = None
+        self._stack: list[str] = []  # running phases, innermost last
         self._depth = dict.fromkeys(PHASES, 0)
         self._phase_start = dict.fromkeys(PHASES, 0)
+        self._untimed = dict.fromkeys(PHASES, False)  # an outermost call timed in no step
+        self._opt_key = 0  # the optimizer of the running optimizer phase
         self._explicit = False  # the application calls step() / step_scope()
         self._dataloader = False  # a DataLoader iterator has been seen
-        self._optimized = False  # an optimizer stepped in the current step
-        self._pending_end: int | None = None  # no-DataLoader rule: the last optimizer step's end
-        self._samples: int | None = None
+        self._known: list[int] | None = None  # the optimizers of the last step that had some
+        self._boundary: int | None = None  # the last explicit boundary
+        self._forwards_seen = 0
+        self._optimizer_seen = False
+        self._hinted = False
+        self.eval_forwards = 0  # forwards charged to no step (evaluation)
+        self._next_samples: int | None = None
+        self._next_tokens: int | None = None
+        self._reset_step()
+        self._reset_batches()
+
+    def _reset_step(self) -> None:
+        """What the tracker knows of the current step's work."""
+        self._optimized = False  # an optimizer step ended in it
+        self._backward = False  # a backward began in it
+        self._forwards = 0  # root forwards in it
+        self._nograd = 0  # of which under no_grad
+        self._opts: list[int] = []  # optimizers that stepped in it
+        self._last_opt_end = 0
+        self._scoped = False  # a step_scope(): every forward is its own
+
+    def _reset_batches(self) -> None:
+        self._samples: int | None = None  # sums over the step's fetches
         self._tokens: int | None = None
+        self._batches = 0
+        # set_batch() / step(samples=...): they replace the sums; set_batch() after the step's
+        # update (automatic rules) is for the next step
+        self._set_samples, self._set_tokens = self._next_samples, self._next_tokens
+        self._next_samples = self._next_tokens = None
 
     # --- hooks: never raise ----------------------------------------------------------------
 
@@ -133,11 +201,14 @@ class StepTracker(TrackerHooks):
             if self._on_error is not None:
                 self._on_error(exc)
 
-    def _hook(self, event: Callable[[str], None], phase: str) -> Callable[..., None]:
-        def hook(*_: Any) -> None:  # torch passes a module, an optimizer...: ignored
-            self._guarded(event, phase)
+    def _hook(self, event: Callable[..., None], phase: str) -> Callable[..., None]:
+        def hook(*args: Any) -> None:  # torch passes a module, an optimizer...
+            self._guarded(event, phase, *args[:1])
 
         return hook
+
+    def _begin_hook(self, phase: str, target: Any = None) -> None:
+        self.phase_begin(phase, id(target) if phase == "optimizer" and target is not None else 0)
 
     def _guarded(self, event: Callable[..., None], *args: Any) -> None:
         if not self.failed:
@@ -148,144 +219,292 @@ class StepTracker(TrackerHooks):
 
     # --- phases -----------------------------------------------------------------------------
 
-    def phase_begin(self, phase: str) -> None:
+    def phase_begin(self, phase: str, key: int = 0) -> None:
+        """``key`` tells optimizers apart (the hook passes the optimizer's identity)."""
         with self._lock:
-            if self._depth[phase] and self._current is not None and self._pending_end is None and phase != "data":
-                self._depth[phase] += 1  # a nested call (a submodule's forward): no timestamp needed
+            if self._depth[phase] and phase == "data":  # the last fetch never ended: forget it
+                self._depth[phase] = 0
+                if phase in self._stack:
+                    self._stack.remove(phase)
+            if self._depth[phase]:
+                self._depth[phase] += 1  # a nested call (a submodule's forward): counted once
                 return
+            grad = phase != "forward" or self._grad_enabled is None or bool(self._grad_enabled())
             now = self._clock()
-            if phase == "data":
-                self._on_data_fetch(now)
-            elif phase in ("forward", "backward") and self._pending_end is not None:
-                end = self._pending_end
-                self._close(end)
-                self._open(end)  # the loop's tail (logging, zero_grad) belongs to the next step
-            if self._current is None:
-                self._open(now)
-            if self._depth[phase] == 0:
-                self._phase_start[phase] = now
-            self._depth[phase] += 1
+            if phase == "forward":
+                self._forward_seen()
+            if self._stack:
+                self._pause(now)
+            elif self._decide(phase, key, grad, now):
+                self._untimed[phase] = True
+                self._depth[phase] = 1
+                self.eval_forwards += 1
+                return
+            if self._current is None and self._stack:
+                self._untimed[phase] = True  # inside an untimed call
+            else:
+                if self._current is None:
+                    self._open(now)
+                self._untimed[phase] = False
+            self._stack.append(phase)
+            self._depth[phase] = 1
+            self._phase_start[phase] = now
+            if phase == "forward":
+                self._forwards += 1
+                if not grad:
+                    self._nograd += 1
+            elif phase == "backward":
+                self._backward = True
+            elif phase == "optimizer":
+                self._opt_key = key
 
-    def phase_end(self, phase: str) -> None:
+    def _decide(self, phase: str, key: int, grad: bool, now: int) -> bool:
+        """The boundaries an outermost activity decides; True: an evaluation forward (untimed)."""
+        step = self._current
+        if phase == "data":
+            self._on_data_fetch(now)
+        elif phase == "forward" and not grad:
+            if step is None or self._optimized or (not step.phases and not self._scoped):
+                if step is not None and not self._scoped and not self._explicit:
+                    if self._optimized:
+                        self._close(now)
+                    else:
+                        self._discard()  # a step opened at the last update, nothing in it yet
+                return step is None or not self._scoped
+        elif phase == "optimizer" and step is not None and key in self._opts and not self._explicit:
+            self._split()
+        return False
+
+    def _pause(self, now: int) -> None:
+        """The running phase stops while another runs inside it (a closure in optimizer.step);
+        an empty stretch since it resumed (between a closure's forward and backward) is none."""
+        top = self._stack[-1]
+        if not self._untimed[top] and now > self._phase_start[top]:
+            self._interval(top, self._phase_start[top], now)
+
+    def phase_end(self, phase: str, _target: Any = None) -> None:
         with self._lock:
             self._phase_end(phase)
 
-    def _phase_end(self, phase: str) -> None:
+    def _phase_end(self, phase: str) -> bool:
+        """True when the outermost call of ``phase`` ended."""
         depth = self._depth[phase]
         if depth == 0:  # began before instrumentation
-            return
+            return False
         self._depth[phase] = depth = depth - 1
-        step = self._current
-        if depth or step is None:
-            return
+        if depth:
+            return False
         now = self._clock()
-        start = self._phase_start[phase]
+        if phase in self._stack:
+            self._stack.remove(phase)
+        if self._untimed[phase]:
+            self._untimed[phase] = False
+            return True
+        now = max(now, self._phase_start[phase])
+        self._interval(phase, self._phase_start[phase], now)
+        if self._stack:
+            self._phase_start[self._stack[-1]] = now  # the paused phase resumes
+        elif phase == "optimizer" and self._current is not None:
+            self._optimizer_done(now)
+        return True
+
+    def _interval(self, phase: str, start: int, end: int) -> None:
+        step = self._current
+        if step is None:
+            return
         totals = step.phase_totals_ns
-        totals[phase] = totals.get(phase, 0) + (now - start)
+        totals[phase] = totals.get(phase, 0) + (end - start)
         if len(step.phases) < MAX_PHASE_SPANS:
-            step.phases.append((phase, start, now))
+            step.phases.append((phase, start, end))
         else:
             step.dropped_phases += 1
-        if phase == "optimizer":
-            self._optimized = True
-            if not self._dataloader and not self._explicit:
-                self._pending_end = now
+
+    def _optimizer_done(self, now: int) -> None:
+        self._optimized = self._optimizer_seen = True
+        self._last_opt_end = now
+        if self._opt_key not in self._opts and len(self._opts) < MAX_OPTIMIZERS:
+            self._opts.append(self._opt_key)
+        known = self._known
+        if not self._dataloader and not self._explicit and known is not None and all(k in self._opts for k in known):
+            self._close(now)  # every optimizer of an update has stepped: the update is done
+            self._open(now)  # the loop's tail (zero_grad, logging) belongs to the next step
+
+    def _forward_seen(self) -> None:
+        self._forwards_seen += 1
+        if (
+            not self._hinted
+            and self._forwards_seen >= HINT_FORWARDS
+            and not self._optimizer_seen
+            and not self._explicit
+        ):
+            self._hinted = True
+            if self._on_hint is not None:
+                self._on_hint(self._forwards_seen)
 
     def set_batch(self, samples: int | None = None, tokens: int | None = None) -> None:
-        """Samples/tokens of the current step (inferred from the batch, or set by the application)."""
+        """Samples/tokens of the current step (set by the application): they replace the sums
+        of the step's fetches."""
+        _check(samples)
+        _check(tokens)
         with self._lock:
             self._set_batch(samples, tokens)
 
+    def _set_batch(self, samples: int | None, tokens: int | None) -> None:
+        later = self._optimized and not self._explicit  # after the update: the next step's
+        if samples is not None:
+            if later:
+                self._next_samples = samples
+            else:
+                self._set_samples = samples
+        if tokens is not None:
+            if later:
+                self._next_tokens = tokens
+            else:
+                self._set_tokens = tokens
+
     def data_end(self, samples: int | None = None, tokens: int | None = None) -> None:
-        """``phase_end("data")`` and ``set_batch()`` of the batch fetched, under one lock (a hook)."""
+        """``phase_end("data")`` of a fetch that gave a batch of that size (a hook)."""
         self._guarded(self._data_end, samples, tokens)
 
     def _data_end(self, samples: int | None, tokens: int | None) -> None:
         with self._lock:
-            self._phase_end("data")
+            if not self._phase_end("data"):
+                return
+            self._batches += 1
             if samples is not None:
-                self._samples = samples
+                self._samples = (self._samples or 0) + samples
             if tokens is not None:
-                self._tokens = tokens
+                self._tokens = (self._tokens or 0) + tokens
 
-    def _set_batch(self, samples: int | None, tokens: int | None) -> None:
-        if samples is not None:
-            self._samples = samples
-        if tokens is not None:
-            self._tokens = tokens
+    def _end_data(self, _phase: str = "data", _target: Any = None) -> None:
+        with self._lock:
+            if not self._phase_end("data"):
+                return
+            step = self._current
+            if step is not None and not (
+                self._forwards or self._backward or self._optimized or self._batches or self._scoped
+            ):
+                self._discard()  # the DataLoader was exhausted: no step begins here
 
-    # --- explicit steps (the application) ---------------------------------------------------
+    # --- explicit steps (the application, framework callbacks) ------------------------------
 
-    def step(self) -> None:
-        """Ends the current step now (the next begins at once)."""
+    def step(self, number: int | None = None, samples: int | None = None, tokens: int | None = None) -> None:
+        """Ends the current step now; see the module docstring."""
+        _check(number, "a step number")
+        _check(samples)
+        _check(tokens)
         with self._lock:
             self._explicit = True
             now = self._clock()
+            if samples is not None:
+                self._set_samples = samples
+            if tokens is not None:
+                self._set_tokens = tokens
             if self._current is None:
-                self._open(now)
-            self._close(now)
-            self._open(now)
+                self._open(now if self._boundary is None else self._boundary)
+            self._close(now, number)
+            self._boundary = now
 
     def begin_scope(self, name: str) -> None:
         with self._lock:
             self._explicit = True
             now = self._clock()
-            if self._current is not None and self._current.phases:
-                self._close(now)  # work since the last boundary is a step of its own
+            if self._current is not None:
+                if self._backward or self._optimized:
+                    self._close(now)  # training since the last boundary is a step of its own
+                else:
+                    self._discard()
             self._open(now)
             assert self._current is not None
             self._current.name = name
+            self._scoped = True
 
     def end_scope(self) -> None:
         with self._lock:
             if self._current is not None:
-                self._close(self._clock())
+                now = self._clock()
+                self._close(now)
+                self._boundary = now
 
     def close(self) -> None:
         """After finish(): the callbacks go (a hook torch still holds must not keep the session
         alive) and every later event is ignored."""
         self.failed = True
         self._on_step = _ignore
-        self._on_first_open = self._on_error = None
+        self._on_first_open = self._on_error = self._on_hint = None
+        self._grad_enabled = None
 
     def finish(self) -> None:
-        """At shutdown: a step that saw an optimizer step (or an explicit one) is complete."""
+        """At shutdown: a step that saw an optimizer step is complete (it ends where its last
+        optimizer step ended); anything else open is dropped."""
         with self._lock:
-            if self._pending_end is not None:
-                self._close(self._pending_end)
-            elif self._current is not None and self._optimized:
-                self._close(self._clock())
-            self._current = None
+            if self._current is not None and self._optimized and not self._scoped:
+                self._close(self._last_opt_end)
+            elif self._current is not None:
+                self._discard()
 
     # --- internals --------------------------------------------------------------------------
 
     def _on_data_fetch(self, now: int) -> None:
         self._dataloader = True
-        self._pending_end = None
-        if self._explicit or self._current is None:
+        if self._current is None or self._scoped:
             return
-        if self._optimized:
+        if self._optimized and not self._explicit:
             self._close(now)
-        else:
-            self._current = None  # no training since the last fetch: start over here
+        elif self._forwards and not self._backward:
+            self._discard()  # forward-only work since the step began: evaluation batches
+        # else: another micro-batch of this step (or a batch fetched ahead)
 
     def _open(self, now: int) -> None:
         self._current = Step(-1, now, now)  # numbered when it closes: discarded ones take none
-        self._optimized = False
+        self._reset_step()
         if self._on_first_open is not None:
             first, self._on_first_open = self._on_first_open, None
             first(self._next_number)
 
-    def _close(self, end: int) -> None:
+    def _discard(self) -> None:
+        self.eval_forwards += self._nograd
+        self._current = None
+        self._reset_step()
+        self._reset_batches()
+
+    def _split(self) -> None:
+        """The optimizer about to step already did in this step: the step ends where its last
+        optimizer step ended, and what began since moves to the next step."""
+        step = self._current
+        assert step is not None
+        cut = self._last_opt_end
+        moved = [p for p in step.phases if p[1] >= cut]
+        step.phases = [p for p in step.phases if p[1] < cut]
+        totals = step.phase_totals_ns
+        for phase, start, end in moved:
+            totals[phase] -= end - start
+        for phase in PHASES:
+            if phase in totals and not step.dropped_phases and all(p != phase for p, _s, _e in step.phases):
+                del totals[phase]  # none of its intervals is left
+        self._close(cut)
+        self._open(cut)
+        for phase, start, end in moved:
+            self._interval(phase, start, end)
+            if phase == "forward":
+                self._forwards += 1
+            elif phase == "backward":
+                self._backward = True
+
+    def _close(self, end: int, number: int | None = None) -> None:
         step, self._current = self._current, None
-        self._pending_end = None
         if step is None:
             return
         step.end_ns = max(end, step.start_ns)
-        step.number = self._next_number
-        self._next_number += 1
-        step.samples, step.tokens = self._samples, self._tokens
-        self._samples = self._tokens = None
+        step.number = self._next_number if number is None else number
+        self._next_number = step.number + 1
+        step.samples = self._samples if self._set_samples is None else self._set_samples
+        step.tokens = self._tokens if self._set_tokens is None else self._set_tokens
+        step.micro_batches = self._batches
+        if self._opts:
+            self._known = self._opts
+        self._reset_step()
+        self._reset_batches()
         # phases still running (a forward that spans the boundary) continue into the next step
         self._on_step(step)
 
@@ -306,16 +525,25 @@ class NativeStepTracker(TrackerHooks):
         clock: Callable[[], int] = _now_ns,
         on_first_open: Callable[[int], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        grad_enabled: Callable[[], bool] | None = None,
+        on_hint: Callable[[int], None] | None = None,
     ) -> None:
         # time.time_ns is read in C (CLOCK_REALTIME, the same clock); another is called
         native = _native.StepTracker(
-            on_step, Step, first_step, None if clock in (_now_ns, time.time_ns) else clock, on_first_open, on_error
+            on_step,
+            Step,
+            first_step,
+            None if clock in (_now_ns, time.time_ns) else clock,
+            on_first_open,
+            on_error,
+            grad_enabled,
+            on_hint,
         )
         self._native = native
-        self.phase_begin: Callable[[str], None] = native.phase_begin
+        self.phase_begin: Callable[..., None] = native.phase_begin
         self.phase_end: Callable[[str], None] = native.phase_end
         self.set_batch: Callable[..., None] = native.set_batch
-        self.step: Callable[[], None] = native.step
+        self.step: Callable[..., None] = native.step
         self.begin_scope: Callable[[str], None] = native.begin_scope
         self.end_scope: Callable[[], None] = native.end_scope
         self.finish: Callable[[], None] = native.finish
@@ -326,6 +554,10 @@ class NativeStepTracker(TrackerHooks):
     @property
     def failed(self) -> bool:
         return bool(self._native.failed)
+
+    @property
+    def eval_forwards(self) -> int:
+        return int(self._native.eval_forwards)
 
     def close(self) -> None:
         """After finish(): drops the callbacks (a cycle through C++ that gc cannot break)."""
@@ -352,8 +584,16 @@ def step_tracker(
     on_first_open: Callable[[int], None] | None = None,
     on_error: Callable[[BaseException], None] | None = None,
     native: bool = True,
+    grad_enabled: Callable[[], bool] | None = None,
+    on_hint: Callable[[int], None] | None = None,
 ) -> StepTracker | NativeStepTracker:
     """The native tracker when the core is built (``native=False``: the Python reference)."""
-    if native and _native is not None:
-        return NativeStepTracker(on_step, clock=clock, on_first_open=on_first_open, on_error=on_error)
-    return StepTracker(on_step, clock=clock, on_first_open=on_first_open, on_error=on_error)
+    kind = NativeStepTracker if native and _native is not None else StepTracker
+    return kind(
+        on_step,
+        clock=clock,
+        on_first_open=on_first_open,
+        on_error=on_error,
+        grad_enabled=grad_enabled,
+        on_hint=on_hint,
+    )

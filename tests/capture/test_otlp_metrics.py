@@ -77,6 +77,10 @@ def test_live_metrics_arrive_over_otlp_with_exemplars(protocol: str, tmp_path: P
     )
     (samples,) = metrics["otelprof.samples"]
     assert samples.sum.data_points[0].as_int == 4 * STEPS
+    (batches,) = metrics["otelprof.micro_batches"]  # one DataLoader batch per step
+    assert batches.sum.is_monotonic and [p.as_int for p in batches.sum.data_points] == [STEPS]
+    (evals,) = metrics["otelprof.eval.forwards"]  # bridged: none in this loop
+    assert evals.sum.is_monotonic and [p.as_double for p in evals.sum.data_points] == [0.0]
 
     # bridged from the prometheus-client registry: the same values under OTel names and units
     (cpu,) = metrics["otelprof.process.cpu"]

@@ -19,7 +19,7 @@ IDENTITY = {"run": "r", "rank": "3", "local_rank": "1"}
 VALUES = [IDENTITY[k] for k in LABELS]
 
 
-def library_metrics(registry: CollectorRegistry, steps: list[tuple[Step, bytes]], dropped: int) -> None:
+def library_metrics(registry: CollectorRegistry, steps: list[tuple[Step, bytes]], dropped: int, evals: int = 0) -> None:
     """What StepMetrics exposes, built with prometheus-client's metric classes."""
     duration = Histogram(
         "otelprof_step_duration_seconds", "Training step wall time.", LABELS, registry=registry, buckets=STEP_BUCKETS
@@ -35,6 +35,18 @@ def library_metrics(registry: CollectorRegistry, steps: list[tuple[Step, bytes]]
     count = Counter("otelprof_steps", "Training steps completed.", LABELS, registry=registry).labels(*VALUES)
     samples = Counter("otelprof_samples", "Samples processed.", LABELS, registry=registry).labels(*VALUES)
     tokens = Counter("otelprof_tokens", "Tokens processed.", LABELS, registry=registry).labels(*VALUES)
+    batches = Counter(
+        "otelprof_micro_batches",
+        "DataLoader batches (micro-batches) of the steps completed.",
+        LABELS,
+        registry=registry,
+    ).labels(*VALUES)
+    Counter(
+        "otelprof_eval_forwards",
+        "Forward passes charged to no training step (evaluation, inference).",
+        LABELS,
+        registry=registry,
+    ).labels(*VALUES).inc(evals)
     spans_dropped = Counter(
         "otelprof_step_spans_dropped", "Step spans dropped because the encoder fell behind.", LABELS, registry=registry
     ).labels(*VALUES)
@@ -54,6 +66,7 @@ def library_metrics(registry: CollectorRegistry, steps: list[tuple[Step, bytes]]
         for p, ns in step.phase_totals_ns.items():
             phases[p].observe(ns / 1e9)
         last.set(step.end_ns / 1e9)
+        batches.inc(step.micro_batches)
         if step.samples is not None:
             samples.inc(step.samples)
             if seconds > 0:
@@ -87,6 +100,7 @@ step_lists = st.lists(
         st.one_of(st.none(), st.integers(min_value=0, max_value=10**6)),
         st.one_of(st.none(), st.integers(min_value=0, max_value=10**9)),
         st.binary(min_size=16, max_size=16),
+        st.integers(min_value=0, max_value=64),
     ),
     max_size=2 * FOLD_STEPS + 5,  # folds on the training thread, and the rest at the scrape
 )
@@ -97,21 +111,24 @@ step_lists = st.lists(
     step_lists,
     st.integers(min_value=0, max_value=5),
     st.sampled_from([*[int(b * 1e9) for b in STEP_BUCKETS], 1, 999_999]),
+    st.integers(min_value=0, max_value=10**6),
 )
-def test_same_exposition_as_prometheus_client(raw: list, dropped: int, boundary: int) -> None:
+def test_same_exposition_as_prometheus_client(raw: list, dropped: int, boundary: int, evals: int) -> None:
     # a step exactly on a bucket bound goes in that bucket (le is inclusive)
-    raw = [*raw, (boundary, {"data": boundary}, 8, None, b"\x01" * 16)]
+    raw = [*raw, (boundary, {"data": boundary}, 8, None, b"\x01" * 16, 3)]
     steps = []
-    for k, (ns, phases, samples, tokens, trace_id) in enumerate(raw):
+    for k, (ns, phases, samples, tokens, trace_id, batches) in enumerate(raw):
         start = 1_700_000_000_000_000_000 + k * 10**12
-        steps.append((Step(k, start, start + ns, [], phases, samples=samples, tokens=tokens), trace_id))
+        step = Step(k, start, start + ns, [], phases, samples=samples, tokens=tokens, micro_batches=batches)
+        steps.append((step, trace_id))
     ours, theirs = CollectorRegistry(), CollectorRegistry()
     metrics = StepMetrics(IDENTITY, ours)
+    metrics.count_eval(lambda: evals)
     for step, trace_id in steps:
         metrics.observe(step, SimpleNamespace(trace_id=trace_id))
     for _ in range(dropped):
         metrics.span_dropped()
-    library_metrics(theirs, steps, dropped)
+    library_metrics(theirs, steps, dropped, evals)
     assert exposition(ours, False) == exposition(theirs, False)
     assert exposition(ours, True) == exposition(theirs, True)
 

@@ -5,6 +5,7 @@ official classes in test_step_encoder.py) as the Python path fed the same activi
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ native = pytest.importorskip("otelprof._native")
 
 RESOURCE: Attrs = [("service.name", "svc"), ("pytorch.distributed.rank", 3)]
 PARENT = (b"\x11" * 16, b"\x22" * 8)
+OPTIMIZERS = [object(), object()]
 
 
 def _events() -> Any:
@@ -36,14 +38,26 @@ def _events() -> Any:
             st.tuples(st.just("tick"), st.integers(0, 3 * 10**9)),
             st.tuples(st.just("nested"), st.booleans()),
             st.tuples(st.just("scope"), st.sampled_from(["infer", "x\udcff"])),
+            st.tuples(st.just("begin_optimizer"), st.integers(0, 1)),
+            st.tuples(st.just("end_data"), st.none()),
+            st.tuples(st.just("grad"), st.booleans()),
+            st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 99), st.none() | st.integers(0, 9))),
         ),
         max_size=150,
     )
 
 
-def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: list[bool]) -> None:
+def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: list[bool], grad: list[bool]) -> None:
     for kind, arg in events:
-        if kind == "tick":
+        if kind == "grad":
+            grad[0] = arg
+        elif kind == "begin_optimizer":
+            tracker.begin_optimizer(OPTIMIZERS[arg], (), {})
+        elif kind == "end_data":
+            tracker.end_data()
+        elif kind == "step":
+            tracker.step(number=arg[0], samples=arg[1])
+        elif kind == "tick":
             now[0] += arg
         elif kind == "nested":
             nested[0] = arg
@@ -59,21 +73,22 @@ def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: 
 
 
 def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
-    now, nested = [1_700_000_000_000_000_000], [False]
-    tracker: Any = step_tracker(lambda s: None, clock=lambda: now[0], native=True)
+    now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
+    tracker: Any = step_tracker(lambda s: None, clock=lambda: now[0], native=True, grad_enabled=lambda: grad[0])
     sink = native_sink()
     encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, version="1.0")
     registry = CollectorRegistry()
     metrics = StepMetrics(IDENTITY, registry)
     metrics.read_from(sink, encoder.trace_ids)
+    metrics.count_eval(lambda: tracker.eval_forwards)
     boundaries: list[int] = []
     tracker.attach(sink, lambda n, s: boundaries.append(n), lambda: PARENT if nested[0] else None)
-    _drive(tracker, events, now, nested)
+    _drive(tracker, events, now, nested, grad)
     return exposition(registry, True), sink.encode(encoder.native, max_bytes), boundaries
 
 
 def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
-    now, nested = [1_700_000_000_000_000_000], [False]
+    now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
     encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, native=False, version="1.0")
     registry = CollectorRegistry()
     metrics = StepMetrics(IDENTITY, registry)
@@ -86,8 +101,9 @@ def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
         metrics.observe(step, ctx)
         records.append(record(step, ctx))
 
-    tracker: Any = step_tracker(on_step, clock=lambda: now[0], native=False)
-    _drive(tracker, events, now, nested)
+    tracker: Any = step_tracker(on_step, clock=lambda: now[0], native=False, grad_enabled=lambda: grad[0])
+    metrics.count_eval(lambda: tracker.eval_forwards)
+    _drive(tracker, events, now, nested, grad)
     numbers = [r[1] for r in records]
     return exposition(registry, True), encoder.encode(records, max_bytes) if records else [], numbers
 
@@ -159,3 +175,53 @@ def test_a_failing_boundary_callback_stops_the_tracker() -> None:
     tracker.attach(native.StepSink(10, 10), boundary)
     _train(tracker, 3)
     assert tracker.failed and [str(e) for e in errors] == ["step 0"]
+
+
+@pytest.mark.parametrize("native_path", [True, False], ids=["native", "python"])
+def test_every_scrape_is_one_snapshot(native_path: bool) -> None:
+    """Steps close on a training thread while scrapes run: within every scrape, the counters
+    that move together agree (steps, samples, tokens, micro-batches, the histograms' counts)."""
+    import threading
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    metrics = StepMetrics(IDENTITY, registry)
+    encoder = StepRecordEncoder(Identity("run"), RESOURCE, native=native_path)
+    if native_path:
+        tracker: Any = step_tracker(lambda s: None, native=True)
+        sink = native_sink()
+        metrics.read_from(sink, encoder.trace_ids)
+        tracker.attach(sink)
+    else:
+        tracker = step_tracker(lambda s: metrics.observe(s, SimpleNamespace(trace_id=b"\x01" * 16)), native=False)
+
+    def train() -> None:
+        for _ in range(3000):
+            tracker.begin_data()
+            tracker.data_end(8, 128)
+            tracker.begin_forward(None, ())
+            tracker.end_forward(None, (), None)
+            tracker.begin_backward()
+            tracker.end_backward()
+            tracker.begin_optimizer(None, (), {})
+            tracker.end_optimizer(None, (), {})
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    scrapes = 0
+    while True:
+        running = thread.is_alive()
+        text = generate_latest(registry).decode()
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        steps = values["otelprof_steps_total"]
+        assert values["otelprof_samples_total"] == 8 * steps
+        assert values["otelprof_tokens_total"] == 128 * steps
+        assert values["otelprof_micro_batches_total"] == steps
+        assert values["otelprof_step_duration_seconds_count"] == steps
+        scrapes += 1
+        if not running:
+            break
+    thread.join()
+    assert steps == 2999 and scrapes >= 1  # the last step waits for the next fetch

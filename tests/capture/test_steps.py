@@ -30,14 +30,32 @@ class Loop:
 
     def __init__(self) -> None:
         self.now = 0
+        self.grad = True
         self.steps: list[Step] = []
-        self.tracker = step_tracker(self.steps.append, clock=lambda: self.now, native=self.native)
+        self.hints: list[int] = []
+        self.tracker = step_tracker(
+            self.steps.append,
+            clock=lambda: self.now,
+            native=self.native,
+            grad_enabled=lambda: self.grad,
+            on_hint=self.hints.append,
+        )
         assert isinstance(self.tracker, NativeStepTracker if self.native else StepTracker)
 
-    def phase(self, name: str, ns: int = 10) -> None:
-        self.tracker.phase_begin(name)
+    def phase(self, name: str, ns: int = 10, key: int = 0) -> None:
+        self.tracker.phase_begin(name, key)
         self.now += ns
         self.tracker.phase_end(name)
+
+    def fetch(self, samples: int | None, tokens: int | None = None, ns: int = 10) -> None:
+        self.tracker.begin_data()
+        self.now += ns
+        self.tracker.data_end(samples, tokens)
+
+    def exhausted(self, ns: int = 10) -> None:
+        self.tracker.begin_data()
+        self.now += ns
+        self.tracker.end_data()
 
     def idle(self, ns: int = 5) -> None:
         self.now += ns
@@ -65,10 +83,10 @@ def test_several_optimizers_in_one_iteration_are_one_step() -> None:
     loop = Loop()
     for _ in range(2):  # a GAN: discriminator then generator, each with its own optimizer
         loop.phase("data")
-        for _net in range(2):
+        for net in range(2):
             loop.phase("forward")
             loop.phase("backward")
-            loop.phase("optimizer")
+            loop.phase("optimizer", key=net)
     loop.phase("data")
     assert _spans(loop.steps) == [(0, 0, 70), (1, 70, 140)]
     assert loop.steps[0].phase_totals_ns["optimizer"] == 20
@@ -79,11 +97,233 @@ def test_without_dataloader_back_to_back_optimizers_are_one_step() -> None:
     for _ in range(3):
         loop.phase("forward")
         loop.phase("backward")
-        loop.phase("optimizer")
-        loop.phase("optimizer")  # a second optimizer, no work between
+        loop.phase("optimizer", key=1)
+        loop.phase("optimizer", key=2)  # a second optimizer, no work between
         loop.idle()  # zero_grad, logging: the next step's
     loop.tracker.finish()
     assert _spans(loop.steps) == [(0, 0, 40), (1, 40, 85), (2, 85, 130)]
+    # the first step ended once optimizer 1 stepped again; the work since moved to step 1
+    assert loop.steps[1].phases[0] == ("forward", 45, 55)
+    assert loop.steps[0].phase_totals_ns == {"forward": 10, "backward": 10, "optimizer": 20}
+    assert loop.steps[1].phase_totals_ns == {"forward": 10, "backward": 10, "optimizer": 20}
+
+
+def test_gan_without_dataloader_is_one_step_per_iteration() -> None:
+    loop = Loop()
+    for _ in range(30):  # D: forward, backward, step; G: forward, backward, step
+        loop.phase("forward")
+        loop.phase("backward")
+        loop.phase("optimizer", key=1)
+        loop.phase("forward")
+        loop.phase("backward")
+        loop.phase("optimizer", key=2)
+        loop.idle()
+    # the last step closed at G's step, before any shutdown
+    assert len(loop.steps) == 30
+    loop.tracker.finish()
+    assert len(loop.steps) == 30
+    assert all(s.phase_totals_ns == {"forward": 20, "backward": 20, "optimizer": 20} for s in loop.steps)
+    assert [s.end_ns - s.start_ns for s in loop.steps] == [60] + [65] * 29
+
+
+def test_an_optimizer_stepping_again_after_a_fetch_is_a_new_update() -> None:
+    loop = Loop()
+    loop.fetch(8)
+    for _ in range(3):  # several updates on one batch (PPO epochs)
+        loop.phase("forward")
+        loop.phase("backward")
+        loop.phase("optimizer", key=1)
+    loop.exhausted()
+    assert [(s.start_ns, s.end_ns, s.samples, s.micro_batches) for s in loop.steps] == [
+        (0, 40, 8, 1),
+        (40, 70, None, 0),
+        (70, 100, None, 0),
+    ]
+
+
+def test_accumulated_micro_batches_are_one_step() -> None:
+    loop = Loop()
+    for _ in range(2):
+        for _micro in range(4):
+            loop.fetch(8, 128)
+            loop.phase("forward")
+            loop.phase("backward")
+        loop.phase("optimizer", key=1)
+        loop.idle()
+    loop.exhausted()
+    assert _spans(loop.steps) == [(0, 0, 135), (1, 135, 270)]
+    assert [(s.samples, s.tokens, s.micro_batches) for s in loop.steps] == [(32, 512, 4), (32, 512, 4)]
+    assert loop.steps[0].phase_totals_ns == {"data": 40, "forward": 40, "backward": 40, "optimizer": 10}
+    assert len(loop.steps[0].phases) == 13
+
+
+def test_batches_fetched_ahead_count_for_the_step() -> None:
+    loop = Loop()
+    for _ in range(2):
+        for _micro in range(4):  # a Trainer fetching the accumulation window first
+            loop.fetch(4, 64)
+        for _micro in range(4):
+            loop.phase("forward")
+            loop.phase("backward")
+        loop.phase("optimizer")
+    loop.exhausted()
+    assert [(s.samples, s.tokens, s.micro_batches) for s in loop.steps] == [(16, 256, 4), (16, 256, 4)]
+
+
+def test_a_closure_pauses_the_optimizer_phase() -> None:
+    loop = Loop()
+    for _ in range(2):
+        loop.fetch(8)
+        loop.tracker.phase_begin("optimizer", 1)  # LBFGS / Lightning: step(closure)
+        for _evaluation in range(2):
+            loop.idle(3)
+            loop.phase("forward")
+            loop.phase("backward")
+        loop.idle(4)
+        loop.tracker.phase_end("optimizer")
+    loop.exhausted()
+    first = loop.steps[0]
+    assert first.phase_totals_ns == {"data": 10, "forward": 20, "backward": 20, "optimizer": 10}
+    assert [p for p, _s, _e in first.phases] == ["data"] + ["optimizer", "forward", "backward"] * 2 + ["optimizer"]
+    ends = [0] + [e for _p, _s, e in first.phases]
+    assert all(start >= ends[k] for k, (_p, start, _e) in enumerate(first.phases))  # no overlap
+    assert sum(first.phase_totals_ns.values()) <= first.end_ns - first.start_ns
+
+
+def test_evaluation_forwards_after_an_update_are_charged_to_no_step() -> None:
+    loop = Loop()
+    for _ in range(2):
+        loop.fetch(8)
+        loop.phase("forward")
+        loop.phase("backward")
+        loop.phase("optimizer")
+        loop.grad = False  # torch.no_grad(): evaluation on held-out tensors, no DataLoader
+        for _batch in range(3):
+            loop.phase("forward", 100)
+        loop.grad = True
+    loop.exhausted()
+    assert _spans(loop.steps) == [(0, 0, 40), (1, 340, 380)]
+    assert all(s.phase_totals_ns["forward"] == 10 for s in loop.steps)
+    assert loop.tracker.eval_forwards == 6
+
+
+def test_evaluation_dataloader_batches_are_dropped_and_counted() -> None:
+    loop = Loop()
+    loop.fetch(8)
+    loop.phase("forward")
+    loop.phase("backward")
+    loop.phase("optimizer")
+    loop.grad = False
+    for _ in range(3):
+        loop.fetch(100)
+        loop.phase("forward")
+    loop.exhausted()  # the evaluation DataLoader ends: no step begins there
+    loop.grad = True
+    loop.idle(1000)
+    loop.fetch(8)
+    loop.phase("forward")
+    loop.phase("backward")
+    loop.phase("optimizer")
+    loop.exhausted()
+    assert _spans(loop.steps) == [(0, 0, 40), (1, 1110, 1150)]
+    assert [s.samples for s in loop.steps] == [8, 8]
+    assert loop.tracker.eval_forwards == 3
+
+
+def test_an_exhausted_dataloader_does_not_begin_a_step() -> None:
+    loop = Loop()
+    for _epoch in range(2):
+        loop.fetch(8)
+        loop.phase("forward")
+        loop.phase("backward")
+        loop.phase("optimizer")
+        loop.exhausted()  # the epoch ends; evaluation, checkpoints: no step's
+        loop.idle(500)
+    assert _spans(loop.steps) == [(0, 0, 40), (1, 550, 590)]
+
+
+def test_explicit_steps_sum_their_fetches_and_take_the_frameworks_numbers() -> None:
+    loop = Loop()
+    for update in range(2):
+        for _micro in range(2):
+            loop.fetch(4, 40)
+            loop.phase("forward")
+            loop.phase("backward")
+        loop.phase("optimizer")
+        loop.idle()
+        loop.tracker.step(number=100 + update)  # a framework callback: its global step
+        loop.idle(50)  # logging, checkpointing: no step's
+    loop.fetch(4)
+    loop.phase("forward")
+    loop.tracker.step(samples=3)  # the framework knows the real count
+    assert [(s.number, s.start_ns, s.end_ns, s.samples, s.tokens, s.micro_batches) for s in loop.steps] == [
+        (100, 0, 75, 8, 80, 2),
+        (101, 125, 200, 8, 80, 2),
+        (102, 250, 270, 3, None, 1),
+    ]
+    loop.tracker.step()  # nothing since the last boundary: the step spans from it
+    assert _spans(loop.steps[3:]) == [(103, 270, 270)]
+
+
+def test_explicit_steps_leave_evaluation_out() -> None:
+    loop = Loop()
+    loop.fetch(4)
+    loop.phase("forward")
+    loop.phase("backward")
+    loop.phase("optimizer")
+    loop.tracker.step()
+    loop.grad = False
+    loop.fetch(50)  # an evaluation DataLoader between updates
+    loop.phase("forward")
+    loop.fetch(50)
+    loop.phase("forward")
+    loop.phase("forward")  # ... and one without
+    loop.grad = True
+    loop.fetch(4)
+    loop.phase("forward")
+    loop.phase("backward")
+    loop.phase("optimizer")
+    loop.tracker.step()
+    assert [(s.start_ns, s.samples, s.micro_batches) for s in loop.steps] == [(0, 4, 1), (90, 4, 1)]
+    assert loop.tracker.eval_forwards == 3  # each in work a fetch dropped
+    assert "forward" in loop.steps[1].phase_totals_ns
+
+
+def test_a_loop_with_no_step_hints_once() -> None:
+    loop = Loop()
+    for _ in range(30):
+        loop.phase("forward")
+    assert loop.hints == [10] and loop.steps == []
+    loop.tracker.finish()
+    assert loop.steps == []
+
+
+def test_no_hint_when_steps_are_marked() -> None:
+    loop = Loop()
+    for _ in range(30):
+        loop.phase("forward")
+        loop.tracker.step()
+    assert loop.hints == [] and len(loop.steps) == 30
+
+
+def test_set_batch_after_the_update_goes_to_the_next_step() -> None:
+    loop = Loop()
+    for size in (8, 4):
+        loop.tracker.set_batch(samples=size)
+        loop.phase("forward")
+        loop.phase("backward")
+        loop.phase("optimizer", key=1)
+    loop.tracker.finish()
+    assert [s.samples for s in loop.steps] == [8, 4]
+
+
+def test_bad_explicit_values_raise() -> None:
+    loop = Loop()
+    with pytest.raises(ValueError, match="step number"):
+        loop.tracker.step(number=-1)
+    with pytest.raises(ValueError, match="batch size"):
+        loop.tracker.set_batch(samples=-3)
+    assert not loop.tracker.failed
 
 
 def test_evaluation_between_epochs_is_not_a_step() -> None:
@@ -225,44 +465,80 @@ def test_close_lets_the_session_go() -> None:
 
 # --- the native tracker against the Python reference ---------------------------------------
 
-_SIZES = st.tuples(st.none() | st.integers(0, 64), st.none() | st.integers(0, 4096))
+_SIZE = st.none() | st.integers(0, 64)
+_SIZES = st.tuples(_SIZE, st.none() | st.integers(0, 4096))
+#: Optimizers the hooks tell apart by identity (the same objects for both trackers).
+_OPTIMIZERS = [object(), object(), None]
 #: What hooks report: with these alone the automatic rules decide every boundary.
 _AUTOMATIC = st.one_of(
     st.tuples(st.sampled_from(["begin", "end"]), st.sampled_from(PHASES)),
+    st.tuples(st.just("begin_optimizer"), st.integers(0, len(_OPTIMIZERS) - 1)),
     st.tuples(st.sampled_from(["data_end", "set_batch"]), _SIZES),
+    st.tuples(st.just("end_data"), st.none()),
+    st.tuples(st.just("grad"), st.booleans()),
     st.tuples(st.just("tick"), st.integers(0, 50)),
 )
 #: What the application may call besides (the first of these turns the automatic rules off).
 _EXPLICIT = st.one_of(
-    st.tuples(st.sampled_from(["step", "end_scope", "finish"]), st.none()),
+    st.tuples(st.sampled_from(["end_scope", "finish"]), st.none()),
+    st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 1000), _SIZE, _SIZE)),
     st.tuples(st.just("begin_scope"), st.sampled_from(["infer", "eval", "x\ud800"])),
 )
 
 
-def _replay(native: bool, events: list[tuple[str, Any]]) -> tuple[list[tuple[Any, ...]], list[int]]:
+def _replay(native: bool, events: list[tuple[str, Any]]) -> tuple[list[tuple[Any, ...]], list[int], list[int], int]:
     now = [1_000]
+    grad = [True]
     out: list[Step] = []
     opened: list[int] = []
-    tracker: Any = step_tracker(out.append, clock=lambda: now[0], on_first_open=opened.append, native=native)
+    hints: list[int] = []
+    tracker: Any = step_tracker(
+        out.append,
+        clock=lambda: now[0],
+        on_first_open=opened.append,
+        native=native,
+        grad_enabled=lambda: grad[0],
+        on_hint=hints.append,
+    )
     for kind, arg in events:
         if kind == "tick":
             now[0] += arg
+        elif kind == "grad":
+            grad[0] = arg
         elif kind in ("begin", "end"):
             getattr(tracker, f"{kind}_{arg}")(None, ())
+        elif kind == "begin_optimizer":
+            tracker.begin_optimizer(_OPTIMIZERS[arg], (), {})
         elif kind == "data_end":
             tracker.data_end(*arg)
+        elif kind == "end_data":
+            tracker.end_data()
         elif kind == "set_batch":
             tracker.set_batch(*arg)
+        elif kind == "step":
+            number, samples, tokens = arg
+            tracker.step(number=number, samples=samples, tokens=tokens)
         elif kind == "begin_scope":
             tracker.begin_scope(arg)
         else:
             getattr(tracker, kind)()
     assert not tracker.failed
     fields = [
-        (s.number, s.start_ns, s.end_ns, s.phases, s.phase_totals_ns, s.dropped_phases, s.samples, s.tokens, s.name)
+        (
+            s.number,
+            s.start_ns,
+            s.end_ns,
+            s.phases,
+            s.phase_totals_ns,
+            s.dropped_phases,
+            s.samples,
+            s.tokens,
+            s.name,
+            s.micro_batches,
+        )
         for s in out
     ]
-    return fields, opened
+    return fields, opened, hints, tracker.eval_forwards
 
 
 @needs_native
@@ -276,11 +552,41 @@ def test_native_tracker_equals_the_python_reference(
 
 
 @needs_native
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                ("begin", "forward"),
+                ("end", "forward"),
+                ("begin", "backward"),
+                ("end", "backward"),
+                ("begin_optimizer", 0),
+                ("begin_optimizer", 1),
+                ("end", "optimizer"),
+                ("data_end", (4, 64)),
+                ("begin", "data"),
+                ("end_data", None),
+                ("grad", False),
+                ("grad", True),
+                ("tick", 7),
+            ]
+        ),
+        max_size=200,
+    )
+)
+def test_native_tracker_equals_the_python_reference_on_loop_like_activity(events: list[tuple[str, Any]]) -> None:
+    """Denser in the events that decide boundaries (optimizers, fetches, grad mode)."""
+    events = [*events, ("finish", None)]
+    assert _replay(True, events) == _replay(False, events)
+
+
+@needs_native
 def test_native_tracker_keeps_64_phases_and_counts_the_rest() -> None:
-    events: list[tuple[str, Any]] = [("begin", "data"), ("end", "data")]
+    events: list[tuple[str, Any]] = [("begin", "data"), ("data_end", (None, None))]
     events += [("begin", "forward"), ("tick", 1), ("end", "forward")] * 70
     events += [("begin", "optimizer"), ("end", "optimizer"), ("begin", "data")]
-    native, opened = _replay(True, events)
+    native, opened, _hints, _evals = _replay(True, events)
     assert native == _replay(False, events)[0] and opened == [0]
     [step] = native
     assert len(step[3]) == 64 and step[5] == 70 + 2 - 64 and step[4]["forward"] == 70

@@ -223,7 +223,11 @@ def run(prometheus: tuple[Prometheus, int], tmp_path_factory: pytest.TempPathFac
                 float(s["value"][1]) for s in prom.api("query", query="otelprof_last_step_timestamp_seconds")["result"]
             )
             # one scrape after the last step: rates over RATE_INTERVAL still see the training
-            yield Run(prom, receiver, start, query_time=last_step + 1)
+            query_time = last_step + 1
+            # every scrape up to query_time is stored (a scrape ends within its 500 ms timeout):
+            # queries at that instant read the same samples however late each one runs
+            wait_until(lambda: time.time() > query_time + 2, 10)
+            yield Run(prom, receiver, start, query_time=query_time)
         finally:
             for proc in ranks:
                 if proc.poll() is None and proc.stdin is not None:
@@ -389,15 +393,53 @@ def _instant(run: Run, panel_title: str, ref: str = "A") -> dict[str, float]:
     return {",".join(s["metric"].values()): float(s["value"][1]) for s in result}
 
 
+def _one_instant(run: Run, expr: str) -> dict[str, float]:
+    """``expr`` evaluated in one query at one instant (one consistent view of the samples)."""
+    result = run.prometheus.api("query", query=expr, time=f"{run.query_time:.3f}")["result"]
+    return {",".join(s["metric"].values()): float(s["value"][1]) for s in result}
+
+
+@pytest.mark.slow
+def test_every_scrape_is_a_consistent_snapshot(run: Run) -> None:
+    """Counters that move together agree within every scrape of both ranks (a scrape reads them
+    as one snapshot): tokens = 16 x samples = 16 x 8 x steps, the step histogram's count =
+    steps, throughout the run."""
+    prom = run.prometheus
+    selector = f'{{run="{RUN_ID}"}}'
+    for expr in (
+        f"otelprof_tokens_total{selector} - 16 * otelprof_samples_total{selector}",
+        f"otelprof_samples_total{selector} - 8 * otelprof_steps_total{selector}",
+        f"otelprof_micro_batches_total{selector} - otelprof_steps_total{selector}",
+        f"otelprof_step_duration_seconds_count{selector} - otelprof_steps_total{selector}",
+    ):
+        result = prom.api("query_range", query=expr, start=f"{run.start:.3f}", end=f"{run.query_time:.3f}", step="0.5")[
+            "result"
+        ]
+        assert len(result) == WORLD, expr
+        values = {float(v) for series in result for _t, v in series["values"]}
+        assert values == {0.0}, expr
+
+
 @pytest.mark.slow
 def test_panels_show_the_runs_numbers(run: Run) -> None:
     """What the panels show, checked against what the run did."""
     samples = _instant(run, "Throughput", "A")
     tokens = _instant(run, "Throughput", "B")
     assert samples.keys() == tokens.keys() == {RUN_ID}
-    assert tokens[RUN_ID] == pytest.approx(samples[RUN_ID] * 16)  # SEQ tokens per sample
-    steps = _instant(run, "Steps per second")[RUN_ID]
-    assert samples[RUN_ID] == pytest.approx(steps * 8)  # BATCH samples per step (both ranks)
+    assert samples[RUN_ID] > 0
+    # ratios from one query each (not two rates read at different moments): consistent
+    # scrapes make them exact, up to float rounding
+    sel = f'run="{RUN_ID}"'
+    rate = f"[{RATE_INTERVAL}]"
+    per_sample = _one_instant(
+        run, f"sum(rate(otelprof_tokens_total{{{sel}}}{rate})) / sum(rate(otelprof_samples_total{{{sel}}}{rate}))"
+    )
+    assert per_sample == {"": pytest.approx(16)}  # SEQ tokens per sample
+    per_step = _one_instant(
+        run, f"sum(rate(otelprof_samples_total{{{sel}}}{rate})) / sum(rate(otelprof_steps_total{{{sel}}}{rate}))"
+    )
+    assert per_step == {"": pytest.approx(8)}  # BATCH samples per step (both ranks)
+    assert _instant(run, "Steps per second")[RUN_ID] > 0
     shares = _instant(run, "Share of step time by phase")
     assert set(shares) == {"data", "forward", "backward", "optimizer"}
     assert 0 < sum(shares.values()) <= 1

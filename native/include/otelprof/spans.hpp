@@ -24,7 +24,7 @@ enum FixedKey : AttrKey {
     kCategoryKey, kThreadIdKey, kAggregatedCountKey, kAggregatedDurationKey, kDroppedSpansKey, kSyntheticKey,
     kStepKey, kRankKey, kSelfCpuKey, kSelfDeviceKey, kPeakAllocatedKey,
     // live step spans (step_spans.hpp)
-    kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kFixedKeyCount
+    kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kStepMicroBatchesKey, kFixedKeyCount
 };
 AttrKey arg_key(int arg_attribute);
 AttrKey memory_key(int memory_attribute);

@@ -41,7 +41,7 @@ struct StepMetricsState {
     std::array<StepExemplar, kStepBucketCount> exemplars;  // latest per duration bucket
     std::array<StepHistogram, kPhaseCount> phases;
     uint64_t steps = 0, spans_dropped = 0;
-    int64_t samples = 0, tokens = 0;
+    int64_t samples = 0, tokens = 0, micro_batches = 0;
     std::optional<double> last_step, samples_rate, tokens_rate;
 };
 
@@ -55,6 +55,7 @@ class StepSink {
     bool add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
              const std::optional<SpanId>& parent_span);
 
+    // Read under the caller's lock (the GIL): copy it before making Python objects.
     const StepMetricsState& metrics() const { return metrics_; }
     std::vector<StepRecord> take();
     size_t pending() const { return queue_.size(); }

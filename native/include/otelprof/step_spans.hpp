@@ -28,6 +28,7 @@ struct StepRecord {
     std::optional<SpanId> parent_id;
     std::optional<int64_t> samples, tokens;
     int64_t dropped_phases = 0;
+    int64_t micro_batches = 0;  // DataLoader batches in the step (0: none, no attribute)
     std::vector<StepPhase> phases;
 };
 

@@ -2,7 +2,8 @@
 // otelprof/capture/steps.py (its docstring states them), in C++ because the hooks fire several
 // times per step and each Python-level event cost ~1.5 us on a small model's training thread.
 // Pure state machine: the caller passes the time of each event and takes the closed steps (and
-// the first opening) from the outbox afterwards, so no callback runs while the state changes.
+// the first opening, the hint) from the outbox afterwards, so no callback runs while the state
+// changes.
 #pragma once
 
 #include <array>
@@ -15,8 +16,13 @@ namespace otelprof {
 
 enum class Phase : uint8_t { kData = 0, kForward = 1, kBackward = 2, kOptimizer = 3 };
 constexpr int kPhaseCount = 4;
-// Phase intervals kept per step (gradient accumulation makes several); later ones are counted.
+// Phase intervals kept per step (gradient accumulation and closures make several); later ones
+// are counted.
 constexpr size_t kMaxPhaseSpans = 64;
+// Distinct optimizers told apart per step.
+constexpr size_t kMaxOptimizers = 16;
+// Forwards with no optimizer step and no explicit step before the hint.
+constexpr int64_t kHintForwards = 10;
 
 struct PhaseSpan {
     Phase phase;
@@ -31,15 +37,17 @@ struct TrackedStep {
     uint8_t with_total = 0;  // bit per phase that has a total
     int64_t dropped_phases = 0;
     std::optional<int64_t> samples, tokens;
+    int64_t micro_batches = 0;  // DataLoader batches fetched in the step
     uint32_t name = 0;  // the caller's name slot: 0 is the default, step_scope()s set theirs
 };
 
-// What an event left for the caller: steps that closed, in order, and the number of the first
-// step when the first step opened.
+// What an event left for the caller: steps that closed, in order, the number of the first step
+// when the first step opened, and the forwards seen when the hint is due.
 struct TrackerOutbox {
     std::vector<TrackedStep> closed;
     std::optional<int64_t> first_open;
-    bool empty() const { return closed.empty() && !first_open; }
+    std::optional<int64_t> hint;
+    bool empty() const { return closed.empty() && !first_open && !hint; }
 };
 
 class StepTracker {
@@ -47,37 +55,64 @@ class StepTracker {
     explicit StepTracker(int64_t first_step = 0) : next_number_(first_step) {}
 
     // Every event takes the lock only for the state change (callers hold no other lock).
-    void phase_begin(Phase phase, int64_t now);
+    // `key` tells optimizers apart; `grad`: a forward under grad mode (false: evaluation).
+    void phase_begin(Phase phase, int64_t now, uint64_t key = 0, bool grad = true);
     void phase_end(Phase phase, int64_t now);
-    // phase_end(kData) and the batch's sizes (negative: unknown), in one event.
-    void data_end(int64_t now, int64_t samples, int64_t tokens);
+    // The end of a fetch: with a batch of these sizes (negative: unknown), or none (exhausted).
+    void data_end(int64_t now, bool batch, int64_t samples, int64_t tokens);
     void set_batch(int64_t samples, int64_t tokens);
-    void step(int64_t now);
+    // `number`, `samples`, `tokens`: negative when not given.
+    void step(int64_t now, int64_t number = -1, int64_t samples = -1, int64_t tokens = -1);
     void begin_scope(uint32_t name, int64_t now);
     void end_scope(int64_t now);
-    void finish(int64_t now);
+    void finish();
+    // Whether a forward now would need grad mode read (an outermost forward).
+    bool forward_is_outermost();
+    int64_t eval_forwards();
 
     // Moves what the events since the last call left into `out` (appended).
     void take(TrackerOutbox& out);
     bool pending() const { return has_outbox_; }
 
   private:
-    void phase_end_locked(Phase phase, int64_t now);
+    bool phase_end_locked(Phase phase, int64_t now);
+    bool decide(Phase phase, uint64_t key, bool grad, int64_t now);
+    void interval(Phase phase, int64_t start, int64_t end);
+    void optimizer_done(int64_t now);
+    void forward_seen();
     void on_data_fetch(int64_t now);
     void open(int64_t now);
-    void close(int64_t end);
+    void discard();
+    void split();
+    void close(int64_t end, int64_t number = -1);
+    void reset_step();
+    void reset_batches();
+    bool in_stack(Phase phase) const;
 
     std::mutex mutex_;
     int64_t next_number_;
     std::optional<TrackedStep> current_;
+    std::vector<Phase> stack_;  // running phases, innermost last
     std::array<int, kPhaseCount> depth_{};
     std::array<int64_t, kPhaseCount> phase_start_{};
+    std::array<bool, kPhaseCount> untimed_{};  // an outermost call timed in no step
+    uint64_t opt_key_ = 0;
     bool explicit_ = false;    // the application calls step() / step_scope()
     bool dataloader_ = false;  // a DataLoader iterator has been seen
-    bool optimized_ = false;   // an optimizer stepped in the current step
     bool opened_ = false;      // the first step has opened
-    std::optional<int64_t> pending_end_;  // no-DataLoader rule: the last optimizer step's end
-    std::optional<int64_t> samples_, tokens_;
+    std::optional<std::vector<uint64_t>> known_;  // the optimizers of the last step that had some
+    std::optional<int64_t> boundary_;  // the last explicit boundary
+    int64_t forwards_seen_ = 0;
+    bool optimizer_seen_ = false, hinted_ = false;
+    int64_t eval_forwards_ = 0;
+    // the current step's work
+    bool optimized_ = false, backward_ = false, scoped_ = false;
+    int64_t forwards_ = 0, nograd_ = 0, last_opt_end_ = 0;
+    std::vector<uint64_t> opts_;
+    // the current step's batches
+    std::optional<int64_t> samples_, tokens_, set_samples_, set_tokens_;
+    int64_t batches_ = 0;
+    std::optional<int64_t> next_samples_, next_tokens_;  // set_batch() after the update
     TrackerOutbox outbox_;
     bool has_outbox_ = false;
 };
