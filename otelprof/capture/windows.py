@@ -147,6 +147,7 @@ class Windows:
         self._after_window = False  # the step now running follows a window's end
         self.marked_steps: deque[int] = deque(maxlen=64)  # step numbers kept out of the anomaly median
         self.save_threads: deque[str] = deque(maxlen=16)  # where each window's trace was saved
+        self.overhead_s = 0.0  # training-thread time of windows' starts and stops
         self.windows_done = 0
         self.windows_failed = 0
         activities = [ProfilerActivity.CPU]
@@ -195,8 +196,17 @@ class Windows:
             self.marked_steps.append(self._prof.step_num)
         self._check_triggers(step_seconds, marked)
         self._saved = False
+        start = time.perf_counter_ns()
         self._prof.step()
+        if self._prof.current_action != action:  # Kineto started or stopped here: the window's cost
+            self._overhead(time.perf_counter_ns() - start)
         self._after_window, self._saved = self._saved, False
+
+    def _overhead(self, ns: int) -> None:
+        """Training-thread time of a window's start or stop (the step pays it; it is marked)."""
+        self.overhead_s += ns / 1e9
+        if self.metrics is not None:
+            self.metrics.window_overhead(ns / 1e9)
 
     def close(self) -> None:
         """Stops the profiler (a window in progress is saved and converted), waits for the

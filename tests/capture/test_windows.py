@@ -247,3 +247,12 @@ def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
     assert list(windows.marked_steps) == [2, 3, 4, 5]  # warmup, recorded, the step paying the stop
     assert anomaly.skipped == 4 and len(anomaly.history) == 8 - 4
     assert _profiled_steps(receiver, 8) == [3, 4]
+    # Kineto's start (at steps 1|2, 2|3) and stop (4|5) on the training thread: counted, not hidden
+    overhead = _window_metrics(session)["otelprof_profiling_window_overhead_seconds_total"][""]
+    assert overhead == pytest.approx(windows.overhead_s) and overhead > 0
+    for n in range(8):  # phases never sum past their step, the one after the window included
+        spans = _by_trace(receiver)[_tid(n)]
+        [step] = [s for s in spans if s.name == "train.step"]
+        phases = [s for s in spans if s.parent_span_id == step.span_id and not s.name.startswith("ProfilerStep#")]
+        total = sum(s.end_time_unix_nano - s.start_time_unix_nano for s in phases)
+        assert total <= step.end_time_unix_nano - step.start_time_unix_nano
