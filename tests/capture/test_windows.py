@@ -191,12 +191,20 @@ def _ancestors(span: Any, by_id: dict[bytes, Any]) -> list[Any]:
     return chain
 
 
-def test_a_profiled_step_has_one_root_with_operators_under_their_phases(receiver: HttpReceiver, tmp_path: Path) -> None:
+@pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])
+def test_a_profiled_step_has_one_root_with_operators_under_their_phases(
+    receiver: HttpReceiver, tmp_path: Path, metrics: str
+) -> None:
     """The window's operators hang under the live ``train.step``: ``ProfilerStep#N`` is its child,
-    and each top-level operator sits under the phase span that ran it (by time)."""
+    and each top-level operator sits under the phase span that ran it (by time). Steps stay in
+    the native core, or (OTLP metrics) go through Python: the span ids come from either."""
+    if "otlp" in metrics:
+        pytest.importorskip("opentelemetry.sdk")
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
-    session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_REPEAT="1")
+    env = {**schedule, "OTELPROF_PROFILE_REPEAT": "1", "OTEL_METRICS_EXPORTER": metrics}
+    session = _instrument(receiver, tmp_path, **env)
     _train(steps=8)
+    assert (session.otlp_metrics is None) == (metrics == "prometheus")  # which path the steps took
     live_session.stop(session)
     traces = _by_trace(receiver)
     phases = {"data", "forward", "backward", "optimizer"}
