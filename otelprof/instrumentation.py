@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -28,6 +28,8 @@ from .capture.step_spans import StepContext, StepSpans, current_parent, native_s
 from .capture.steps import Step, step_tracker
 from .capture.window_metrics import WindowMetrics
 from .capture.windows import Windows
+from .converter import LiveStep
+from .converter.reference import ids
 from .converter.reference.builder import Attrs, resource_attributes
 from .export import exporter_config_from_env
 from .export.exporter import Exporter, spool_dir_from_env
@@ -80,6 +82,7 @@ class Session:
         self.otlp_metrics: otlp_metrics.OtlpMetrics | None = None
         self.metrics_port: int | None = None
         self._failed = False
+        self._sink: Any = None
         self.hooks.install()
 
     def _first_step_begins(self, number: int) -> None:
@@ -136,22 +139,37 @@ class Session:
         attach = getattr(self.tracker, "attach", None)
         if attach is None or self.timing is not None or self.otlp_metrics is not None or not self.spans.native_queue:
             return
-        sink = native_sink()
+        sink = self._sink = native_sink()
         self.metrics.read_from(sink, self.spans.encoder.trace_ids)
         self.spans.use_sink(sink)
         attach(sink, self._on_boundary, current_parent, otel_context_var(), self.spans.wake)
 
-    def _on_boundary(self, _number: int, seconds: float) -> None:
+    def _on_boundary(self, number: int, seconds: float) -> None:
         """What a native step still does in Python (training thread; errors stop the tracker)."""
-        self._boundary(seconds)
+        self._boundary(seconds, lambda: self._live_native(number))
         if self.straggler is not None:
             self.straggler.observe(seconds)
 
-    def _boundary(self, seconds: float) -> None:
+    def _boundary(self, seconds: float, live: Callable[[], LiveStep | None]) -> None:
         """Every step, either path: root discovery, the profiler's step boundary."""
         self.hooks.step_done()
         if self.windows is not None:
-            self.windows.boundary(seconds)
+            self.windows.boundary(seconds, live)
+
+    def _live_native(self, number: int) -> LiveStep | None:
+        """A profiled step's span ids, from the native sink that just queued it."""
+        last = self._sink.last() if self._sink is not None and self.spans is not None else None
+        if last is None or last[0] != number:  # the step's span was dropped (queue full)
+            return None
+        assert self.spans is not None
+        _number, ordinal, trace_id, phases = last
+        encoder = self.spans.encoder
+        return _live_step(number, trace_id or encoder.trace_ids(str(number)), encoder.span_base, ordinal, phases)
+
+    def _live_python(self, step: Step, ctx: StepContext) -> LiveStep:
+        assert self.spans is not None
+        phases = [(start, end) for _name, start, end in step.phases]
+        return _live_step(step.number, ctx.trace_id, self.spans.encoder.span_base, ctx.ordinal, phases)
 
     def _on_step(self, step: Step) -> None:
         """A step ended on the CPU (training thread): the profiler's step boundary is here."""
@@ -159,7 +177,7 @@ class Session:
             return
         try:
             ctx = self.spans.context(step)  # the application's current span is on this thread
-            self._boundary(step.duration_s)
+            self._boundary(step.duration_s, lambda: self._live_python(step, ctx))
             if self.timing is not None:
                 self.timing.add(step, ctx)  # recorded once the GPU has run it
             else:
@@ -253,6 +271,16 @@ def _hint(forwards: int) -> None:
         "Call otelprof.step() at the end of each iteration, or wrap each unit of work in "
         '`with otelprof.step_scope("name"):`',
         forwards,
+    )
+
+
+def _live_step(number: int, trace_id: bytes, base: int, ordinal: int, phases: list[tuple[int, int]]) -> LiveStep:
+    """A step span's ids as the step encoders make them: the step's ordinal, then one per phase."""
+    return LiveStep(
+        number,
+        trace_id,
+        ids.span_id(base, ordinal),
+        tuple((ids.span_id(base, ordinal + k), start, end) for k, (start, end) in enumerate(phases, 1)),
     )
 
 

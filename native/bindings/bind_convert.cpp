@@ -40,6 +40,30 @@ otelprof::Options to_options(const py::dict& d) {
     if (d.contains("host_name") && !d["host_name"].is_none()) o.host_name = d["host_name"].cast<std::string>();
     o.group_by_input_shapes = get_or<bool>(d, "group_by_input_shapes", false);
     o.scope_version = get_or<std::string>(d, "scope_version", "");
+    if (d.contains("live_steps")) {
+        // [(number, trace id, span id, [(span id, start, end)])], validated by ConvertOptions
+        auto copy = [](const py::handle& b, uint8_t* out, size_t size) {
+            const std::string raw = b.cast<std::string>();
+            if (raw.size() != size) throw py::value_error("a live step's trace id is 16 bytes, span ids 8");
+            std::copy(raw.begin(), raw.end(), out);
+        };
+        for (const py::handle& item : d["live_steps"].cast<py::list>()) {
+            const auto t = item.cast<py::tuple>();
+            otelprof::LiveStep ls;
+            ls.number = t[0].cast<int64_t>();
+            copy(t[1], ls.trace_id.data(), 16);
+            copy(t[2], ls.span_id.data(), 8);
+            for (const py::handle& ph : t[3].cast<py::list>()) {
+                const auto p = ph.cast<py::tuple>();
+                otelprof::LivePhase phase;
+                copy(p[0], phase.span_id.data(), 8);
+                phase.start = p[1].cast<int64_t>();
+                phase.end = p[2].cast<int64_t>();
+                ls.phases.push_back(phase);
+            }
+            o.live_steps.push_back(std::move(ls));
+        }
+    }
     return o;
 }
 

@@ -463,7 +463,19 @@ void bind_step_tracker(py::module_& m) {
              "The queued steps' spans as request bytes (the queue empties); the GIL is released to encode.")
         .def_property_readonly("pending", [](const PyStepSink& s) { return s.sink.pending(); })
         .def_property_readonly("spans_dropped", [](const PyStepSink& s) { return s.sink.metrics().spans_dropped; })
-        .def("clear_queue", [](PyStepSink& s) { s.sink.clear_queue(); });
+        .def("clear_queue", [](PyStepSink& s) { s.sink.clear_queue(); })
+        .def(
+            "last",
+            [](const PyStepSink& s) -> py::object {
+                const otelprof::StepRecord* r = s.sink.last();
+                if (r == nullptr) return py::none();
+                py::list phases;
+                for (const auto& p : r->phases) phases.append(py::make_tuple(p.start, p.end));
+                py::object trace = r->trace_id ? py::object(py::bytes(reinterpret_cast<const char*>(r->trace_id->data()), 16))
+                                               : py::none();
+                return py::make_tuple(r->number, r->ordinal, trace, phases);
+            },
+            "(number, span ordinal, trace id | None, [(phase start, end)]) of the step queued last, or None.");
     py::class_<LiveTracker, Holder>(m, "StepTracker")
         .def(py::init<py::object, py::object, int64_t, py::object, py::object, py::object, py::object, py::object>(),
              py::arg("on_step"), py::arg("step_type"), py::arg("first_step") = 0, py::arg("clock") = py::none(),

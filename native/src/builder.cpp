@@ -400,6 +400,21 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         step_trace[step_index[s]] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
         if (split) detail_trace[step_index[s]] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
     }
+    // live train.step spans (capture/windows.py): by step index; not with split detail traces
+    std::vector<const LiveStep*> live_of(split ? 0 : steps.size(), nullptr);
+    bool any_live = false;
+    for (const LiveStep& ls : opts.live_steps) {
+        if (split) break;
+        for (int s : steps) {
+            if (step_num[s] == ls.number && !live_of[step_index[s]]) {
+                live_of[step_index[s]] = &ls;
+                step_trace[step_index[s]] = ls.trace_id;
+                any_live = true;
+                break;
+            }
+        }
+    }
+    auto live_step = [&](int s) -> const LiveStep* { return any_live && is_step(s) ? live_of[step_index[s]] : nullptr; };
     const TraceId window_trace = make_trace_id("window|" + run_id + "|" + rank_s + "|" + out.window_id);
     auto trace_of = [&](int i) -> const TraceId& {
         int o = owner[i];
@@ -450,6 +465,24 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         return split ? detail_root(o) : o;
     };
     auto parent_span = [&](int k) -> int { return k >= 0 && !(split && is_step(k)) ? k : -1; };
+    // a CPU span [ev[i].start, end) directly under live step s's ProfilerStep: the phase it
+    // overlaps most (the first such), else the ProfilerStep
+    auto under_phase = [&](int s, int i, int64_t end) -> SpanId {
+        SpanId best = sid(ev[s].ordinal);
+        int64_t most = 0;
+        if (!ev[i].device()) {
+            for (const LivePhase& phase : live_step(s)->phases) {
+                const int64_t hi = std::min(end, phase.end), lo = std::max(ev[i].start, phase.start);
+                if (hi <= lo) continue;  // lo >= phase.start >= 0: hi - lo cannot overflow
+                const int64_t overlap = hi - lo;
+                if (overlap > most) {
+                    best = phase.span_id;
+                    most = overlap;
+                }
+            }
+        }
+        return best;
+    };
 
     // --- aggregation of runs of identical tiny siblings -----------------------------------------
     std::vector<char> aggregated(n, 0);
@@ -484,6 +517,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                     sp.trace_id = trace_of(run[0]);
                     sp.span_id = sid(first.ordinal);
                     sp.parent_id = slot_id((split && is_step(p)) ? level_target(owner[p]) : p);
+                    if (live_step(p)) sp.parent_id = under_phase(p, run[0], end);
                     sp.has_parent = true;
                     sp.name = first.name;
                     sp.start = first.start;
@@ -798,6 +832,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         sp.span_id = sid(e.ordinal);
         if (parent_slot >= 0) {
             sp.parent_id = slot_id(parent_slot);
+            sp.has_parent = true;
+            if (parent_slot == owner[i] && live_step(owner[i])) sp.parent_id = under_phase(owner[i], i, e.end);
+        } else if (const LiveStep* ls = is_step(i) ? live_step(i) : nullptr) {
+            sp.parent_id = ls->span_id;
             sp.has_parent = true;
         }
         sp.name = e.name;

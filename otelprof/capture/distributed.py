@@ -166,7 +166,16 @@ class Straggler:
             raise TimeoutError(f"{MAX_PENDING} straggler exchanges outstanding: a rank is far behind or gone")
         gather = getattr(self._dist, "all_gather_single", None) or self._dist.all_gather_into_tensor
         output = torch.empty(self._world_size, dtype=torch.float64)
-        work = gather(output, torch.tensor([mean], dtype=torch.float64), group=self._group, async_op=True)
+        # Record functions off while issuing: gloo's async work keeps a RecordFunction open
+        # until it completes on a gloo thread, and when that outlives a profiling window (a late
+        # rank) its end is written into the stopped profiler's freed event storage: heap
+        # corruption (torch 2.13, plain torch.profiler too). The exchange is otelprof's own
+        # work, never the user's operators, so no profiler should see it anyway.
+        torch.autograd._enable_record_function(False)
+        try:
+            work = gather(output, torch.tensor([mean], dtype=torch.float64), group=self._group, async_op=True)
+        finally:
+            torch.autograd._enable_record_function(True)
         self._pending.append((work, output, mean))
 
     def _poll(self) -> None:

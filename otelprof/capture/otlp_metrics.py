@@ -54,6 +54,7 @@ BRIDGED = (
     ("otelprof_eval_forwards", True),
     ("otelprof_profiling_windows", True),
     ("otelprof_profiling_windows_failed", True),
+    ("otelprof_profiling_window_overhead_seconds", True),
     ("otelprof_profiling_window_last_timestamp_seconds", False),
     ("otelprof_window_op_self_cpu_seconds", False),
     ("otelprof_window_op_self_device_seconds", False),

@@ -81,6 +81,7 @@ class WindowMetrics(Collector):
         self._lock = threading.Lock()
         self._done = dict.fromkeys(TRIGGERS, 0)
         self._failed = 0
+        self._overhead_s = 0.0
         self._last: WindowSummary | None = None
         self._last_time: float | None = None
 
@@ -89,6 +90,10 @@ class WindowMetrics(Collector):
             self._done[trigger] = self._done.get(trigger, 0) + 1
             self._last = summary
             self._last_time = time.time()
+
+    def window_overhead(self, seconds: float) -> None:
+        with self._lock:
+            self._overhead_s += seconds
 
     def window_failed(self) -> None:
         with self._lock:
@@ -102,6 +107,7 @@ class WindowMetrics(Collector):
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         with self._lock:
             done, failed, last, when = dict(self._done), self._failed, self._last, self._last_time
+            overhead = self._overhead_s
         names, values = self._names, self._values
         windows = CounterMetricFamily(
             "otelprof_profiling_windows", "Profiling windows converted and exported.", labels=[*names, "trigger"]
@@ -115,6 +121,14 @@ class WindowMetrics(Collector):
             names,
             values,
             failed,
+        )
+        yield _counter(
+            "otelprof_profiling_window_overhead_seconds",
+            "Training-thread time spent starting and stopping profiling windows (Kineto's start and "
+            "stop at step boundaries; traces are saved and converted on a background thread).",
+            names,
+            values,
+            overhead,
         )
         if last is None or when is None:
             return

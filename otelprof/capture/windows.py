@@ -5,15 +5,20 @@ in warmup and active steps, so the steps in between cost one ``prof.step()`` cal
 schedule is torch's own (skip_first, wait, warmup, active, repeat), and an on-demand request
 (signal or trigger file) or a slow step overrides it for the next window.
 
-When a window ends, torch calls ``on_trace_ready`` on the training thread: the trace is saved
-to a temporary file there (Kineto writes it), and a background thread converts it with the
-native core (GIL released) and hands the requests to the exporter. ``ProfilerStep#N`` numbers
-follow the tracker's, so a window's operator spans land in the traces of the live step spans.
+When a window ends, torch stops Kineto on the training thread (unavoidable: the profiler is
+that thread's) and calls ``on_trace_ready``, which hands the results to a background thread:
+it saves the trace (Kineto writes it, GIL released), converts it with the native core (GIL
+released), hands the requests to the exporter and frees the results there. ``ProfilerStep#N``
+numbers follow the tracker's, and each recorded step's live span ids go with the window
+(``LiveStep``): its operators land under that step's ``train.step`` span, in the phase span
+that ran them. Steps inside a window and the one after it (it pays the profiler's stop) are
+marked and never feed or trigger the slow-step (anomaly) detection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..converter import ConvertOptions, convert
+from ..converter import ConvertOptions, LiveStep, convert
 from .window_metrics import WindowMetrics, summarize
 
 _log = logging.getLogger(__name__)
@@ -70,6 +75,46 @@ class OnDemand:
         return steps
 
 
+class Anomaly:
+    """Slow-step detection: a step slower than ``factor`` x the rolling median of the last
+    ``HISTORY`` unmarked steps, at most once per cooldown. Marked steps (inside or right after
+    a profiling window: their time is partly the profiler's) neither enter the median nor trigger."""
+
+    HISTORY = 50
+    MIN_HISTORY = 10
+
+    def __init__(self, factor: float, cooldown_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.factor = factor
+        self.cooldown_s = cooldown_s
+        self._clock = clock
+        self.history: deque[float] = deque(maxlen=self.HISTORY)
+        self._last: float | None = None
+        self.skipped = 0  # marked steps seen
+
+    def observe(self, seconds: float, marked: bool = False) -> bool:
+        """True when this step should start an anomaly window."""
+        if marked:
+            self.skipped += 1
+            return False
+        slow = False
+        if self.factor > 0 and len(self.history) >= self.MIN_HISTORY:
+            median = statistics.median(self.history)
+            now = self._clock()
+            cooled = self._last is None or now - self._last >= self.cooldown_s
+            if seconds > self.factor * median and cooled:
+                self._last = now
+                slow = True
+                _log.info("otelprof: a %.3f s step (median %.3f s): profiling the next steps", seconds, median)
+        self.history.append(seconds)
+        return slow
+
+
+#: Live step ids kept for the window in progress (a longer on-demand window keeps its first ones).
+MAX_LIVE_STEPS = 1000
+#: A job for the conversion thread: the torch results (or a saved file), trigger, live steps.
+_Job = tuple[Any, str, tuple[LiveStep, ...]]
+
+
 class Windows:
     def __init__(
         self,
@@ -96,17 +141,22 @@ class Windows:
         self._demand_start: int | None = None  # first warmup step of an on-demand window
         self._demand_trigger: str | None = None  # "on_demand" or "anomaly", until its trace is saved
         self._demand_steps = settings.on_demand_steps
-        self._durations: deque[float] = deque(maxlen=50)
-        self._last_anomaly = 0.0
+        self.anomaly = Anomaly(settings.anomaly_factor, settings.anomaly_cooldown_s)
+        self._live: list[LiveStep] = []  # recorded steps of the window in progress
+        self._saved = False  # a window's trace was handed over at this boundary
+        self._after_window = False  # the step now running follows a window's end
+        self.marked_steps: deque[int] = deque(maxlen=64)  # step numbers kept out of the anomaly median
+        self.save_threads: deque[str] = deque(maxlen=16)  # where each window's trace was saved
+        self.overhead_s = 0.0  # training-thread time of windows' starts and stops
         self.windows_done = 0
         self.windows_failed = 0
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        self._jobs: queue.Queue[tuple[Path, str] | None] = queue.Queue(maxsize=4)
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=4)
         self._worker = threading.Thread(target=self._convert_loop, name="otelprof-windows", daemon=True)
         self._worker.start()
-        self._prof = profile(
+        self._prof: Any = profile(
             activities=activities,
             schedule=self._action,
             on_trace_ready=self._ready,
@@ -129,21 +179,47 @@ class Windows:
         self._prof.start()
         self._started = True
 
-    def boundary(self, step_seconds: float) -> None:
-        """A step ended and the next begins."""
+    def boundary(self, step_seconds: float, live: Callable[[], LiveStep | None] | None = None) -> None:
+        """A step ended and the next begins; ``live()`` gives the ended step's span ids (asked
+        only when the profiler recorded that step)."""
         if not self._started:
             return
-        self._check_triggers(step_seconds)
+        from torch.profiler import ProfilerAction
+
+        action = self._prof.current_action  # the ended step's
+        if live is not None and action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            step = live()
+            if step is not None and len(self._live) < MAX_LIVE_STEPS:
+                self._live.append(step)
+        marked = action != ProfilerAction.NONE or self._after_window
+        if marked:
+            self.marked_steps.append(self._prof.step_num)
+        self._check_triggers(step_seconds, marked)
+        self._saved = False
+        start = time.perf_counter_ns()
         self._prof.step()
+        if self._prof.current_action != action:  # Kineto started or stopped here: the window's cost
+            self._overhead(time.perf_counter_ns() - start)
+        self._after_window, self._saved = self._saved, False
+
+    def _overhead(self, ns: int) -> None:
+        """Training-thread time of a window's start or stop (the step pays it; it is marked)."""
+        self.overhead_s += ns / 1e9
+        if self.metrics is not None:
+            self.metrics.window_overhead(ns / 1e9)
 
     def close(self) -> None:
+        """Stops the profiler (a window in progress is saved and converted), waits for the
+        conversions, and releases torch's profiler objects here rather than at interpreter exit."""
         if self._started:
             self._started = False
-            self._prof.stop()  # a window in progress is saved and converted
+            self._prof.stop()
         if self._old_handler is not None and self.settings.trigger_signal is not None:
             signal.signal(self.settings.trigger_signal, self._old_handler)
         self._jobs.put(None)
         self._worker.join(timeout=60)
+        self._prof = None
+        self._live = []
 
     # --- schedule ------------------------------------------------------------------------------
 
@@ -163,10 +239,10 @@ class Windows:
             self._demand_start = None
         return self._base(step)
 
-    def _check_triggers(self, step_seconds: float) -> None:
+    def _check_triggers(self, step_seconds: float, marked: bool) -> None:
         from torch.profiler import ProfilerAction
 
-        anomaly = self._is_anomaly(step_seconds)
+        anomaly = self.anomaly.observe(step_seconds, marked)
         path = self.settings.trigger_file
         by_file = path is not None and os.path.exists(path)
         if by_file and path is not None:
@@ -182,33 +258,30 @@ class Windows:
         self._demand_trigger = "anomaly" if anomaly else "on_demand"
         _log.info("otelprof: profiling steps from %d on demand", self._demand_start + self.settings.warmup)
 
-    def _is_anomaly(self, seconds: float) -> bool:
-        factor = self.settings.anomaly_factor
-        history = self._durations
-        slow = False
-        if factor > 0 and len(history) >= 10:
-            median = statistics.median(history)
-            now = time.monotonic()
-            if seconds > factor * median and now - self._last_anomaly >= self.settings.anomaly_cooldown_s:
-                self._last_anomaly = now
-                slow = True
-                _log.info("otelprof: a %.3f s step (median %.3f s): profiling the next steps", seconds, median)
-        history.append(seconds)
-        return slow
-
     # --- traces ------------------------------------------------------------------------------
 
     def _ready(self, prof: Any) -> None:
-        """On the training thread: save the trace (Kineto does it), queue it for conversion."""
+        """On the training thread (Kineto has stopped): hand the results to the conversion
+        thread, which saves them. Only where torch merges more into the file (its CUPTI
+        monitor) or keeps no results object is the trace saved here."""
         trigger, self._demand_trigger = self._demand_trigger or "schedule", None
+        live, self._live = tuple(self._live), []
+        self._saved = True
+        source: Any = None
         try:
-            fd, name = tempfile.mkstemp(prefix="otelprof-window-", suffix=".json")
-            os.close(fd)
-            prof.export_chrome_trace(name)
-            self._jobs.put_nowait((Path(name), trigger))
+            inner = getattr(prof, "profiler", None)
+            source = getattr(inner, "kineto_results", None)
+            if inner is None or source is None or getattr(prof, "_use_cupti_monitor", False):
+                source = _temp_path()
+                prof.export_chrome_trace(str(source))
+                self.save_threads.append(threading.current_thread().name)
+            else:
+                inner.kineto_results = None  # the conversion thread holds the only reference
+            self._jobs.put_nowait((source, trigger, live))
         except queue.Full:
             self._failed()
-            Path(name).unlink(missing_ok=True)
+            if isinstance(source, Path):
+                source.unlink(missing_ok=True)
             _log.warning("otelprof: windows arrive faster than they convert; dropping one (counted)")
         except Exception:
             self._failed()
@@ -222,9 +295,17 @@ class Windows:
     def _convert_loop(self) -> None:
         _lower_priority()
         while (job := self._jobs.get()) is not None:
-            path, trigger = job
+            source, trigger, live = job
+            job = None
+            path: Path | None = source if isinstance(source, Path) else None
             try:
-                result = convert(path, options=self._options)
+                if path is None:
+                    path = _temp_path()
+                    source.save(str(path))  # Kineto writes the JSON with the GIL released
+                    self.save_threads.append(threading.current_thread().name)
+                source = None  # torch's results are freed here, on this thread
+                options = dataclasses.replace(self._options, live_steps=live) if live else self._options
+                result = convert(path, options=options)
                 for request in result.requests:
                     self._submit(request)
                 self.windows_done += 1
@@ -234,7 +315,15 @@ class Windows:
                 self._failed()
                 _log.warning("otelprof: converting a profiling window failed", exc_info=True)
             finally:
-                path.unlink(missing_ok=True)
+                source = None
+                if path is not None:
+                    path.unlink(missing_ok=True)
+
+
+def _temp_path() -> Path:
+    fd, name = tempfile.mkstemp(prefix="otelprof-window-", suffix=".json")
+    os.close(fd)
+    return Path(name)
 
 
 #: Niceness of the conversion thread: on a machine with few free cores the training thread

@@ -3,11 +3,12 @@
 from ._api import ConvertResult, OpStats, convert, convert_bytes, native_available
 from ._errors import TraceFormatError
 from ._load import load_bytes
-from ._options import ConvertOptions
+from ._options import ConvertOptions, LiveStep
 
 __all__ = [
     "ConvertOptions",
     "ConvertResult",
+    "LiveStep",
     "OpStats",
     "TraceFormatError",
     "convert",

@@ -31,6 +31,30 @@ _INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
+class LiveStep:
+    """A live ``train.step`` span that a profiled step's operators go under (capture/windows.py):
+    ``ProfilerStep#number`` becomes its child, in its trace, and each CPU span directly under
+    ``ProfilerStep#number`` moves under the phase span it overlaps most in time (the first such;
+    an ``Optimizer.step`` annotation begins just before the phase its hooks time), else stays
+    under ``ProfilerStep#number``."""
+
+    number: int
+    trace_id: bytes  # 16 bytes
+    span_id: bytes  # 8 bytes
+    phases: tuple[tuple[bytes, int, int], ...] = ()  # (span id, start ns, end ns)
+
+    def __post_init__(self) -> None:
+        ok = isinstance(self.number, int) and 0 <= self.number <= _INT64_MAX
+        ok = ok and isinstance(self.trace_id, bytes) and len(self.trace_id) == 16
+        ok = ok and isinstance(self.span_id, bytes) and len(self.span_id) == 8
+        for phase in self.phases:
+            ok = ok and len(phase) == 3 and isinstance(phase[0], bytes) and len(phase[0]) == 8
+            ok = ok and all(isinstance(t, int) and 0 <= t <= _INT64_MAX for t in phase[1:])
+        if not ok:
+            raise ValueError(f"malformed live step: {self!r}")
+
+
+@dataclass(frozen=True)
 class ConvertOptions:
     """How a Kineto trace becomes OTLP spans. Every field has a safe default.
 
@@ -54,6 +78,8 @@ class ConvertOptions:
     base_time_ns: int | None = None
     group_by_input_shapes: bool = False
     scope_version: str = ""
+    #: Live step spans the profiled steps go under (not with split detail traces); () for files.
+    live_steps: tuple[LiveStep, ...] = ()
 
     def __post_init__(self) -> None:
         if self.detail not in ("full", "default"):
@@ -72,6 +98,8 @@ class ConvertOptions:
                 raise ValueError(f"{name} must be a non-negative integer or None, not {value!r}")
         if self.run_id is not None and not isinstance(self.run_id, str):
             raise ValueError(f"run_id must be a string or None, not {self.run_id!r}")
+        if not all(isinstance(s, LiveStep) for s in self.live_steps):
+            raise ValueError("live_steps must be LiveStep values")
         for item in self.resource_attributes:
             if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item)):
                 raise ValueError(f"resource_attributes must be (key, value) string pairs, not {item!r}")
@@ -118,4 +146,5 @@ class ConvertOptions:
             "base_time_ns": -1 if self.base_time_ns is None else self.base_time_ns,
             "group_by_input_shapes": self.group_by_input_shapes,
             "scope_version": clean(self.scope_version),
+            "live_steps": [(s.number, s.trace_id, s.span_id, list(s.phases)) for s in self.live_steps],
         }

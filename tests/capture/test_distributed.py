@@ -171,6 +171,59 @@ def test_spawned_ranks_agree_on_the_run_id(tmp_path: Path) -> None:
     assert ratios[1] > 1 > ratios[0]
 
 
+def _malloc_debug() -> dict[str, str]:
+    """glibc's malloc checking (glibc >= 2.34: a preloaded library): heap corruption aborts."""
+    import glob
+
+    dirs = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/lib/*-linux-gnu", "/usr/lib/*-linux-gnu")
+    if not any(glob.glob(f"{d}/libc_malloc_debug.so.0") for d in dirs):
+        pytest.skip("glibc's libc_malloc_debug.so.0 is not installed")
+    return {"LD_PRELOAD": "libc_malloc_debug.so.0", "MALLOC_CHECK_": "3", "MALLOC_PERTURB_": "165"}
+
+
+MALLOC_RUNS = 3  # before the fix, 3 of 3 runs aborted here with free(): invalid pointer
+
+
+def test_spawned_ranks_exit_cleanly_under_malloc_checking(tmp_path: Path) -> None:
+    """The spawned two-rank job with a profiling window, under glibc's malloc checking: no run
+    aborts at exit. (The straggler exchange issued inside the window completed on a gloo thread
+    after the window stopped, and torch wrote its end into the freed profiler's events.)"""
+    checking = _malloc_debug()
+    for run in range(MALLOC_RUNS):
+        out = tmp_path / str(run)
+        out.mkdir()
+        command = [sys.executable, str(HERE / "dist_train.py"), str(out), str(STEPS), "spawn", str(free_port())]
+        with http_receiver() as rec:
+            stderr = _run(command, rec, out, **checking)  # asserts exit status 0 and both ranks done
+        assert "free()" not in stderr and "malloc" not in stderr, stderr[-2000:]
+        _check_traces(rec, _by_rank(rec)[0][0][0]["otelprof.run.id"].string_value)
+
+
+def test_a_process_with_a_window_exits_cleanly_under_malloc_checking(tmp_path: Path) -> None:
+    """One process, one profiling window, malloc checking on: trains, exports, exits 0."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    with http_receiver() as rec:
+        env.update(
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
+                "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+                "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),
+                "OTELPROF_RUN_ID": "one",
+                "OTELPROF_PROFILE_SKIP_FIRST": "2",
+                "OTELPROF_PROFILE_WAIT": "0",
+                "OTELPROF_PROFILE_ACTIVE": "2",
+                "OTELPROF_PROFILE_REPEAT": "1",
+                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                **_malloc_debug(),
+            }
+        )
+        command = [sys.executable, str(HERE / "train_loop.py"), str(STEPS), "0", "--auto"]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0 and f"trained {STEPS}" in out.stdout, out.stderr[-4000:]
+    names = {s.name for s in rec.spans}
+    assert {"train.step", "aten::linear", "ProfilerStep#3", "ProfilerStep#4"} <= names
+
+
 def test_a_rank_without_otelprof_never_blocks_training(tmp_path: Path) -> None:
     """otelprof disabled on rank 1 (a misconfiguration): rank 0 waits for it at the first step
     for the group timeout (3 s here), logs once, and trains on with its own run id."""

@@ -61,7 +61,11 @@ def _steps(rec: HttpReceiver) -> list[tuple[PbSpan, list[PbSpan]]]:
     steps = sorted((s for s in spans if s.name == "train.step"), key=lambda s: _attrs(s)["pytorch.step"])
     out = []
     for step in steps:
-        phases = sorted((s for s in spans if s.parent_span_id == step.span_id), key=lambda s: s.start_time_unix_nano)
+        children = [s for s in spans if s.parent_span_id == step.span_id]
+        # a profiled step also holds its window's ProfilerStep#N (one root per profiled step)
+        profiled = [s for s in children if s.name.startswith("ProfilerStep#")]
+        assert len(profiled) <= 1
+        phases = sorted((s for s in children if s not in profiled), key=lambda s: s.start_time_unix_nano)
         assert {p.name for p in phases} <= PHASE_NAMES
         out.append((step, phases))
     return out

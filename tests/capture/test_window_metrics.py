@@ -66,7 +66,10 @@ def test_collector_counts_windows_by_trigger_and_replaces_the_last_window() -> N
     metrics.window_done("schedule", first)
     metrics.window_done("anomaly", summarize([OpStats("c", "op", "", 1, 7, 7, 0, 0)]))
     metrics.window_failed()
+    metrics.window_overhead(0.25)
+    metrics.window_overhead(0.5)
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert families["otelprof_profiling_window_overhead_seconds"].samples[0].value == 0.75
     windows = {s.labels["trigger"]: s.value for s in families["otelprof_profiling_windows"].samples}
     assert windows == {"schedule": 1, "on_demand": 0, "anomaly": 1}
     assert families["otelprof_profiling_windows_failed"].samples[0].value == 1

@@ -176,3 +176,91 @@ def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: P
     live_session.stop(session)
     assert _profiled_steps(receiver, STEPS + 6) == [14, 15]
     assert _window_metrics(session)["otelprof_profiling_windows_total"] == {"schedule": 0, "on_demand": 0, "anomaly": 1}
+
+
+def _overlap(a: Any, b: Any) -> int:
+    end: int = min(a.end_time_unix_nano, b.end_time_unix_nano)
+    return end - int(max(a.start_time_unix_nano, b.start_time_unix_nano))
+
+
+def _ancestors(span: Any, by_id: dict[bytes, Any]) -> list[Any]:
+    chain = []
+    while span.parent_span_id:
+        span = by_id[span.parent_span_id]
+        chain.append(span)
+    return chain
+
+
+@pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])
+def test_a_profiled_step_has_one_root_with_operators_under_their_phases(
+    receiver: HttpReceiver, tmp_path: Path, metrics: str
+) -> None:
+    """The window's operators hang under the live ``train.step``: ``ProfilerStep#N`` is its child,
+    and each top-level operator sits under the phase span that ran it (by time). Steps stay in
+    the native core, or (OTLP metrics) go through Python: the span ids come from either."""
+    if "otlp" in metrics:
+        pytest.importorskip("opentelemetry.sdk")
+    schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
+    env = {**schedule, "OTELPROF_PROFILE_REPEAT": "1", "OTEL_METRICS_EXPORTER": metrics}
+    session = _instrument(receiver, tmp_path, **env)
+    _train(steps=8)
+    assert (session.otlp_metrics is None) == (metrics == "prometheus")  # which path the steps took
+    live_session.stop(session)
+    traces = _by_trace(receiver)
+    phases = {"data", "forward", "backward", "optimizer"}
+    for n in (3, 4):
+        spans = traces[_tid(n)]
+        by_id = {s.span_id: s for s in spans}
+        [root] = [s for s in spans if not s.parent_span_id]
+        assert root.name == "train.step"
+        [marker] = [s for s in spans if s.name == f"ProfilerStep#{n}"]
+        assert marker.parent_span_id == root.span_id
+        ops = [s for s in spans if s.name not in phases | {"train.step", marker.name}]
+        assert len(ops) > 10
+        under: dict[str, set[str]] = {}
+        for op in ops:
+            chain = _ancestors(op, by_id)
+            assert chain[-1] is root, op.name  # every operator reaches train.step
+            top = chain[-2]  # the span right under train.step: a phase or the ProfilerStep
+            assert top.name in phases | {marker.name}, op.name
+            under.setdefault(top.name, set()).add(op.name)
+            parent = by_id[op.parent_span_id]
+            overlaps = {p.span_id: _overlap(op, p) for p in spans if p.name in phases}
+            if parent.name in phases:  # a top-level operator: under the phase it overlaps most
+                assert overlaps[parent.span_id] == max(overlaps.values()) > 0, op.name
+            elif parent is marker:  # in no phase
+                assert max(overlaps.values()) <= 0, op.name
+        assert {"aten::linear", "aten::addmm"} <= under["forward"]
+        assert "Optimizer.step#SGD.step" in under["optimizer"]
+        assert any("Backward" in name for name in under["backward"])
+        assert any(name.startswith("enumerate(DataLoader)") for name in under["data"])
+
+
+def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
+    receiver: HttpReceiver, tmp_path: Path
+) -> None:
+    """Kineto writes the window's trace on the conversion thread, not the training thread; the
+    warmup, recorded and following step are kept out of the slow-step median."""
+    import threading
+
+    schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
+    session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_REPEAT="1", OTELPROF_ANOMALY_FACTOR="1000")
+    _train(steps=8)
+    windows = session.windows  # made at the first step
+    assert windows is not None
+    anomaly = windows.anomaly
+    live_session.stop(session)
+    assert list(windows.save_threads) == ["otelprof-windows"]
+    assert threading.current_thread().name not in windows.save_threads
+    assert list(windows.marked_steps) == [2, 3, 4, 5]  # warmup, recorded, the step paying the stop
+    assert anomaly.skipped == 4 and len(anomaly.history) == 8 - 4
+    assert _profiled_steps(receiver, 8) == [3, 4]
+    # Kineto's start (at steps 1|2, 2|3) and stop (4|5) on the training thread: counted, not hidden
+    overhead = _window_metrics(session)["otelprof_profiling_window_overhead_seconds_total"][""]
+    assert overhead == pytest.approx(windows.overhead_s) and overhead > 0
+    for n in range(8):  # phases never sum past their step, the one after the window included
+        spans = _by_trace(receiver)[_tid(n)]
+        [step] = [s for s in spans if s.name == "train.step"]
+        phases = [s for s in spans if s.parent_span_id == step.span_id and not s.name.startswith("ProfilerStep#")]
+        total = sum(s.end_time_unix_nano - s.start_time_unix_nano for s in phases)
+        assert total <= step.end_time_unix_nano - step.start_time_unix_nano

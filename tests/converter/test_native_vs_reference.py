@@ -6,6 +6,7 @@ Runs only when ``otelprof._native`` is built (and fails instead of skipping when
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from converter_helpers import (
     trace_id_for,
 )
 
-from otelprof.converter import ConvertResult, convert
+from otelprof.converter import ConvertOptions, ConvertResult, convert
+from otelprof.converter._options import Detail
 
 pytestmark = pytest.mark.native
 
@@ -112,3 +114,52 @@ def test_auto_engine_is_native() -> None:
     result = convert(path, detail="full")
     assert result.engine == "native"
     assert result.requests == convert_cached(path, "reference", detail="full").requests
+
+
+def _live_steps(path: Path) -> tuple[Any, ...]:
+    """A LiveStep per ProfilerStep of the trace, as capture/windows.py passes them: four phases
+    tiling the step, one trace shared by the first two steps (steps nested under one
+    application span), a repeated number and a number the trace lacks."""
+    import hashlib
+
+    from otelprof.converter import LiveStep
+
+    def h(text: str, size: int) -> bytes:
+        return hashlib.sha256(text.encode()).digest()[:size]
+
+    found: dict[int, tuple[int, int, int]] = {}
+    for s in all_spans_pb(convert_cached(path, "reference", detail="full").requests):
+        if s.name.startswith("ProfilerStep#") and not s.parent_span_id:  # the step, not a namesake
+            n = int(s.name.split("#")[1])
+            found.setdefault(n, (n, s.start_time_unix_nano, s.end_time_unix_nano))
+    steps = sorted(found.values())
+    assert steps, path
+    out = []
+    for k, (n, start, end) in enumerate(steps):
+        cuts = [start + (end - start) * q // 4 for q in range(5)]
+        phases = tuple((h(f"{n}|{q}", 8), cuts[q], cuts[q + 1]) for q in range(4))
+        out.append(LiveStep(n, h(f"trace|{min(k, 1) if k < 2 else n}", 16), h(f"step|{n}", 8), phases))
+    out.append(LiveStep(steps[0][0], h("dup", 16), h("dup", 8)))  # the first of a number counts
+    out.append(LiveStep(10**12, h("none", 16), h("none", 8)))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("fragment", OPTION_TRACES)
+@pytest.mark.parametrize("detail", ["full", "default"])
+def test_live_steps_match_reference(fragment: str, detail: Detail) -> None:
+    """Profiled steps under live train.step spans (one root per step trace): both engines alike;
+    with split detail traces the live steps change nothing."""
+    path = shared_trace(fragment)
+    live = _live_steps(path)
+    one = ConvertOptions(detail=detail, world_size=1, live_steps=live)  # one rank: no split detail traces
+    native = convert(path, engine="native", options=one)
+    _assert_same(native, convert(path, engine="reference", options=one))
+    spans = all_spans_pb(native.requests)
+    for step in live[:-2]:
+        members = [s for s in spans if s.trace_id == step.trace_id]
+        assert [s.name for s in members if not s.parent_span_id] == [], "the live span is the only root"
+        markers = [s for s in members if s.name == f"ProfilerStep#{step.number}"]
+        assert [s.parent_span_id for s in markers if s.parent_span_id == step.span_id] == [step.span_id]
+    split = ConvertOptions(detail=detail, world_size=64, split_world_size=2)
+    with_live = dataclasses.replace(split, live_steps=live)
+    assert convert(path, engine="native", options=with_live).requests == convert(path, options=split).requests

@@ -92,6 +92,18 @@ struct OpRow {
     int64_t calls = 0, cpu_total_ns = 0, self_cpu_ns = 0, device_total_ns = 0, self_device_ns = 0;
 };
 
+// A live train.step span a profiled step's operators go under (ConvertOptions.live_steps).
+struct LivePhase {
+    SpanId span_id{};
+    int64_t start = 0, end = 0;
+};
+struct LiveStep {
+    int64_t number = 0;
+    TraceId trace_id{};
+    SpanId span_id{};
+    std::vector<LivePhase> phases;
+};
+
 struct Options {
     std::optional<std::string> run_id;
     std::optional<int64_t> rank, world_size, base_time_ns;
@@ -107,6 +119,7 @@ struct Options {
     std::optional<std::string> host_name;
     bool group_by_input_shapes = false;
     std::string scope_version;
+    std::vector<LiveStep> live_steps;
 };
 
 using Stats = std::vector<std::pair<std::string, int64_t>>;

@@ -59,6 +59,8 @@ class StepSink {
     const StepMetricsState& metrics() const { return metrics_; }
     std::vector<StepRecord> take();
     size_t pending() const { return queue_.size(); }
+    // The step queued last (capture/windows.py reads a profiled step's span ids right after add).
+    const StepRecord* last() const { return queue_.empty() ? nullptr : &queue_.back(); }
     // After fork(): the child starts with no queued spans (its parent ships them).
     void clear_queue() { queue_.clear(); }
 

@@ -12,7 +12,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions
+from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions, LiveStep
 from .._text import clean
 from . import ids, tree
 from .jsonload import as_double, as_int64, render
@@ -166,6 +166,12 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     # --- trace ids, roots ----------------------------------------------------------------
     n_total = trace.total
     step_trace = {s: ids.trace_id(f"step|{run_id}|{step_num[s]}") for s in steps}
+    live: dict[int, LiveStep] = {}
+    for ls in () if split else opts.live_steps:
+        live.setdefault(ls.number, ls)  # the first for a number, as the native core takes
+    live_of = {s: live[step_num[s]] for s in steps if step_num[s] in live}
+    for s, ls in live_of.items():
+        step_trace[s] = ls.trace_id
     detail_trace = {s: ids.trace_id(f"detail|{run_id}|{rank_s}|{step_num[s]}") for s in steps} if split else {}
     window_trace = ids.trace_id(f"window|{run_id}|{rank_s}|{window}")
 
@@ -210,6 +216,17 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             return window_root_id
         return detail_root_id[o] if split else sid(ev[o].ordinal)
 
+    def under_phase(s: int, i: int, end: int) -> bytes:
+        """A CPU span [ev[i].start, end) directly under live step ``s``'s ProfilerStep: the phase
+        it overlaps most (the first such), else the ProfilerStep."""
+        best, most = sid(ev[s].ordinal), 0
+        if not ev[i].device:
+            for phase_id, start, stop in live_of[s].phases:
+                overlap = min(end, stop) - max(ev[i].start, start)
+                if overlap > most:
+                    best, most = phase_id, overlap
+        return best
+
     def parent_span(k: int) -> bytes:
         """Parent span id of a kept span given its nearest kept ancestor ``k``."""
         if k >= 0 and not (split and k in step_num):
@@ -239,6 +256,8 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
                     attrs.append(("otelprof.aggregated_count", len(run)))
                     attrs.append(("otelprof.aggregated_duration_ns", sum(ev[r].dur for r in run)))
                     pid_ = level_target(owner[p]) if (split and p in step_num) else sid(ev[p].ordinal)
+                    if p in live_of:
+                        pid_ = under_phase(p, run[0], max(ev[r].end for r in run))
                     agg_spans.append(
                         Span(
                             first.ordinal,
@@ -355,11 +374,13 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         if my_id in dropped_count:
             attrs.append(("otelprof.dropped_spans", dropped_count[my_id]))
         if i in step_num or i == window_root_ev:
-            pid_ = b""
+            pid_ = live_of[i].span_id if i in live_of else b""
         elif parent[i] >= 0 and (k := nearest_kept(parent[i])) >= 0:
             pid_ = parent_span(k) or level_target(owner[i])
         else:
             pid_ = level_target(owner[i])
+        if live_of and owner[i] in live_of and pid_ == sid(ev[owner[i]].ordinal):
+            pid_ = under_phase(owner[i], i, e.end)
         span = Span(e.ordinal, trace_of(i), my_id, pid_, e.name, e.start, e.end, attrs)
         span.links = [(t, s_, [("otelprof.link.kind", "fwdbwd")]) for t, s_ in links.get(my_id, [])]
         if split and i in step_num:
@@ -448,7 +469,11 @@ def _order_by_trace(
         if split:
             trace_order.append(detail_trace[s])
     trace_order.append(window_trace)
+    seen: set[bytes] = set()
     for tid in trace_order:
+        if tid in seen:  # live steps nested under one application span share its trace
+            continue
+        seen.add(tid)
         members = by_trace.get(tid, [])
         roots = [sp for sp in members if not sp.parent_id]
         out.extend(roots)
