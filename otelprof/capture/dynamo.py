@@ -115,10 +115,10 @@ def _dynamo_parts() -> tuple[Any, Any]:
     from torch._dynamo import config
 
     try:
-        from torch._dynamo.callback import callback_handler
+        from torch._dynamo import callback
     except ImportError:  # pragma: no cover - torch < 2.4
-        callback_handler = None
-    return config, callback_handler
+        return config, None
+    return config, getattr(callback, "callback_handler", None)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -139,7 +139,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         if fullname != self._name or self._busy:
             return None
         self._busy = True  # the search below must not find this finder again
-        spec = None
+        spec: importlib.machinery.ModuleSpec | None = None
         try:
             for finder in list(sys.meta_path):
                 find = getattr(finder, "find_spec", None)
