@@ -18,6 +18,7 @@ by otelprof: it costs seconds):
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import logging
@@ -41,6 +42,7 @@ class DynamoHooks:
         self._lock = threading.Lock()
         self._ignored: list[Any] = []
         self._callback: Callable[[Any], None] | None = None
+        self._reset: tuple[Any, Any] | None = None  # (original, ours): torch._dynamo.reset
         self._finder: _AfterImport | None = None
         self._removed = False
         self.active = False  # set up in dynamo
@@ -71,6 +73,13 @@ class DynamoHooks:
                 with contextlib.suppress(ValueError):  # cleared by someone else
                     handler.remove_start_callback(self._callback)
             self._callback = None
+            if self._reset is not None:
+                import torch._dynamo as dynamo
+
+                original, ours = self._reset
+                if dynamo.reset is ours:  # someone wrapped it after us: leave theirs
+                    dynamo.reset = original
+                self._reset = None
 
     def _setup(self) -> None:
         with self._lock:
@@ -82,8 +91,7 @@ class DynamoHooks:
                 _log.debug("otelprof could not set up its torch.compile integration", exc_info=True)
 
     def _setup_locked(self) -> None:
-        from torch._dynamo import disable
-        from torch._dynamo.eval_frame import skip_code
+        import torch._dynamo as dynamo
 
         config, handler = _dynamo_parts()
         ignored = getattr(config, "ignore_logging_functions", None)
@@ -92,8 +100,6 @@ class DynamoHooks:
                 if hook not in ignored:
                     ignored.add(hook)
                     self._ignored.append(hook)
-        for code in self._codes:
-            skip_code(code)
         if handler is not None:
             on_compile = self._on_compile
 
@@ -105,9 +111,32 @@ class DynamoHooks:
 
             # a compile can start under a compiled function (a lazy backward): our frames stay
             # out of sight there too
-            self._callback = disable(started)
-            handler.register_start_callback(self._callback)
+            self._callback = dynamo.disable(started)
+        self._attach()
+        # torch._dynamo.reset() forgets the compile callbacks and the frames to skip
+        original = dynamo.reset
+        attach = self._attach
+        lock = self._lock
+
+        @functools.wraps(original)
+        def reset() -> None:
+            original()
+            with lock:
+                if self.active:
+                    attach()
+
+        dynamo.reset = reset
+        self._reset = (original, reset)
         self.active = True
+
+    def _attach(self) -> None:
+        from torch._dynamo.eval_frame import skip_code
+
+        for code in self._codes:
+            skip_code(code)
+        _, handler = _dynamo_parts()
+        if self._callback is not None and handler is not None and self._callback not in handler.start_callbacks:
+            handler.register_start_callback(self._callback)
 
 
 def _dynamo_parts() -> tuple[Any, Any]:
