@@ -30,13 +30,16 @@ from typing import Any
 
 _log = logging.getLogger(__name__)
 _DYNAMO = "torch._dynamo"
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
 
 
 class DynamoHooks:
     """Set up at once when dynamo is already imported, else when it is (an import hook)."""
 
     def __init__(self, hooks: Iterable[Any], frames: Iterable[Any], on_compile: Callable[[], None]) -> None:
-        self._hooks = [h for h in hooks if callable(h)]
+        # functions only: dynamo deep-copies its config when it logs a compile, and a bound
+        # method would take its object (a tracker, with its lock) along
+        self._hooks = [h for h in hooks if isinstance(h, _FUNCTIONS)]
         self._codes = [c for c in (getattr(f, "__code__", None) for f in frames) if isinstance(c, types.CodeType)]
         self._on_compile = on_compile
         self._lock = threading.Lock()

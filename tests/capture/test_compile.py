@@ -7,6 +7,7 @@ state is per process, and the user's log is the process's stderr."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -99,7 +100,11 @@ def _global_forward_hooks() -> int:
 
 @pytest.mark.parametrize("native", KINDS)
 def test_root_hooks_inside_a_compiled_function_are_no_ops(
-    native: bool, dynamo_counters: Any, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+    native: bool,
+    dynamo_counters: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    recwarn: pytest.WarningsRecorder,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Eager steps find the model; a compiled function then calls it: its root hooks are traced
     as no-ops (no graph break, no recompile), discovery ends and never returns."""
@@ -145,6 +150,7 @@ def test_root_hooks_inside_a_compiled_function_are_no_ops(
         hooks.remove()
     assert hooked == plain and plain["stats"]["unique_graphs"] == 1 and "graph_break" not in plain
     assert not [str(w.message) for w in recwarn]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]  # dynamo logs none
     assert [[p[0] for p in s.phases] for s in steps] == [["forward", "backward", "optimizer"]] * 2 + [
         ["backward", "optimizer"]
     ] * 3
