@@ -154,3 +154,28 @@ def test_root_hooks_inside_a_compiled_function_are_no_ops(
     assert [[p[0] for p in s.phases] for s in steps] == [["forward", "backward", "optimizer"]] * 2 + [
         ["backward", "optimizer"]
     ] * 3
+
+
+def test_dynamo_integration_survives_reset_and_is_undone() -> None:
+    """torch._dynamo.reset() forgets compile callbacks: otelprof's comes back; remove() leaves
+    dynamo as it found it."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.callback import callback_handler
+
+    original_reset = dynamo.reset
+    ignored_before = set(dynamo.config.ignore_logging_functions)
+    callbacks_before = list(callback_handler.start_callbacks)
+    tracker = step_tracker(lambda s: None)
+    hooks = TorchHooks(tracker)
+    hooks.install()
+    try:
+        assert tracker.begin_forward in dynamo.config.ignore_logging_functions
+        ours = [c for c in callback_handler.start_callbacks if c not in callbacks_before]
+        assert len(ours) == 1
+        dynamo.reset()
+        assert callback_handler.start_callbacks == ours  # reset() cleared it; it is back
+    finally:
+        hooks.remove()
+    assert dynamo.reset is original_reset
+    assert set(dynamo.config.ignore_logging_functions) == ignored_before
+    assert callback_handler.start_callbacks == []
