@@ -88,10 +88,15 @@ class DynamoHooks:
         with self._lock:
             if self._removed or self.active:
                 return
+            self.active = True  # remove() undoes what a failing setup did
             try:
                 self._setup_locked()
-            except Exception:  # an older or newer dynamo: compiled models may recompile, no more
-                _log.debug("otelprof could not set up its torch.compile integration", exc_info=True)
+            except Exception:  # another dynamo: compiled code may break at otelprof's hooks
+                _log.warning(
+                    "otelprof could not keep its hooks out of torch.compile's way; compiled code may "
+                    "recompile or break its graph at them",
+                    exc_info=True,
+                )
 
     def _setup_locked(self) -> None:
         import torch._dynamo as dynamo
@@ -130,7 +135,6 @@ class DynamoHooks:
 
         dynamo.reset = reset
         self._reset = (original, reset)
-        self.active = True
 
     def _attach(self) -> None:
         from torch._dynamo.eval_frame import skip_code

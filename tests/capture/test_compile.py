@@ -184,3 +184,28 @@ def test_dynamo_integration_survives_reset_and_is_undone() -> None:
     assert dynamo.reset is original_reset
     assert set(dynamo.config.ignore_logging_functions) == ignored_before
     assert callback_handler.start_callbacks == []
+
+
+def test_a_failing_dynamo_setup_is_logged_once_and_undone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch._dynamo as dynamo
+
+    from otelprof.capture import dynamo as otelprof_dynamo
+
+    def half_done(self: Any) -> None:
+        dynamo.config.ignore_logging_functions.add(self._hooks[0])
+        self._ignored.append(self._hooks[0])
+        raise RuntimeError("another dynamo")
+
+    monkeypatch.setattr(otelprof_dynamo.DynamoHooks, "_setup_locked", half_done)
+    ignored_before = set(dynamo.config.ignore_logging_functions)
+    hooks = TorchHooks(step_tracker(lambda s: None))
+    with caplog.at_level(logging.WARNING, logger="otelprof"):
+        hooks.install()
+        hooks.remove()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("otelprof")] == [
+        "otelprof could not keep its hooks out of torch.compile's way; compiled code may recompile or break "
+        "its graph at them"
+    ]
+    assert set(dynamo.config.ignore_logging_functions) == ignored_before
