@@ -26,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -248,6 +250,25 @@ class RootForwardHooks:
         self.compiled = True
         if self._global:
             self._hook_roots()
+        self._hook_compiled_root()
+
+    def _hook_compiled_root(self) -> None:
+        """A root compiled after its hooks went in (``torch.compile(model)`` later in the run):
+        its hooks are no-ops inside the graph, so the OptimizedModule being called now, found on
+        the stack, becomes a root, its forward timed around the compiled call from the next
+        call on."""
+        frame: types.FrameType | None = sys._getframe(1)
+        for _ in range(256):  # the compiler's own frames lie between
+            if frame is None:
+                return
+            if frame.f_code.co_name == "_call_impl":
+                owner = frame.f_locals.get("self")
+                inner = getattr(owner, "_orig_mod", None)
+                if inner is not None and id(inner) in self._roots and id(owner) not in self._roots:
+                    if len(self._roots) < MAX_ROOTS:
+                        self._roots[id(owner)] = (weakref.ref(owner), self._root_hooks(owner))
+                    return
+            frame = frame.f_back
 
     def remove(self) -> None:
         self._unhook_global()
@@ -258,11 +279,13 @@ class RootForwardHooks:
         for key, ref in list(self._found.items())[:MAX_ROOTS]:
             module = ref()
             if module is not None:
-                handles = [
-                    module.register_forward_pre_hook(self._root_pre),
-                    _always_called(module.register_forward_hook, self._root_post),
-                ]
-                self._roots[key] = (ref, handles)
+                self._roots[key] = (ref, self._root_hooks(module))
+
+    def _root_hooks(self, module: Any) -> list[Any]:
+        return [
+            module.register_forward_pre_hook(self._root_pre),
+            _always_called(module.register_forward_hook, self._root_post),
+        ]
 
     def _unhook_global(self) -> None:
         for handle in self._global:

@@ -209,3 +209,41 @@ def test_a_failing_dynamo_setup_is_logged_once_and_undone(
         "its graph at them"
     ]
     assert set(dynamo.config.ignore_logging_functions) == ignored_before
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_a_model_compiled_later_is_timed_around_its_compiled_call(
+    native: bool, dynamo_counters: Any, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Roots found in eager steps, then ``torch.compile(model)``: the OptimizedModule becomes a
+    root (from its second call: the first is under way when dynamo starts), nothing recompiles."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+
+    def train(module: Any, steps: int, hooks: TorchHooks | None = None) -> None:
+        for _ in range(steps):
+            module(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if hooks is not None:
+                hooks.step_done()
+
+    train(torch.compile(model, backend="aot_eager"), 3)
+    plain = {k: dict(v) for k, v in dynamo_counters.items()}
+    torch._dynamo.reset()
+    dynamo_counters.clear()
+    steps: list[Step] = []
+    hooks = TorchHooks(step_tracker(steps.append, native=native))
+    hooks.install()
+    try:
+        train(model, 2, hooks)  # eager: the model is the root
+        train(torch.compile(model, backend="aot_eager"), 3, hooks)
+        hooks._tracker.finish()
+    finally:
+        hooks.remove()
+    assert {k: dict(v) for k, v in dynamo_counters.items()} == plain and plain["stats"]["unique_graphs"] == 1
+    assert not [str(w.message) for w in recwarn]
+    timed = ["forward", "backward", "optimizer"]
+    assert [[p[0] for p in s.phases] for s in steps] == [timed] * 2 + [["backward", "optimizer"]] + [timed] * 2
