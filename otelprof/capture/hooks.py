@@ -13,7 +13,8 @@
 torch.compile (dynamo.py): discovery ends when dynamo starts compiling, before it reads any
 hook, and does not come back (global hooks would be guarded by every compiled graph); the hooks
 are no-ops inside compiled regions. A compiled model (``torch.compile(model)``) is a root like
-any other, its forward timed around the compiled call; a forward inside a compiled function is
+any other, its forward timed around the compiled call (also when compiled after its model was
+hooked: the OptimizedModule on the stack at the compile becomes a root); a forward inside a compiled function is
 not timed (a hook there would break the graph), nor is an optimizer step compiled into one: a
 loop whose ``optimizer.step()`` is compiled marks its steps with ``otelprof.step()``.
 

@@ -46,7 +46,7 @@ def _run(backend: str, env: dict[str, str] | None = None) -> tuple[dict[str, Any
 CACHE_DEPENDENT = {"inductor": ("frames", "aot_autograd", "inductor"), "aot_eager": ()}
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiled_loops_compile_the_same_with_otelprof(backend: str, tmp_path: Path) -> None:
     off, off_err = _run(backend)
     with http_receiver() as rec:
