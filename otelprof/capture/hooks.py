@@ -1,13 +1,22 @@
 """The torch hooks that report a training loop's activity to a StepTracker.
 
 - data: ``_BaseDataLoaderIter.__next__`` (every DataLoader, any number of workers);
-- forward: hooks on the root modules (those called outside any other module's forward). Global
-  module hooks find the roots during the first step and again every ``REDISCOVER_STEPS``
+- forward: hooks on the root modules: those with parameters called outside any other module's
+  forward (a loss module, having no parameters, is not a root: its time is no forward phase).
+  Global module hooks find the roots during the first step and again every ``REDISCOVER_STEPS``
   steps, then give way to hooks on the roots alone: a global hook sends every module call of
   every model through torch's slow hook path, which costs several percent of a small model's
   step (benchmarks/overhead.py), while a root's hooks cost one slow call per forward;
 - backward: ``torch.autograd.backward`` (what ``Tensor.backward`` calls);
 - optimizer: the global optimizer step pre/post hooks.
+
+torch.compile (dynamo.py): discovery ends when dynamo starts compiling, before it reads any
+hook, and does not come back (global hooks would be guarded by every compiled graph); the hooks
+are no-ops inside compiled regions. A compiled model (``torch.compile(model)``) is a root like
+any other, its forward timed around the compiled call (also when compiled after its model was
+hooked: the OptimizedModule on the stack at the compile becomes a root); a forward inside a compiled function is
+not timed (a hook there would break the graph), nor is an optimizer step compiled into one: a
+loop whose ``optimizer.step()`` is compiled marks its steps with ``otelprof.step()``.
 
 Everything installed is recorded in ``TorchHooks`` and undone by ``remove()``. A hook never
 raises into the loop: a failure is logged once and the hook goes quiet.
@@ -18,13 +27,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .steps import NativeStepTracker, StepTracker
+from .dynamo import DynamoHooks
+from .steps import HOOKS, NativeStepTracker, StepTracker
 
 _log = logging.getLogger(__name__)
 #: Global hooks come back for one step this often, to find models first called later.
@@ -100,10 +112,9 @@ class TorchHooks:
             optim.register_optimizer_step_post_hook(tracker.end_optimizer),
         ):
             self._undo.append(handle.remove)
-        self.forward = RootForwardHooks(nn_module, tracker)
-        self.forward.discover()
-        self._undo.append(self.forward.remove)
-        self._quiet_compile_warning()
+        forward = self.forward = RootForwardHooks(nn_module, tracker)
+        forward.discover()
+        self._undo.append(forward.remove)
 
         original_backward = torch.autograd.backward
         begin_backward, end_backward = tracker.begin_backward, tracker.end_backward
@@ -144,25 +155,22 @@ class TorchHooks:
 
         self._patch(iterator, "__next__", next_batch)
 
+        frames = (
+            backward,
+            next_batch,
+            forward._global_pre,
+            forward._global_post,
+            tracker.begin_forward,
+            tracker.data_end,
+        )
+        compiled = DynamoHooks([getattr(tracker, n) for n in HOOKS], frames, forward.compile_started)
+        compiled.install()
+        self._undo.append(compiled.remove)
+
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
         self.forward = None  # a step ending later (finish() at uninstrument) must not re-hook
-
-    def _quiet_compile_warning(self) -> None:
-        """torch.compile warns that global module hooks fire once more for its wrapper module:
-        ours count the outermost call only, so the warning (which would reach the user's log
-        at every discovery step) says nothing true about otelprof."""
-        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
-        entry = warnings.filters[0]
-
-        def restore() -> None:
-            filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at runtime
-            with contextlib.suppress(ValueError):
-                filters.remove(entry)
-                warnings._filters_mutated()  # type: ignore[attr-defined]
-
-        self._undo.append(restore)
 
     def step_done(self) -> None:
         """A step ended (training thread): the forward hooks move to the roots found."""
@@ -190,7 +198,12 @@ class TorchHooks:
 
 
 class RootForwardHooks:
-    """The forward phase from the outermost module calls, hooked on the root modules only."""
+    """The forward phase from the outermost module calls, hooked on the root modules only.
+
+    A root is a module with parameters called outside any other module's forward: a loss or
+    metric module called after the model is not one (its time is in no phase), so a step
+    has one forward phase per model call (several with gradient accumulation, or for each of
+    a GAN's models)."""
 
     def __init__(self, nn_module: Any, tracker: StepTracker | NativeStepTracker) -> None:
         self._nn = nn_module
@@ -200,8 +213,10 @@ class RootForwardHooks:
         self._global: list[Any] = []  # handles of the global hooks while discovering
         self._roots: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}  # id -> (module, handles)
         self._found: dict[int, weakref.ref[Any]] = {}
+        self._quiet: Callable[[], None] | None = None
         self._steps = 0
         self.discoveries = 0
+        self.compiled = False  # dynamo has compiled something: no more discovery
 
     @property
     def discovering(self) -> bool:
@@ -216,6 +231,7 @@ class RootForwardHooks:
         self._local.depth = 0
         self._found.clear()
         self._unhook_roots()  # the global hooks see the roots' calls too: no double count
+        self._quiet = _quiet_compile_warning()
         self._global = [
             self._nn.register_module_forward_pre_hook(self._global_pre),
             _always_called(self._nn.register_module_forward_hook, self._global_post),
@@ -224,25 +240,61 @@ class RootForwardHooks:
     def step_done(self) -> None:
         self._steps += 1
         if self._global and self._found:
-            for handle in self._global:
-                handle.remove()
-            self._global = []
-            for key, ref in list(self._found.items())[:MAX_ROOTS]:
-                module = ref()
-                if module is not None:
-                    handles = [
-                        module.register_forward_pre_hook(self._root_pre),
-                        _always_called(module.register_forward_hook, self._root_post),
-                    ]
-                    self._roots[key] = (ref, handles)
-        elif not self._global and self._steps % REDISCOVER_STEPS == 0:
+            self._hook_roots()
+        elif not self._global and not self.compiled and self._steps % REDISCOVER_STEPS == 0:
             self.discover()
 
+    def compile_started(self) -> None:
+        """Dynamo begins compiling a frame (before it reads any hook): the roots found so far
+        take over at once, a root whose forward is running included (its post hook is read
+        after its forward), and discovery never returns."""
+        self.compiled = True
+        if self._global:
+            self._hook_roots()
+        self._hook_compiled_root()
+
+    def _hook_compiled_root(self) -> None:
+        """A root compiled after its hooks went in (``torch.compile(model)`` later in the run):
+        its hooks are no-ops inside the graph, so the OptimizedModule being called now, found on
+        the stack, becomes a root, its forward timed around the compiled call from the next
+        call on."""
+        frame: types.FrameType | None = sys._getframe(1)
+        for _ in range(256):  # the compiler's own frames lie between
+            if frame is None:
+                return
+            if frame.f_code.co_name == "_call_impl":
+                owner = frame.f_locals.get("self")
+                inner = getattr(owner, "_orig_mod", None)
+                if inner is not None and id(inner) in self._roots and id(owner) not in self._roots:
+                    if len(self._roots) < MAX_ROOTS:
+                        self._roots[id(owner)] = (weakref.ref(owner), self._root_hooks(owner))
+                    return
+            frame = frame.f_back
+
     def remove(self) -> None:
+        self._unhook_global()
+        self._unhook_roots()
+
+    def _hook_roots(self) -> None:
+        self._unhook_global()
+        for key, ref in list(self._found.items())[:MAX_ROOTS]:
+            module = ref()
+            if module is not None:
+                self._roots[key] = (ref, self._root_hooks(module))
+
+    def _root_hooks(self, module: Any) -> list[Any]:
+        return [
+            module.register_forward_pre_hook(self._root_pre),
+            _always_called(module.register_forward_hook, self._root_post),
+        ]
+
+    def _unhook_global(self) -> None:
         for handle in self._global:
             handle.remove()
         self._global = []
-        self._unhook_roots()
+        if self._quiet is not None:
+            self._quiet()
+            self._quiet = None
 
     def _unhook_roots(self) -> None:
         for _ref, handles in self._roots.values():
@@ -251,20 +303,48 @@ class RootForwardHooks:
         self._roots.clear()
 
     def _global_pre(self, module: Any, _input: Any) -> None:
-        depth = getattr(self._local, "depth", 0)
-        self._local.depth = depth + 1
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
         if depth == 0:
-            if len(self._found) < MAX_ROOTS:
-                self._found.setdefault(id(module), weakref.ref(module))
-            self._root_pre(module, _input)
+            local.root = root = id(module) in self._found or _has_parameters(module)
+            if root:
+                if len(self._found) < MAX_ROOTS:
+                    self._found.setdefault(id(module), weakref.ref(module))
+                self._root_pre(module, _input)
 
     def _global_post(self, _module: Any, _input: Any, _output: Any) -> None:
-        depth = getattr(self._local, "depth", 0)
+        local = self._local
+        depth = getattr(local, "depth", 0)
         if depth <= 0:  # the call began before the hooks went in
             return
-        self._local.depth = depth - 1
-        if depth == 1:
+        local.depth = depth - 1
+        if depth == 1 and getattr(local, "root", False):
             self._root_post(_module, _input, _output)
+
+
+def _has_parameters(module: Any) -> bool:
+    try:
+        return next(iter(module.parameters()), None) is not None
+    except Exception:  # an odd module: treated as a model
+        return True
+
+
+def _quiet_compile_warning() -> Callable[[], None]:
+    """torch.compile warns that global module hooks fire once more for its wrapper module:
+    ours count the outermost call only, so the warning (which would reach the user's log at
+    every discovery step) says nothing true about otelprof. Filtered while discovering only;
+    returns what removes the filter."""
+    warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+    entry = warnings.filters[0]
+
+    def restore() -> None:
+        filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at runtime
+        with contextlib.suppress(ValueError):
+            filters.remove(entry)
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+
+    return restore
 
 
 def _always_called(register: Callable[..., Any], hook: Callable[[Any, Any, Any], None]) -> Any:
