@@ -156,7 +156,8 @@ def make_nvprof_fixture(dst: Path) -> tuple[list[Op], list[Call]]:
     step = 100_000
     launch = [(NVPROF_BASE + k * step + 40_000, NVPROF_BASE + k * step + 45_000) for k in range(1, 4)]
     ops = _ops(launch)
-    calls = [Call(211, s, e, 10 + k, e + 1_000, e + 9_000, "kernel") for k, (s, e) in enumerate(launch)]
+    # distinct kernel durations (8, 9, 10 µs), so a kernel charged to the wrong range shows
+    calls = [Call(211, s, e, 10 + k, e + 1_000, e + 9_000 + 1_000 * k, "kernel") for k, (s, e) in enumerate(launch)]
     calls.append(
         Call(31, NVPROF_BASE + 1_000, NVPROF_BASE + 9_000, 99, NVPROF_BASE + 2_000, NVPROF_BASE + 8_000, "memcpy")
     )

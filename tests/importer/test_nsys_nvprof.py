@@ -113,3 +113,30 @@ def test_import_finds_nvprof_files_in_folders(tmp_path: Path) -> None:
     (tmp_path / "profile.prof").write_bytes(b"cProfile output, not SQLite")  # skipped: not a database
     found = find_sources([tmp_path])
     assert [(s.path.name, s.kind) for s in found] == [("other.prof", "nsys"), ("run.nvvp", "nsys")]
+
+
+def test_otelprof_import_sends_both_fixtures_to_a_real_receiver(tmp_path: Path) -> None:
+    """``otelprof import FOLDER`` finds the nvprof profile and the nsys copy and sends the ops,
+    links included, to an OTLP/HTTP receiver."""
+    from export.receivers import http_receiver
+
+    from .helpers import NSYS, import_env, received, run_import, shared
+    from .make_nvtx_fixture import SAXPY, make_nsys_fixture
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    nvprof_ops, _ = make_nvprof_fixture(folder / "emit-nvtx.nvvp")
+    nsys_ops = make_nsys_fixture(NSYS, folder / shared(SAXPY, NSYS).name)
+    with http_receiver() as rec, import_env(tmp_path, rec.port):
+        assert run_import(folder, "--ledger", tmp_path / "ledger.json", "-q") == 0
+    spans = received(rec.requests)
+    formats = {g.resource["otelprof.source.format"] for g in spans}
+    assert formats == {"nvprof-sqlite 11", "nsys-sqlite 2.9.1"}
+    for fmt, ops in (("nvprof-sqlite 11", nvprof_ops), ("nsys-sqlite 2.9.1", nsys_ops)):
+        mine = [g for g in spans if g.resource["otelprof.source.format"] == fmt]
+        by_id = {g.span.span_id: g for g in mine}
+        assert sorted(g.span.name for g in mine if g.category == "cpu_op") == sorted(
+            op.name for op in ops if op.key != "user"
+        )
+        pairs = sorted((g.span.name, by_id[link.span_id].span.name) for g in mine for link in g.span.links)
+        assert pairs == [("AddmmBackward0", "aten::addmm"), ("TBackward0", "aten::t"), ("ThresholdBackward", "relu")]
