@@ -24,13 +24,13 @@ EVALUATE_FUNCTION = "autograd::engine::evaluate_function: "
 
 _SHAPES = r"\[(?:\[(?:-?\d+(?:, -?\d+)*)?\](?:, \[(?:-?\d+(?:, -?\d+)*)?\])*)?\]"
 _OP_IDS = r"\[(?:\(\d+,-?\d+\)(?:, \(\d+,-?\d+\))*)?\]"
+#: where markup can start; the first such place whose rest is all markup ends the name
+_KEY = re.compile(r", (?:stashed seq|seq ?=|op_id = |sizes = |input_op_ids = )")
 _MARKUP = re.compile(
-    r"(?P<name>.*?)"
     r"(?:, (?P<stashed>stashed )?seq ?= ?(?P<seq>\d+))?"
     r"(?:, op_id = (?P<op_id>\d+))?"
     rf"(?:, sizes = (?P<sizes>{_SHAPES}))?"
-    rf"(?:, input_op_ids = (?P<inputs>{_OP_IDS}))?",
-    re.DOTALL,
+    rf"(?:, input_op_ids = (?P<inputs>{_OP_IDS}))?"
 )
 _PAIR = re.compile(r"\((\d+),(-?\d+)\)")
 
@@ -62,13 +62,13 @@ class OpMarkup:
 
 def parse(text: str) -> OpMarkup | None:
     """The op a range text names, or None when the text carries no ``emit_nvtx`` markup."""
-    m = _MARKUP.fullmatch(text)
-    if m is None or all(m.group(g) is None for g in ("seq", "op_id", "sizes", "inputs")):
+    m = next((m for k in _KEY.finditer(text) if (m := _MARKUP.fullmatch(text, k.start())) is not None), None)
+    if m is None:
         return None
     sizes, inputs = m.group("sizes"), m.group("inputs")
     return OpMarkup(
         # torch 1.2-1.12 drops the name of an op with shapes but no sequence number
-        name=m.group("name") or text,
+        name=text[: m.start()] or text,
         sequence_number=int(m.group("seq")) if m.group("seq") is not None else None,
         stashed=m.group("stashed") is not None,
         op_id=int(m.group("op_id")) if m.group("op_id") is not None else None,
