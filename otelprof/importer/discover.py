@@ -37,6 +37,8 @@ _HEAD_BYTES = 1024 * 1024
 _KINETO_SUFFIXES = (".json", ".json.gz")
 _TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # torch's tensorboard_trace_handler, Composer
 _NSYS_SUFFIXES = (".sqlite", ".sqlite3")
+#: nvprof's ``-o`` outputs (torch's docs use ``.prof``); taken from folders only when SQLite
+_NVPROF_SUFFIXES = (".nvvp", ".nvprof", ".prof", ".sql")
 _REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 _NAME_RANK = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?([0-9]{1,9})(?![0-9])", re.IGNORECASE)
 _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*\{')
@@ -54,7 +56,7 @@ class Source:
     """One file to import, with what its conversion needs."""
 
     path: Path
-    kind: str  # KINETO or NSYS
+    kind: str  # KINETO or NSYS (any SQLite: Nsight Systems export or nvprof profile)
     run_id: str
     #: Rank for the converter: from the file name, only when the trace itself has none.
     rank: int | None
@@ -88,7 +90,7 @@ def find_sources(paths: Sequence[str | os.PathLike[str]], run_id: str | None = N
         if path.is_dir():
             files = list(_walk(path))
             if not files:
-                raise SourceError(f"{path}: no traces found (*.json, *.json.gz, *.sqlite)")
+                raise SourceError(f"{path}: no traces found (*.json, *.json.gz, *.sqlite, nvprof *.nvvp)")
             for file in files:
                 found.setdefault(file.resolve(), _inspect(file))
         elif path.exists():
@@ -119,7 +121,17 @@ def _walk(root: Path) -> Iterable[Path]:
 def _wanted(name: str, path: Path) -> bool:
     if name.endswith(_NSYS_SUFFIXES) or name.endswith(_TORCH_SUFFIXES):
         return True
+    if name.endswith(_NVPROF_SUFFIXES):
+        return _is_sqlite(path)
     return name.endswith(_KINETO_SUFFIXES) and _looks_like_kineto(path)
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
 
 
 def _head(path: Path) -> bytes:

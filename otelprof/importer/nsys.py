@@ -18,7 +18,7 @@ import json
 import re
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,8 @@ from ..converter._text import clean
 from ..converter.reference import ids
 from ..converter.reference.builder import Attrs, Span, resource_attributes
 from ..converter.reference.encoder import encode
+from . import nvtx_markup
+from .nvtx_markup import OpMarkup
 
 SUPPORTED_MAJORS = (2, 3)
 _META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 3.x, 2.x
@@ -39,7 +41,11 @@ _MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 _SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 _NVTX = "NVTX_EVENTS"
 #: Span-id namespaces: each table's row ids are unique only within the table.
-_TABLE_CODE = {_RUNTIME: 1, _KERNEL: 2, _MEMCPY: 3, _MEMSET: 4, _SYNC: 5, _NVTX: 6}
+_TABLE_CODE = {
+    _RUNTIME: 1, _KERNEL: 2, _MEMCPY: 3, _MEMSET: 4, _SYNC: 5, _NVTX: 6,
+    # nvprof's own tables (importer/nvprof.py)
+    "CUPTI_ACTIVITY_KIND_DRIVER": 7, "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL": 8, "CUPTI_ACTIVITY_KIND_MARKER": 9,
+}  # fmt: skip
 
 # ENUM_NSYS_EVENT_CLASS / ENUM_NSYS_EVENT_TYPE values (the same in both generations; 2.x
 # exports do not carry the enum tables, so they are spelled out here).
@@ -61,7 +67,8 @@ _VERSION_SUFFIX = re.compile(r"_v[0-9]+\Z")  # cudaMalloc_v3020 -> cudaMalloc, a
 
 STAT_KEYS = (
     "events_total", "runtime_calls", "kernels", "memcpys", "memsets", "syncs", "nvtx_ranges", "nvtx_marks",
-    "ignored_events", "device_events_unlinked", "processes", "spans", "synthetic_spans", "requests",
+    "nvtx_ops", "links", "ignored_events", "device_events_unlinked", "processes", "spans", "synthetic_spans",
+    "requests",
 )  # fmt: skip
 
 
@@ -89,6 +96,8 @@ class _Item:
     attrs: Attrs
     parent: _Item | None = None
     span_id: bytes = b""
+    op: OpMarkup | None = None  # emit_nvtx markup of an NVTX range
+    link: _Item | None = None  # a backward op's forward op
 
 
 @dataclass
@@ -148,7 +157,10 @@ def _schema_version(db: _Db, path: Path) -> str:
         raise TraceFormatError(f"{path}: empty SQLite database (no tables; not an Nsight Systems export)")
     meta = next((t for t in _META_TABLES if t in db.tables), None)
     if meta is None or "StringIds" not in db.tables:
-        raise TraceFormatError(f"{path}: not an Nsight Systems SQLite export (no export metadata or StringIds table)")
+        raise TraceFormatError(
+            f"{path}: not an Nsight Systems SQLite export (no export metadata or StringIds table)"
+            " nor an nvprof profile (no StringTable and CUPTI_ACTIVITY_KIND_* tables)"
+        )
     version = db.scalar(f"SELECT value FROM {meta} WHERE name = 'EXPORT_SCHEMA_VERSION'")
     major = str(version or "").split(".", 1)[0]
     if not major.isdigit() or int(major) not in SUPPORTED_MAJORS:
@@ -163,6 +175,10 @@ def _int(value: object) -> int | None:
 
 def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions) -> ConvertResult:
     db = _Db(raw)
+    from . import nvprof  # imports this module
+
+    if nvprof.is_nvprof(db.tables):
+        return nvprof.convert(db, path, opts)
     version = _schema_version(db, path)
     stats = dict.fromkeys(STAT_KEYS, 0)
     strings: dict[int, str] = {int(i): clean(str(v)) for i, v in db.db.execute("SELECT id, value FROM StringIds")}
@@ -228,10 +244,8 @@ def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions) -> Conve
         domain = domains.get(_int(r["domainId"]))
         if domain:
             attrs.append(("nvtx.domain", domain))
-        name = clean(str(text)) if text is not None else "nvtx range"
-        proc(pid_of(gtid)).cpu.append(
-            _Item(_NVTX, int(str(r["rowid"])), name, *t, pid_of(gtid), tid_of(gtid), None, attrs)
-        )
+        item = nvtx_item(_NVTX, int(str(r["rowid"])), text, t, pid_of(gtid), tid_of(gtid), attrs)
+        proc(item.pid).cpu.append(item)
         stats["nvtx_ranges"] += 1
 
     # --- device side ---------------------------------------------------------------------
@@ -270,18 +284,52 @@ def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions) -> Conve
 
     # --- tree, ids, spans ----------------------------------------------------------------
     run_id = clean(opts.run_id) if opts.run_id is not None else f"nsys|{path.name}"
-    rank_s = "" if opts.rank is None else str(opts.rank)
-    requests: list[bytes] = []
     process_names = _process_names(db)
     host = _host_name(db) or opts.host_name
     gpus = _gpu_models(db)
+
+    def resource(pid: int) -> Attrs:
+        exe = process_names.get(pid, "")
+        return _resource(opts, run_id, pid, exe, host, gpus, f"nsys-sqlite {version}")
+
+    requests = build_requests(procs, launches, path, opts, run_id, "nsys", process_names, resource, stats)
+    return ConvertResult(requests, [], stats, "nsys")
+
+
+def nvtx_item(table: str, rowid: int, text: object, t: tuple[int, int], pid: int, tid: int, attrs: Attrs) -> _Item:
+    """An NVTX range; ``emit_nvtx`` markup becomes the op's name, attributes and category."""
+    raw = clean(str(text)) if text is not None else ""
+    op = nvtx_markup.parse(raw) if raw else None
+    if op is not None:
+        attrs[0] = ("pytorch.event.category", "cpu_op")
+        attrs.extend(op.attributes())
+    name = op.name if op is not None else (raw or "nvtx range")
+    return _Item(table, rowid, name, *t, pid, tid, None, attrs, op=op)
+
+
+def build_requests(
+    procs: dict[int, _Process],
+    launches: dict[tuple[int, int], _Item],
+    path: Path,
+    opts: ConvertOptions,
+    run_id: str,
+    prefix: str,
+    process_names: dict[int, str],
+    resource: Callable[[int], Attrs],
+    stats: dict[str, int],
+) -> list[bytes]:
+    """Nest, link and encode each process's items as one trace (shared with the nvprof reader)."""
+    rank_s = "" if opts.rank is None else str(opts.rank)
+    requests: list[bytes] = []
     for pid in sorted(procs):
         p = procs[pid]
-        trace_id = ids.trace_id(f"nsys|{run_id}|{rank_s}|{clean(path.name)}|{pid}")
+        trace_id = ids.trace_id(f"{prefix}|{run_id}|{rank_s}|{clean(path.name)}|{pid}")
         base_id = ids.span_base(f"{run_id}|{clean(path.name)}", f"{rank_s}|{pid}")
         for item in p.cpu + p.device:
             item.span_id = ids.span_id(base_id, (_TABLE_CODE[item.table] << 40) + item.rowid)
         _nest(p.cpu)
+        stats["links"] += _link_backward(p.cpu)
+        stats["nvtx_ops"] += sum(1 for i in p.cpu if i.op is not None)
         for item in p.device:
             launch = launches.get((pid, item.correlation)) if item.correlation is not None else None
             item.parent = launch
@@ -302,14 +350,37 @@ def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions) -> Conve
         spans = [root]
         for k, item in enumerate(sorted(members, key=lambda i: (i.start, -i.end, _TABLE_CODE[i.table], i.rowid))):
             parent_id = item.parent.span_id if item.parent is not None else root.span_id
-            spans.append(Span(k, trace_id, item.span_id, parent_id, item.name, item.start, item.end, item.attrs))
+            span = Span(k, trace_id, item.span_id, parent_id, item.name, item.start, item.end, item.attrs)
+            if item.link is not None:
+                span.links = [(trace_id, item.link.span_id, [("otelprof.link.kind", "fwdbwd")])]
+            spans.append(span)
         stats["spans"] += len(spans)
         stats["synthetic_spans"] += 1
-        resource = _resource(opts, run_id, pid, exe, host, gpus, version)
-        requests.extend(encode(spans, resource, opts.scope_version, opts.max_request_bytes))
+        requests.extend(encode(spans, resource(pid), opts.scope_version, opts.max_request_bytes))
     stats["processes"] = len(procs)
     stats["requests"] = len(requests)
-    return ConvertResult(requests, [], stats, "nsys")
+    return requests
+
+
+def _link_backward(cpu: list[_Item]) -> int:
+    """Backward op with sequence number M -> the last op with sequence number M that started
+    before it in the same process and is not itself a backward op (Kineto's rule, without
+    Kineto's ``Fwd thread id``: see nvtx_markup.is_backward). Returns the links made."""
+    last_forward: dict[int, _Item] = {}
+    made = 0
+    for item in sorted(cpu, key=lambda i: (i.start, -i.end, -_TABLE_CODE[i.table], i.rowid)):
+        op = item.op
+        if op is None or op.sequence_number is None:
+            continue
+        parent_name = item.parent.name if item.parent is not None else None
+        if nvtx_markup.is_backward(op, parent_name):
+            fwd = last_forward.get(op.sequence_number)
+            if fwd is not None:
+                item.link = fwd
+                made += 1
+        else:
+            last_forward[op.sequence_number] = item
+    return made
 
 
 def _device_fields(table: str, r: dict[str, object], strings: dict[int, str]) -> tuple[str, str, Attrs]:
@@ -332,15 +403,20 @@ def _device_fields(table: str, r: dict[str, object], strings: dict[int, str]) ->
         extra.append(("pytorch.gpu.bytes", nbytes))
     if table == _MEMCPY:
         kind = _COPY_KIND.get(_int(r["copyKind"]) or 0, "Unknown")
-        src, dst = _MEM_KIND.get(_int(r["srcKind"]) or -1), _MEM_KIND.get(_int(r["dstKind"]) or -1)
+        src, dst = _mem_kind(r["srcKind"]), _mem_kind(r["dstKind"])
         name = f"Memcpy {kind} ({src} -> {dst})" if src and dst else f"Memcpy {kind}"
         return name, "gpu_memcpy", extra
     if table == _MEMSET:
-        mem = _MEM_KIND.get(_int(r["memKind"]) or -1)
+        mem = _mem_kind(r["memKind"])
         return (f"Memset ({mem})" if mem else "Memset"), "gpu_memset", extra
     sync = _SYNC_KIND.get(_int(r["syncType"]) or 0, "Unknown Sync")
     extra.append(("pytorch.gpu.sync_kind", sync))
     return sync, "cuda_sync", extra
+
+
+def _mem_kind(value: object) -> str | None:
+    kind = _int(value)  # 0 is Pageable
+    return _MEM_KIND.get(kind) if kind is not None else None
 
 
 def _nest(cpu: list[_Item]) -> None:
@@ -386,7 +462,7 @@ def _gpu_models(db: _Db) -> list[str]:
 
 
 def _resource(
-    opts: ConvertOptions, run_id: str, pid: int, exe: str, host: str | None, gpus: list[str], version: str
+    opts: ConvertOptions, run_id: str, pid: int, exe: str, host: str | None, gpus: list[str], source: str
 ) -> Attrs:
     computed: Attrs = []
     if host:
@@ -402,7 +478,7 @@ def _resource(
         computed.append(("hw.gpu.model", gpus[0]))
         computed.append(("hw.gpu.count", len(gpus)))
     computed.append(("otelprof.run.id", run_id))
-    computed.append(("otelprof.source.format", f"nsys-sqlite {version}"))
+    computed.append(("otelprof.source.format", source))
     return resource_attributes(list(opts.resource_attributes), opts.scope_version, computed)
 
 

@@ -137,3 +137,16 @@ def test_the_same_file_converts_to_the_same_bytes() -> None:
     first = convert_nsys(path, ConvertOptions(run_id="r")).requests
     assert convert_nsys(path, ConvertOptions(run_id="r")).requests == first
     assert convert_nsys(path, ConvertOptions(run_id="other")).requests != first
+
+
+@pytest.mark.parametrize("fragment", [CLOVERLEAF, SAXPY])
+def test_memcpys_name_pageable_memory_too(fragment: str) -> None:
+    """ENUM_CUDA_MEM_KIND 0 is Pageable (it used to be read as missing)."""
+    path, spans = _convert(fragment)
+    kinds = {0: "Pageable", 2: "Device"}
+    want = Counter(
+        f"Memcpy {'HtoD' if copy == 1 else 'DtoH'} ({kinds[src]} -> {kinds[dst]})"
+        for copy, src, dst in _db(path).execute("SELECT copyKind, srcKind, dstKind FROM CUPTI_ACTIVITY_KIND_MEMCPY")
+    )
+    assert Counter(g.span.name for g in spans if g.category == "gpu_memcpy") == want
+    assert set(want) == {"Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pageable)"}
