@@ -281,9 +281,15 @@ def _print_summary(report: Report, files: int, counters: ExporterCounters, expor
     if exported:
         parts.append(f"{exported} requests sent to {exporter.config.url}")
     if counters.requests_replayed:  # spooled earlier (by this run while the backend was down, or before)
-        parts.append(f"also {counters.requests_replayed} spooled requests replayed there from {exporter.spool.directory}")
+        parts.append(
+            f"also {counters.requests_replayed} spooled requests replayed there from {exporter.spool.directory}"
+        )
     if spooled:
-        why = "" if exporter.config.endpoint_configured else f" (no OTLP endpoint configured: {why_no_endpoint(os.environ)})"
+        why = (
+            ""
+            if exporter.config.endpoint_configured
+            else f" (no OTLP endpoint configured: {why_no_endpoint(os.environ)})"
+        )
         parts.append(
             f"{spooled} requests spooled to {exporter.spool.directory}{why}; `otelprof spool replay` sends them"
         )

@@ -104,11 +104,7 @@ def _add_folder(summary: Summary, folder: Path, args: argparse.Namespace) -> Non
 
 def _add_trace(summary: Summary, path: str, args: argparse.Namespace) -> None:
     check_kineto_file(path)
-    try:
-        add_trace(summary, path, args.group_by_input_shape, args.engine)
-    except TraceFormatError as exc:
-        message = str(exc)
-        raise CliError(message if message.startswith(path) else f"{path}: {message}") from None
+    add_trace(summary, path, args.group_by_input_shape, args.engine)
 
 
 def _summary(args: argparse.Namespace) -> int:
@@ -127,6 +123,9 @@ def _summary(args: argparse.Namespace) -> int:
                 _add_folder(summary, Path(path), args)
             else:
                 _add_trace(summary, path, args)
+        except TraceFormatError as exc:
+            message = str(exc)
+            raise CliError(message if message.startswith(path) else f"{path}: {message}") from None
         except RuntimeError as exc:  # engine="native" without the compiled module
             raise CliError(str(exc)) from None
     has_device = any(r.self_device_ns or r.device_total_ns for r in summary.rows)
