@@ -92,12 +92,14 @@ def _add_folder(summary: Summary, folder: Path, args: argparse.Namespace) -> Non
         raise CliError(f"{exc}; nor spooled requests (*{SUFFIX})") from None
     traces = [str(s.path) for s in sources if s.kind == KINETO]
     others = [str(s.path) for s in sources if s.kind != KINETO]
+    if not traces:
+        if others:
+            raise CliError(f"{folder}: only Nsight Systems exports here, no Kineto traces: `otelprof import {folder}`")
+        raise CliError(f"{folder}: no Kineto traces here (*.json, *.json.gz), nor spooled requests (*{SUFFIX})")
     if others:  # Nsight Systems exports: no key_averages() table of them
         summary.notes.append(
             f"{len(others)} Nsight Systems export(s) not summarised (`otelprof import` sends them): {', '.join(others)}"
         )
-    if not traces:
-        raise CliError(f"{folder}: no Kineto traces here (*.json, *.json.gz), nor spooled requests (*{SUFFIX})")
     for trace in traces:
         _add_trace(summary, trace, args)
 

@@ -104,6 +104,17 @@ def test_an_nsys_sqlite_export_points_at_import(command: str, tmp_path: Path) ->
     assert not out.exists() and not list(tmp_path.glob(".out.otlp*"))
 
 
+def test_summary_of_a_folder_of_nsys_exports_points_at_import(tmp_path: Path) -> None:
+    folder = tmp_path / "nsys"
+    folder.mkdir()
+    shutil.copy(_shared("nsys", "saxpy"), folder / "run.sqlite")
+    proc = _otelprof("summary", str(folder), env=_env(tmp_path))
+    assert proc.returncode == 1
+    assert _lines(proc.stderr) == [
+        f"otelprof: error: {folder}: only Nsight Systems exports here, no Kineto traces: `otelprof import {folder}`"
+    ]
+
+
 # --- an endpoint that is not a URL ---------------------------------------------------------------
 
 
