@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING
 
+from ._cli_common import install_last_resort
 from ._version import __version__
 from .converter import ConvertOptions, ConvertResult, OpStats, TraceFormatError, convert
 
@@ -9,6 +10,8 @@ from .converter import ConvertOptions, ConvertResult, OpStats, TraceFormatError,
 #: without torch) should not pay for prometheus-client and the capture package at import.
 _INSTRUMENTATION = ("instrument", "set_batch_size", "step", "step_scope", "uninstrument")
 
+# otelprof's warnings in a live process read "otelprof: warning: ..." as on the command line
+install_last_resort()
 
 if TYPE_CHECKING:
     from .instrumentation import instrument, set_batch_size, step, step_scope, uninstrument

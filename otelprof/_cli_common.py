@@ -108,8 +108,45 @@ def log_level(quiet: bool, verbose: int) -> int:
 
 
 class _Formatter(logging.Formatter):
+    """``otelprof: LEVEL: message``: the one format of otelprof's own log lines, in the command
+    line and in a live process alike."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return f"otelprof: {record.levelname.lower()}: {record.getMessage()}"
+        line = f"otelprof: {record.levelname.lower()}: {record.getMessage()}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class _LastResort(logging.Handler):
+    """Python's last-resort handler (warnings and worse to stderr when nothing else handles a
+    record), in otelprof's format: it writes only while no other handler would see the record,
+    so an application's (or pytest's) logging configuration decides as soon as it has one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(_Formatter())
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None:
+            if any(h is not self for h in logger.handlers):
+                return False
+            logger = logger.parent if logger.propagate else None
+        return bool(super().handle(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:  # sys.stderr as it is now (it may have been replaced), as logging.lastResort does
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+def install_last_resort() -> None:
+    """Give the ``otelprof`` logger the last-resort handler above (once per process)."""
+    logger = logging.getLogger("otelprof")
+    if not any(isinstance(h, _LastResort) for h in logger.handlers):
+        logger.addHandler(_LastResort())
 
 
 @contextmanager
@@ -127,6 +164,28 @@ def cli_logging(quiet: bool, verbose: int) -> Iterator[None]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(saved_level)
+
+
+def check_kineto_file(path: str) -> None:
+    """``CliError`` for a file that is an Nsight Systems export or report rather than a Kineto
+    trace: the converter would only see bytes that are not JSON; ``otelprof import`` reads it."""
+    from .importer.discover import SQLITE_MAGIC
+
+    if path.endswith((".nsys-rep", ".qdrep")):
+        raise CliError(
+            f"{path}: an Nsight Systems report, not a Kineto trace: export it with "
+            f"`nsys export --type sqlite {path}`, then `otelprof import` the .sqlite"
+        )
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(len(SQLITE_MAGIC))
+    except OSError:
+        return  # the conversion reports it
+    if magic == SQLITE_MAGIC:
+        raise CliError(
+            f"{path}: a SQLite database (an Nsight Systems export?), not a Kineto trace: "
+            f"`otelprof import {path}` sends an nsys export as spans"
+        )
 
 
 def one_line(message: object) -> str:

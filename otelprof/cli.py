@@ -23,6 +23,7 @@ from ._cli_common import (
     EXIT_USAGE,
     CliError,
     add_verbosity,
+    check_kineto_file,
     cli_logging,
     convert_options,
     exit_codes,
@@ -127,6 +128,7 @@ def _write(stream: BinaryIO, fmt: str, requests: list[bytes]) -> int:
 
 
 def _convert_one(path: str, options: ConvertOptions, engine: str) -> tuple[ConvertResult, float]:
+    check_kineto_file(path)
     started = time.perf_counter()
     try:
         result = convert(path, options=options, engine=engine)

@@ -16,6 +16,7 @@ import os
 import re
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -110,7 +111,8 @@ def _given(environ: Mapping[str, str], name: str) -> str | None:
 
 @contextmanager
 def _captured_warnings() -> Iterator[list[str]]:
-    """Warnings otelprof logs while it reads the environment (a bad value, the default used)."""
+    """Warnings otelprof logs while it reads the environment (a bad value, the default used),
+    collected and not printed: doctor reports each once, as a check line."""
     lines: list[str] = []
 
     class Collect(logging.Handler):
@@ -118,14 +120,14 @@ def _captured_warnings() -> Iterator[list[str]]:
             lines.append(record.getMessage())
 
     logger = logging.getLogger("otelprof")
-    handler, saved, propagate = Collect(logging.WARNING), logger.level, logger.propagate
-    logger.addHandler(handler)
+    handlers, saved, propagate = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers = [Collect(logging.WARNING)]  # not also the command line's stderr handler
     logger.setLevel(logging.WARNING)
     logger.propagate = False
     try:
         yield lines
     finally:
-        logger.removeHandler(handler)
+        logger.handlers = handlers
         logger.setLevel(saved)
         logger.propagate = propagate
 
@@ -156,6 +158,7 @@ def check_export(environ: Mapping[str, str], timeout_s: float = 5.0) -> Check:
     """A real, empty Export call to the configured endpoint."""
     import dataclasses
 
+    from .export.config import why_no_endpoint
     from .export.exporter import transport
 
     with _captured_warnings():  # already reported by check_configuration
@@ -163,11 +166,7 @@ def check_export(environ: Mapping[str, str], timeout_s: float = 5.0) -> Check:
     if cfg.disabled:
         return Check("export", WARN, "OTEL_SDK_DISABLED=true: nothing is exported")
     if not cfg.endpoint_configured:
-        return Check(
-            "export",
-            WARN,
-            "no endpoint: OTEL_EXPORTER_OTLP_ENDPOINT is unset, so spans only go to the spool",
-        )
+        return Check("export", WARN, f"no endpoint: {why_no_endpoint(environ)}, so spans only go to the spool")
     cfg = dataclasses.replace(cfg, timeout_s=min(cfg.timeout_s, timeout_s))
     send, close = transport(cfg)
     started = time.perf_counter()
@@ -345,24 +344,42 @@ def check_spool(environ: Mapping[str, str]) -> Check:
         return Check("spool", OK, f"{folder}: empty (created when first needed)")
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         return Check("spool", FAIL, f"{folder} is not a writable folder: set OTELPROF_SPOOL_DIR")
-    sizes = []
+    from .export.destination import NO_DESTINATION, destination_id
+    from .export.spool import record_destination
+
+    sizes: list[int] = []
+    per_destination: Counter[str] = Counter()
     for record in folder.glob(f"*{SUFFIX}"):
         try:
             sizes.append(record.stat().st_size)
         except FileNotFoundError:  # replayed meanwhile
             continue
+        per_destination[record_destination(record) or NO_DESTINATION] += 1
     total = sum(sizes)
     if not sizes:
         return Check("spool", OK, f"{folder}: empty")
     with _captured_warnings():
-        configured = exporter_config_from_env(environ).endpoint_configured
-    hint = (
-        "the exporter replays them once the backend answers, or `otelprof spool replay`"
-        if configured
-        else "no endpoint is set, so they stay; `otelprof spool replay --endpoint URL` sends them"
-    )
+        cfg = exporter_config_from_env(environ)
+    # a job replays only the records of its own destination; the others wait for `spool replay`
+    mine = per_destination.pop(destination_id(cfg), 0) if cfg.endpoint_configured else 0
+    unnamed = per_destination.pop(NO_DESTINATION, 0)
+    parts = []
+    if mine:
+        parts.append(f"{mine} for this endpoint (a job exporting there replays them once it answers)")
+    if unnamed:
+        parts.append(
+            f"{unnamed} naming no destination (spooled with no endpoint set, or by an older otelprof): "
+            f"no job replays them, `otelprof spool replay{'' if cfg.endpoint_configured else ' --endpoint URL'}` "
+            "sends them"
+        )
+    if per_destination:
+        parts.append(
+            f"{sum(per_destination.values())} for {len(per_destination)} other destination(s) "
+            f"({', '.join(sorted(per_destination))}: `otelprof spool replay --destination ID` sends them)"
+        )
+    hint = "; ".join(parts)
     if total > 0.9 * DEFAULT_MAX_BYTES:
-        hint = "nearly full: the oldest requests are evicted next; `otelprof spool replay` sends them"
+        hint = "nearly full, the oldest requests are evicted next: " + hint
     return Check("spool", WARN, f"{folder}: {len(sizes)} requests ({total} bytes) waiting: {hint}")
 
 

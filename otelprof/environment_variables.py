@@ -94,7 +94,9 @@ OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 .. envvar:: OTEL_EXPORTER_OTLP_ENDPOINT
 
 Base URL of the OTLP receiver. For ``http/protobuf`` the path ``v1/traces`` is appended to it.
-Default: ``http://localhost:4317`` for ``grpc``, ``http://localhost:4318`` for ``http/protobuf``.
+A value that is not an http(s) URL is ignored after one warning, as if unset.
+Default: none, spans go to the spool (otelprof does not assume the specification's
+``http://localhost:4318`` or ``:4317``: a job must not depend on a Collector nobody started).
 """
 
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"

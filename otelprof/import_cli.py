@@ -44,7 +44,7 @@ from .importer.session import DEFAULT_BATCH_BYTES, Importer, Report
 
 if TYPE_CHECKING:
     from .export.config import ExporterConfig
-    from .export.exporter import Exporter
+    from .export.exporter import Exporter, ExporterCounters
 
 _log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     exporter.shutdown(timeout_s=10.0)
     counters = exporter.counters
     if not args.quiet:
-        _print_summary(report, len(sources), counters.requests_exported, counters.requests_spooled, exporter)
+        _print_summary(report, len(sources), counters, exporter)
     if report.stopped:
         print(
             f"otelprof: interrupted: what was delivered is recorded in {ledger_path}; "
@@ -267,7 +267,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return EXIT_ERROR if report.files_failed else EXIT_OK
 
 
-def _print_summary(report: Report, files: int, exported: int, spooled: int, exporter: Exporter) -> None:
+def _print_summary(report: Report, files: int, counters: ExporterCounters, exporter: Exporter) -> None:
+    from .export.config import why_no_endpoint
+
     rate = report.events / report.seconds if report.seconds > 0 else 0.0
     parts = [
         f"imported {report.files_sent} of {files} files: {report.events:,} events as {report.spans:,} spans "
@@ -275,10 +277,19 @@ def _print_summary(report: Report, files: int, exported: int, spooled: int, expo
     ]
     if report.files_skipped:
         parts.append(f"{report.files_skipped} already imported (ledger)")
+    exported, spooled = counters.requests_exported, counters.requests_spooled
     if exported:
         parts.append(f"{exported} requests sent to {exporter.config.url}")
+    if counters.requests_replayed:  # spooled earlier (by this run while the backend was down, or before)
+        parts.append(
+            f"also {counters.requests_replayed} spooled requests replayed there from {exporter.spool.directory}"
+        )
     if spooled:
-        why = "" if exporter.config.endpoint_configured else " (no OTLP endpoint configured)"
+        why = (
+            ""
+            if exporter.config.endpoint_configured
+            else f" (no OTLP endpoint configured: {why_no_endpoint(os.environ)})"
+        )
         parts.append(
             f"{spooled} requests spooled to {exporter.spool.directory}{why}; `otelprof spool replay` sends them"
         )

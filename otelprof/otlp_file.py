@@ -82,19 +82,31 @@ def atomic_writer(path: PathLike) -> Iterator[BinaryIO]:
 
     Writes go to a hidden temporary file in the same directory, which is flushed, synced and
     renamed over ``path`` when the block ends normally, and removed when it raises.
+    An ``OSError`` of the file itself (no such folder, no permission, a full disk) names
+    ``path``, never the temporary file, which the user did not ask for.
     """
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    except OSError as exc:
+        raise _naming(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as stream:
             yield stream
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is not None and os.fspath(exc.filename) == os.fspath(tmp):
+            raise _naming(exc, path) from None
         raise
+
+
+def _naming(exc: OSError, path: PathLike) -> OSError:
+    """The same error (same class, errno and message) about ``path``."""
+    return type(exc)(exc.errno, exc.strerror, os.fspath(path))
 
 
 def write_delimited_file(path: PathLike, messages: Iterable[bytes]) -> int:

@@ -37,8 +37,8 @@ def add_parser(
         "spool",
         help="list, replay or drop export requests waiting in the spool",
         description="Requests wait in the spool while the OTLP backend is unreachable, or when no\n"
-        "endpoint is configured. The exporter replays them by itself once the backend answers,\n"
-        "each only to the destination (endpoint, protocol, headers) it was spooled for.",
+        "endpoint is configured. A job's exporter replays, once the backend answers, the requests\n"
+        "spooled for its own destination (endpoint, protocol, headers); `replay` sends the others.",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -47,14 +47,17 @@ def add_parser(
         "--dir", type=Path, metavar="DIR", help="spool folder (default: $OTELPROF_SPOOL_DIR or ~/.cache/otelprof/spool)"
     )
     actions = spool.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser(
+    ls = actions.add_parser(
         "ls", help="one line per waiting request: name, bytes, spans, destination; then the destinations"
-    ).set_defaults(func=_ls)
+    )
+    add_verbosity(ls)  # -q/-v after every command name, as everywhere
+    ls.set_defaults(func=_ls)
     replay = actions.add_parser(
         "replay",
         help="send the waiting requests of this destination (and those naming none), oldest first, "
         "removing each one sent",
     )
+    add_verbosity(replay)
     replay.add_argument("--endpoint", help="OTLP endpoint (default: $OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
     replay.add_argument("--protocol", choices=("grpc", "http/protobuf"), help="default: $OTEL_EXPORTER_OTLP_PROTOCOL")
     replay.add_argument(
@@ -66,7 +69,9 @@ def add_parser(
         "endpoint; repeatable",
     )
     replay.set_defaults(func=_replay)
-    actions.add_parser("drop", help="delete every waiting request").set_defaults(func=_drop)
+    drop = actions.add_parser("drop", help="delete every waiting request")
+    add_verbosity(drop)
+    drop.set_defaults(func=_drop)
 
 
 def _spool(args: argparse.Namespace) -> Spool:

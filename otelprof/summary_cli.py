@@ -7,9 +7,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ._cli_common import EXIT_OK, EXIT_USAGE, CliError, int_at_least
+from ._cli_common import EXIT_OK, EXIT_USAGE, CliError, check_kineto_file, int_at_least
 from .converter import TraceFormatError
 from .export.spool import SUFFIX
+from .importer.discover import KINETO, SourceError, find_sources
 from .summary import SORT_ALIASES, SORT_KEYS, Summary, add_requests, add_trace, ordered, sort_key, to_json, to_table
 
 DEFAULT_TABLE_ROWS = 20
@@ -33,16 +34,17 @@ def add_parser(
         description=(
             "Print torch's key_averages() table: per operator (and annotation, and kernel) the calls,\n"
             "self and total CPU time, self and total device time and their shares, as torch.profiler\n"
-            "computes them. PATH is a Kineto trace (.json, .json.gz; summed by the native core) or a\n"
-            "spool folder of OTLP requests (summed from the operator spans in them: exact for\n"
-            "traces converted at OTELPROF_DETAIL=full, without the events dropped at default detail).\n"
+            "computes them. PATH is a Kineto trace (.json, .json.gz; summed by the native core), a\n"
+            "folder of them (searched as `otelprof import` searches), or a spool folder of OTLP\n"
+            "requests (summed from the operator spans in them: exact for traces converted at\n"
+            "OTELPROF_DETAIL=full, without the events dropped at default detail).\n"
             "Several PATHs add up into one table."
         ),
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_verbosity(summary)
-    summary.add_argument("paths", nargs="*", metavar="PATH", help="Kineto trace file or spool folder")
+    summary.add_argument("paths", nargs="*", metavar="PATH", help="Kineto trace, folder of traces, or spool folder")
     summary.add_argument(
         "--spool",
         action="store_true",
@@ -78,11 +80,33 @@ def add_parser(
     summary.set_defaults(func=_summary)
 
 
-def _spool_records(folder: Path) -> list[tuple[str, bytes]]:
+def _add_folder(summary: Summary, folder: Path, args: argparse.Namespace) -> None:
+    """A spool folder (``*.otlp`` records), else a folder of traces found as ``import`` finds them."""
     records = sorted(folder.glob(f"*{SUFFIX}"))
-    if not records:
-        raise CliError(f"{folder}: no spooled requests (*{SUFFIX}) in this folder")
-    return [(str(record), record.read_bytes()) for record in records]
+    if records:
+        add_requests(summary, [(str(r), r.read_bytes()) for r in records], args.group_by_input_shape)
+        return
+    try:
+        sources = find_sources([folder])
+    except SourceError as exc:
+        raise CliError(f"{exc}; nor spooled requests (*{SUFFIX})") from None
+    traces = [str(s.path) for s in sources if s.kind == KINETO]
+    others = [str(s.path) for s in sources if s.kind != KINETO]
+    if not traces:
+        if others:
+            raise CliError(f"{folder}: only Nsight Systems exports here, no Kineto traces: `otelprof import {folder}`")
+        raise CliError(f"{folder}: no Kineto traces here (*.json, *.json.gz), nor spooled requests (*{SUFFIX})")
+    if others:  # Nsight Systems exports: no key_averages() table of them
+        summary.notes.append(
+            f"{len(others)} Nsight Systems export(s) not summarised (`otelprof import` sends them): {', '.join(others)}"
+        )
+    for trace in traces:
+        _add_trace(summary, trace, args)
+
+
+def _add_trace(summary: Summary, path: str, args: argparse.Namespace) -> None:
+    check_kineto_file(path)
+    add_trace(summary, path, args.group_by_input_shape, args.engine)
 
 
 def _summary(args: argparse.Namespace) -> int:
@@ -98,9 +122,9 @@ def _summary(args: argparse.Namespace) -> int:
     for path in paths:
         try:
             if Path(path).is_dir():
-                add_requests(summary, _spool_records(Path(path)), args.group_by_input_shape)
+                _add_folder(summary, Path(path), args)
             else:
-                add_trace(summary, path, args.group_by_input_shape, args.engine)
+                _add_trace(summary, path, args)
         except TraceFormatError as exc:
             message = str(exc)
             raise CliError(message if message.startswith(path) else f"{path}: {message}") from None

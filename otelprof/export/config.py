@@ -100,26 +100,48 @@ def _protocol(environ: Mapping[str, str]) -> Protocol:
     return DEFAULT_PROTOCOL
 
 
+def endpoint_variable(environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
+    """(variable, value) of the endpoint variable that applies (``TRACES_`` first), or None."""
+    return _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, ev.OTEL_EXPORTER_OTLP_ENDPOINT)
+
+
+def why_no_endpoint(environ: Mapping[str, str] = os.environ) -> str:
+    """Why an exporter has no endpoint, for messages: unset, or set to something unusable."""
+    found = endpoint_variable(environ)
+    if found is None:
+        return "OTEL_EXPORTER_OTLP_ENDPOINT is unset"
+    name, value = found
+    return f"{name}={value!r} is not an http(s) URL"
+
+
 def _url(environ: Mapping[str, str], protocol: Protocol) -> tuple[str, bool, bool | None]:
-    """(url, endpoint_configured, TLS as the scheme says, or None when the endpoint has no scheme)."""
+    """(url, endpoint_configured, TLS as the scheme says, or None when the endpoint has no scheme).
+
+    Unset, otelprof has no endpoint (spans go to the spool; the README says why it does not
+    assume the specification's localhost default). A value that is not a URL is treated as
+    unset, after one warning: the same spool-only default, wherever the config is read.
+    """
     default = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
-    specific = environ.get(ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").strip()
-    general = environ.get(ev.OTEL_EXPORTER_OTLP_ENDPOINT, "").strip()
-    name, raw = (
-        (ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, specific) if specific else (ev.OTEL_EXPORTER_OTLP_ENDPOINT, general)
-    )
-    if not raw:
+    found = endpoint_variable(environ)
+    if found is None:
         return _with_path(default, protocol, signal_specific=False), False, False
+    name, raw = found
+    specific = name == ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
     parts = urlsplit(raw if "://" in raw else "//" + raw)
     scheme = parts.scheme.lower()
     bad_scheme = scheme not in ("", "http", "https") or (protocol != "grpc" and not scheme)
-    if bad_scheme or not parts.hostname:
-        _log.warning("%s=%r is not an http(s) URL; using %s", name, raw, default)
+    try:
+        parts.port  # noqa: B018 - raises for a port that is not a number, or out of range
+        port_ok = True
+    except ValueError:
+        port_ok = False
+    if bad_scheme or not parts.hostname or not port_ok:
+        _log.warning("%s=%r is not an http(s) URL; ignored: spans go to the spool, as with no endpoint", name, raw)
         return _with_path(default, protocol, signal_specific=False), False, False
     if protocol == "grpc":
         netloc = parts.netloc if parts.port else f"{parts.netloc}:{4317}"
         return f"{scheme or 'https'}://{netloc}", True, (scheme == "https") if scheme else None
-    return _with_path(raw, protocol, signal_specific=bool(specific)), True, scheme == "https"
+    return _with_path(raw, protocol, signal_specific=specific), True, scheme == "https"
 
 
 def _with_path(url: str, protocol: Protocol, signal_specific: bool) -> str:

@@ -17,6 +17,7 @@ for a lone file (Composer's ``<run>/torch_traces`` folder keeps the run name).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import zlib
@@ -45,6 +46,8 @@ _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*\{')
 _DIST_RANK = re.compile(rb'"rank"\s*:\s*([0-9]{1,9})\b')
 _STEP = re.compile(rb'"ProfilerStep#([0-9]{1,18})"')
 _DIGITS = re.compile(r"[0-9]+")
+
+_log = logging.getLogger(__name__)
 
 
 class SourceError(ValueError):
@@ -122,8 +125,17 @@ def _wanted(name: str, path: Path) -> bool:
     if name.endswith(_NSYS_SUFFIXES) or name.endswith(_TORCH_SUFFIXES):
         return True
     if name.endswith(_NVPROF_SUFFIXES):
-        return _is_sqlite(path)
-    return name.endswith(_KINETO_SUFFIXES) and _looks_like_kineto(path)
+        if _is_sqlite(path):
+            return True
+        _log.info("%s: skipped, not an nvprof SQLite profile", path)
+        return False
+    if not name.endswith(_KINETO_SUFFIXES):
+        _log.info("%s: skipped, not a trace file (*.json, *.json.gz, *.sqlite)", path)
+        return False
+    if not _looks_like_kineto(path):
+        _log.info("%s: skipped, a JSON file without traceEvents (not a Kineto trace)", path)
+        return False
+    return True
 
 
 def _is_sqlite(path: Path) -> bool:
