@@ -1,7 +1,8 @@
 """Inflating ``.json.gz`` traces: the native core (zlib from C++, GIL released) against Python's
-zlib loop (converter/_load.py's ``py_gunzip``), interleaved in one run, medians and the ratio; then
-a gzip bomb (1 GiB of zeros in ~1 MB) against the default 4 GiB cap and a small cap, wall time and
-peak RSS each in a fresh child process.
+zlib loop (converter/_load.py's ``py_gunzip``), interleaved in one run, medians and the ratio;
+native conversion from the ``.json.gz`` path (native inflate, then Python's) against conversion
+of the same JSON from bytes, interleaved; then a gzip bomb (1 GiB of zeros in ~1 MB) against the
+default 4 GiB cap and a small cap, wall time and peak RSS each in a fresh child process.
 
     python benchmarks/gzip.py [TRACE] [--repeat N] [--no-bomb]
 """
@@ -18,7 +19,7 @@ import time
 import zlib
 from pathlib import Path
 
-from otelprof.converter import TraceFormatError, _load
+from otelprof.converter import ConvertOptions, TraceFormatError, _load, convert_bytes, load_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = (
@@ -57,6 +58,24 @@ def inflate_medians(data: bytes, repeat: int) -> dict[str, float]:
             del out
     assert len(sizes) == 1
     return {k: statistics.median(v) for k, v in times.items()} | {"size": float(sizes.pop())}
+
+
+def end_to_end_medians(path: Path, repeat: int) -> dict[str, float]:
+    """Native conversion (detail="full") from the gzip path, with each inflater, and from bytes."""
+    opts = ConvertOptions(detail="full")
+    plain = bytes(load_bytes(path)[0])
+    native = _load._native
+    times: dict[str, list[float]] = {"bytes": [], "gz native": [], "gz python": []}
+    try:
+        for _ in range(repeat):
+            for name in times:
+                _load._native = None if name == "gz python" else native
+                start = time.perf_counter()
+                convert_bytes(plain if name == "bytes" else load_bytes(path)[0], opts, "native")
+                times[name].append(time.perf_counter() - start)
+    finally:
+        _load._native = native
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bomb_runs() -> None:
@@ -100,6 +119,10 @@ def main() -> int:
     for name in ("native", "python"):
         print(f"  {name:<6} {m[name] * 1e3:8.1f} ms  {m['size'] / m[name] / 1e6:8.0f} MB/s out")
     print(f"  python/native: {m['python'] / m['native']:.2f}x")
+    e2e = end_to_end_medians(args.trace, max(3, args.repeat // 3))
+    print(f"native convert, detail=full, median of {max(3, args.repeat // 3)}:")
+    for name, wall in e2e.items():
+        print(f"  from {name:<10} {wall * 1e3:8.1f} ms  {wall / e2e['bytes']:5.2f}x of from bytes")
     if not args.no_bomb:
         bomb_runs()
     return 0

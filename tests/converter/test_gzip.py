@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import tracemalloc
 import zlib
-
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 from otelprof.converter import TraceFormatError, _load, convert, load_bytes
 
 MiB = 1024 * 1024
-Gunzip = Callable[[bytes, str, "int | None"], bytearray]
+Gunzip = Callable[[bytes, str, int | None], bytearray]
 
 
 def _native_gunzip() -> Gunzip:
@@ -154,15 +153,38 @@ def _stream() -> bytes:
         (lambda s: b"", "<t>: truncated gzip data"),
         (lambda s: s[:10], "<t>: truncated gzip data"),
         (lambda s: s + b"\x1f\x8b", "<t>: truncated gzip data"),
-        (lambda s: s + b"\x1f\x8bgarbage!", "<t>: corrupt gzip data (Error -3 while decompressing data: unknown compression method)"),
+        (
+            lambda s: s + b"\x1f\x8bgarbage!",
+            "<t>: corrupt gzip data (Error -3 while decompressing data: unknown compression method)",
+        ),
         (lambda s: s + b"\x1f", None),
-        (lambda s: b"\x1f\x8bxx" + s, "<t>: corrupt gzip data (Error -3 while decompressing data: unknown compression method)"),
-        (lambda s: s[:-8] + bytes(8), "<t>: corrupt gzip data (Error -3 while decompressing data: incorrect data check)"),
-        (lambda s: s[:-1] + bytes([s[-1] ^ 1]), "<t>: corrupt gzip data (Error -3 while decompressing data: incorrect length check)"),
+        (
+            lambda s: b"\x1f\x8bxx" + s,
+            "<t>: corrupt gzip data (Error -3 while decompressing data: unknown compression method)",
+        ),
+        (
+            lambda s: s[:-8] + bytes(8),
+            "<t>: corrupt gzip data (Error -3 while decompressing data: incorrect data check)",
+        ),
+        (
+            lambda s: s[:-1] + bytes([s[-1] ^ 1]),
+            "<t>: corrupt gzip data (Error -3 while decompressing data: incorrect length check)",
+        ),
     ],
-    ids=["empty", "header-only", "bare-magic", "garbage-member", "one-trailing-byte", "bad-method", "bad-crc", "bad-isize"],
+    ids=[
+        "empty",
+        "header-only",
+        "bare-magic",
+        "garbage-member",
+        "one-trailing-byte",
+        "bad-method",
+        "bad-crc",
+        "bad-isize",
+    ],
 )
-def test_crafted_streams_give_the_same_outcome(make: Callable[[bytes], bytes], expected: str | None, inflater: str) -> None:
+def test_crafted_streams_give_the_same_outcome(
+    make: Callable[[bytes], bytes], expected: str | None, inflater: str
+) -> None:
     if inflater == "python":
         pytest.skip("compares the two inflaters itself")
     stream = _stream()
