@@ -56,6 +56,7 @@ size_t initial_capacity(std::string_view in, uint64_t cap) {
 }  // namespace
 
 size_t gunzip(std::string_view in, uint64_t cap, GzipSink& sink) {
+    cap = std::min<uint64_t>(cap, uint64_t{1} << 62);  // cap + 1 and doubling stay in range
     const auto* data = reinterpret_cast<const unsigned char*>(in.data());
     const size_t n = in.size();
     size_t capacity = initial_capacity(in, cap);
