@@ -13,6 +13,10 @@ def convert(
 ) -> tuple[list[bytes], list[OpRowTuple], dict[str, int], dict[str, int], str]:
     """Kineto JSON bytes -> (requests, op rows, stats, phase wall times in ns, window id). Releases the GIL."""
 
+def gunzip(data: bytes | bytearray | memoryview, limit: int) -> bytearray:
+    """Every gzip member inflated into one bytearray (absent when built without zlib). Corrupt or
+    truncated data, or more than ``limit`` bytes out, raise TraceError. Releases the GIL."""
+
 def schema() -> dict[str, list[tuple[str, ...]]]:
     """The argument and memory attribute tables, for consistency tests."""
 

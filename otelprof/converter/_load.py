@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import zlib
 from pathlib import Path
+from typing import Any
 
 from ._errors import TraceFormatError
+
+_native: Any
+try:  # the C++ inflater (native/src/gzip.cpp); absent when _native or zlib's headers were not there
+    _native = importlib.import_module("otelprof._native")
+    if not hasattr(_native, "gunzip"):
+        _native = None
+except ImportError:
+    _native = None
 
 TraceInput = str | os.PathLike[str] | bytes | bytearray | memoryview
 #: Raw JSON as ``load_bytes`` returns it: inflated gzip stays the bytearray it was inflated into.
@@ -22,6 +32,19 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 
 def gunzip(data: bytes | bytearray | memoryview, source: str, limit: int | None = None) -> bytearray:
+    """``data`` inflated by the native core (GIL released) where it is built, else by
+    ``py_gunzip``: the same bytes and the same errors either way."""
+    if _native is None:
+        return py_gunzip(data, source, limit)
+    cap = MAX_TRACE_BYTES if limit is None else limit
+    try:
+        out: bytearray = _native.gunzip(data, cap)
+    except _native.TraceError as exc:
+        raise TraceFormatError(f"{source}: {exc}") from None
+    return out
+
+
+def py_gunzip(data: bytes | bytearray | memoryview, source: str, limit: int | None = None) -> bytearray:
     """Every member of a gzip stream (concatenated members are one file, as gzip(1) reads
     them) inflated into one buffer, one member after another in a loop. Raises
     TraceFormatError for corrupt or truncated data and as soon as more than ``limit``
@@ -72,4 +95,4 @@ def load_bytes(trace: TraceInput) -> tuple[TraceBytes, str]:
     return data, source
 
 
-__all__ = ["MAX_TRACE_BYTES", "TraceBytes", "TraceInput", "gunzip", "load_bytes"]
+__all__ = ["MAX_TRACE_BYTES", "TraceBytes", "TraceInput", "gunzip", "load_bytes", "py_gunzip"]

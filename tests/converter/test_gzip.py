@@ -1,19 +1,42 @@
 """Gzip input (converter/_load.py): many members, one inflation cap over all of them, no copy of
 the inflated trace, and a gzip bomb stopped at the cap. Memory is measured with tracemalloc
-(the bytes Python allocates), never with a clock."""
+(the bytes Python allocates), never with a clock. Every test runs on both inflaters (the native
+core's and Python's), which must give the same bytes and the same errors."""
 
 from __future__ import annotations
 
 import gzip
 import tracemalloc
 import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
-from converter_helpers import all_spans_pb, read_json_bytes, shared_trace
+from converter_helpers import KINETO_TRACES, all_spans_pb, read_json_bytes, shared_trace, skip_unless_native
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otelprof.converter import TraceFormatError, _load, convert, load_bytes
 
 MiB = 1024 * 1024
+Gunzip = Callable[[bytes, str, int | None], bytearray]
+
+
+def _native_gunzip() -> Gunzip:
+    skip_unless_native()
+    if _load._native is None:
+        pytest.fail("otelprof._native was built without zlib: no native gunzip")
+    return _load.gunzip
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def inflater(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each test on each inflater: "python" hides the native one from load_bytes."""
+    if request.param == "native":
+        _native_gunzip()
+    else:
+        monkeypatch.setattr(_load, "_native", None)
+    yield request.param
 
 
 def _members(data: bytes, count: int) -> bytes:
@@ -94,3 +117,123 @@ def test_a_bad_member_is_a_trace_format_error(data: bytes, message: str) -> None
 def test_trailing_bytes_after_the_members_are_ignored() -> None:
     data, _ = load_bytes(_members(b'{"traceEvents": []}', 3) + b"\n\0garbage")
     assert data == b'{"traceEvents": []}'
+
+
+# --- native and Python inflaters: same bytes, same errors ---------------------------------
+
+
+def _outcome(fn: Gunzip, data: bytes, limit: int | None) -> bytes | str:
+    try:
+        return bytes(fn(data, "<t>", limit))
+    except TraceFormatError as exc:
+        return str(exc)
+
+
+def _both(data: bytes, limit: int | None = None) -> bytes | str:
+    native = _outcome(_native_gunzip(), data, limit)
+    assert native == _outcome(_load.py_gunzip, data, limit)
+    return native
+
+
+@pytest.mark.parametrize("path", KINETO_TRACES, ids=lambda p: p.name[:40])
+def test_native_inflates_shared_traces_like_python(path: Path, inflater: str) -> None:
+    if inflater == "python":
+        pytest.skip("compares the two inflaters itself")
+    data = path.read_bytes()
+    assert _both(data) == gzip.decompress(data)
+
+
+def _stream() -> bytes:
+    return _members(b'{"traceEvents": [' + b'{"ph": "X", "name": "aten::mm"},' * 40 + b"{}]}", 3)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda s: b"", "<t>: truncated gzip data"),
+        (lambda s: s[:10], "<t>: truncated gzip data"),
+        (lambda s: s + b"\x1f\x8b", "<t>: truncated gzip data"),
+        (
+            lambda s: s + b"\x1f\x8bgarbage!",
+            "<t>: corrupt gzip data (Error -3 while decompressing data: unknown compression method)",
+        ),
+        (lambda s: s + b"\x1f", None),
+        (
+            lambda s: b"\x1f\x8bxx" + s,
+            "<t>: corrupt gzip data (Error -3 while decompressing data: unknown compression method)",
+        ),
+        (
+            lambda s: s[:-8] + bytes(8),
+            "<t>: corrupt gzip data (Error -3 while decompressing data: incorrect data check)",
+        ),
+        (
+            lambda s: s[:-1] + bytes([s[-1] ^ 1]),
+            "<t>: corrupt gzip data (Error -3 while decompressing data: incorrect length check)",
+        ),
+    ],
+    ids=[
+        "empty",
+        "header-only",
+        "bare-magic",
+        "garbage-member",
+        "one-trailing-byte",
+        "bad-method",
+        "bad-crc",
+        "bad-isize",
+    ],
+)
+def test_crafted_streams_give_the_same_outcome(
+    make: Callable[[bytes], bytes], expected: str | None, inflater: str
+) -> None:
+    if inflater == "python":
+        pytest.skip("compares the two inflaters itself")
+    stream = _stream()
+    got = _both(make(stream))
+    assert got == (gzip.decompress(stream) if expected is None else expected)
+
+
+def test_every_truncation_and_cap_gives_the_same_outcome(inflater: str) -> None:
+    if inflater == "python":
+        pytest.skip("compares the two inflaters itself")
+    stream = _stream()
+    plain = gzip.decompress(stream)
+    for cut in range(len(stream)):  # a cut inside a member is truncated; at a boundary, a prefix
+        got = _both(stream[:cut])
+        assert got == "<t>: truncated gzip data" or (isinstance(got, bytes) and plain.startswith(got))
+    for cap in (0, 1, len(plain) // 3, len(plain) - 1):
+        assert _both(stream, cap) == f"<t>: decompressed trace exceeds {cap} bytes"
+    assert _both(stream, len(plain)) == plain
+
+
+def test_native_and_python_agree_on_any_stream(inflater: str) -> None:
+    """Random payloads in random members, cut, flipped or followed by garbage, under random caps."""
+    if inflater == "python":
+        pytest.skip("compares the two inflaters itself")
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        payload=st.binary(max_size=3000) | st.text(alphabet="ab{}", max_size=20000).map(str.encode),
+        members=st.integers(1, 6),
+        damage=st.sampled_from(["none", "truncate", "flip", "garbage"]),
+        where=st.floats(0, 1),
+        byte=st.integers(0, 255),
+        garbage=st.binary(max_size=12),
+        limit=st.none() | st.integers(0, 25000),
+    )
+    def check(
+        payload: bytes, members: int, damage: str, where: float, byte: int, garbage: bytes, limit: int | None
+    ) -> None:
+        stream = _members(payload, members) if payload else gzip.compress(b"")
+        at = int(where * (len(stream) - 1))
+        if damage == "truncate":
+            stream = stream[:at]
+        elif damage == "flip":
+            stream = stream[:at] + bytes([stream[at] ^ (byte or 1)]) + stream[at + 1 :]
+        elif damage == "garbage":
+            stream += b"\x1f\x8b" + garbage if byte % 2 else garbage
+        got = _both(stream, limit)
+        if damage == "none":
+            too_big = limit is not None and len(payload) > limit
+            assert got == (f"<t>: decompressed trace exceeds {limit} bytes" if too_big else payload)
+
+    check()
