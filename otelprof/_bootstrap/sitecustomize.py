@@ -1,5 +1,12 @@
-"""Put on PYTHONPATH by ``otelprof run``: instruments the Python process it starts, then hands
-over to any ``sitecustomize`` this one shadows.
+"""Put on PYTHONPATH by ``otelprof run``: instruments the Python process it starts once that
+process imports torch, then hands over to any ``sitecustomize`` this one shadows.
+
+Lazy: a process that never imports torch (a launcher, a helper script, a tool) pays for this
+file alone (standard library only, nothing of otelprof imported). A finder first on
+``sys.meta_path`` waits for ``torch``; once torch's own module code has run, the thread that
+imported it imports ``otelprof.auto``, still inside torch's import: the import system holds
+every other thread that imports torch meanwhile until that is done, so otelprof's hooks are
+in before any thread uses torch. The hook runs once whatever happens.
 
 multiprocessing's spawned children (DataLoader workers with ``spawn``) inherit PYTHONPATH but
 are not training loops: they are left alone.
@@ -8,8 +15,10 @@ are not training loops: they are left alone.
 import importlib
 import os
 import sys
+import threading
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_TARGET = "torch"
 
 
 def _chain() -> None:
@@ -29,13 +38,65 @@ def _chain() -> None:
 
 
 def _instrument() -> None:
-    if "--multiprocessing-fork" in getattr(sys, "orig_argv", sys.argv):
-        return
     try:
         import otelprof.auto  # noqa: F401
-    except Exception as exc:  # never stop the job from starting
+    except Exception as exc:  # never stop the job
         sys.stderr.write(f"otelprof: not instrumenting: {exc}\n")
 
 
+class _TorchFinder:
+    """Finds nothing itself: for ``torch`` it asks the finders after it and wraps the loader
+    so that the instrumentation runs right after torch's module code."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname != _TARGET or self._done:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_instrument(module: object) -> None:
+            exec_module(module)  # torch's own import; its errors are the program's
+            self._fire()
+
+        loader.exec_module = exec_then_instrument
+        return spec
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self.remove()
+        _instrument()
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+def _install() -> None:
+    if "--multiprocessing-fork" in getattr(sys, "orig_argv", sys.argv):
+        return
+    if _TARGET in sys.modules:  # imported before site ran (embedders): instrument now
+        _instrument()
+        return
+    sys.meta_path.insert(0, _TorchFinder())
+
+
 _chain()
-_instrument()
+_install()
