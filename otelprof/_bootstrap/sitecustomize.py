@@ -12,10 +12,17 @@ multiprocessing's spawned children (DataLoader workers with ``spawn``) inherit P
 are not training loops: they are left alone.
 """
 
-import importlib
+from __future__ import annotations
+
+import _thread
 import os
 import sys
-import threading
+
+TYPE_CHECKING = False  # typing's, without importing typing (this file runs in every process)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TARGET = "torch"
@@ -27,7 +34,7 @@ def _chain() -> None:
     saved = sys.path[:]
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     try:
-        importlib.import_module("sitecustomize")
+        __import__("sitecustomize")
     except ImportError:
         pass
     finally:
@@ -49,29 +56,30 @@ class _TorchFinder:
     so that the instrumentation runs right after torch's module code."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()  # threading would cost its imports (~3 ms)
         self._done = False
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname != _TARGET or self._done:
             return None
         spec = None
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
+            if finder is not self:
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        loader = spec.loader if spec is not None else None
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
             return spec
-        exec_module = loader.exec_module
 
-        def exec_then_instrument(module: object) -> None:
+        def exec_then_instrument(module: ModuleType) -> None:
             exec_module(module)  # torch's own import; its errors are the program's
             self._fire()
 
-        loader.exec_module = exec_then_instrument
+        loader.exec_module = exec_then_instrument  # type: ignore[union-attr, method-assign]
         return spec
 
     def _fire(self) -> None:
@@ -83,10 +91,8 @@ class _TorchFinder:
         _instrument()
 
     def remove(self) -> None:
-        try:
+        if self in sys.meta_path:
             sys.meta_path.remove(self)
-        except ValueError:
-            pass
 
 
 def _install() -> None:

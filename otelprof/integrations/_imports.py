@@ -8,6 +8,7 @@ is the function's owner's job).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -31,7 +32,7 @@ class PostImportHook:
     def install(self) -> None:
         if not self._installed:
             self._installed = True
-            sys.meta_path.insert(0, self)  # type: ignore[arg-type]
+            sys.meta_path.insert(0, self)
         for name in self._names:
             module = sys.modules.get(name)
             if module is not None and not _initializing(module):
@@ -39,10 +40,8 @@ class PostImportHook:
 
     def remove(self) -> None:
         self._installed = False
-        try:
-            sys.meta_path.remove(self)  # type: ignore[arg-type]
-        except ValueError:
-            pass
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in self._names or not self._installed:

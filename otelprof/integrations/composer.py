@@ -18,7 +18,7 @@ from ..capture.hooks import batch_size
 from . import _steps
 
 
-class OtelprofCallback(Callback):  # type: ignore[misc]
+class OtelprofCallback(Callback):
     """Does nothing while otelprof is not instrumenting (``otelprof run`` or ``otelprof.instrument()``)."""
 
     def __init__(self) -> None:

@@ -26,7 +26,7 @@ from . import _steps
 _log = logging.getLogger(__name__)
 
 
-class OtelprofCallback(TrainerCallback):  # type: ignore[misc]
+class OtelprofCallback(TrainerCallback):
     """Add to ``Trainer(callbacks=[OtelprofCallback()])``, or let otelprof add it (it does while
     instrumenting, unless one is there). Does nothing while otelprof is not instrumenting."""
 

@@ -45,19 +45,21 @@ class Captured:
         return sorted(kids, key=lambda s: s.start_time_unix_nano)
 
     def total(self, family: str) -> float:
-        return sum(s.value for s in self.metrics[family].samples if s.name == f"{family}_total")
+        return float(sum(s.value for s in self.metrics[family].samples if s.name == f"{family}_total"))
+
+
+def _value(value: Any) -> Any:
+    return getattr(value, str(value.WhichOneof("value")))
 
 
 def attrs(span: Span) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for kv in span.attributes:
-        value = kv.value
-        out[kv.key] = getattr(value, value.WhichOneof("value"))
-    return out
+    return {kv.key: _value(kv.value) for kv in span.attributes}
 
 
 @contextmanager
-def instrumented(tmp_path: Path, scrape_metrics: bool = True, **env: str) -> Iterator[tuple[otelprof.instrumentation.Session, list[Captured]]]:
+def instrumented(
+    tmp_path: Path, scrape_metrics: bool = True, **env: str
+) -> Iterator[tuple[otelprof.instrumentation.Session, list[Captured]]]:
     """``otelprof.instrument()`` as a user calls it (exporting to a real OTLP receiver, metrics
     on a free port); what arrived is appended to the list once the block ends: the metrics
     scraped at the end of the block, before ``uninstrument()``."""
@@ -86,7 +88,7 @@ def _captured(rec: HttpReceiver, metrics: dict[str, Any]) -> Captured:
     resource: dict[str, Any] = {}
     for request in rec.requests:
         for rs in request.resource_spans:
-            resource = {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in rs.resource.attributes}
+            resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
     return Captured(rec.spans, metrics, resource)
 
 

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-L = pytest.importorskip("lightning.pytorch")
+pytest.importorskip("torch")
+pytest.importorskip("lightning")
 
-from integrations import checks  # noqa: E402
+import lightning.pytorch as L
+import torch
 
-from otelprof.integrations.lightning import OtelprofCallback  # noqa: E402
+from integrations import checks
+from otelprof.integrations.lightning import OtelprofCallback
 
 STEPS = 30
 BATCH = 4
@@ -24,7 +26,7 @@ EVAL_EVERY = 10
 VAL_BATCHES = 2
 
 
-class Tiny(L.LightningModule):  # type: ignore[misc]
+class Tiny(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, 16)
@@ -47,7 +49,7 @@ class Tiny(L.LightningModule):  # type: ignore[misc]
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-class Truth(L.Callback):  # type: ignore[misc]
+class Truth(L.Callback):
     def __init__(self) -> None:
         self.truth = checks.Truth()
         self.pending: list[int] = []
@@ -134,7 +136,9 @@ def test_validation_is_its_own_span(run: tuple[checks.Captured, Any]) -> None:
     checks.check_evaluations(captured, truth, captured.named("train.step"))
 
 
-@pytest.mark.xfail(strict=True, reason="h-steps: evaluation spans are counted as steps in /metrics until its rule lands")
+@pytest.mark.xfail(
+    strict=True, reason="h-steps: evaluation spans are counted as steps in /metrics until its rule lands"
+)
 def test_metrics_count_the_training_steps_alone(run: tuple[checks.Captured, Any]) -> None:
     captured, (truth, _accumulation) = run
     checks.check_metrics(captured, truth)

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never a hub download, whatever the test machine can reach
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
-from integrations import checks  # noqa: E402
+import torch
+import transformers
 
-from otelprof.integrations.transformers import OtelprofCallback  # noqa: E402
+from integrations import checks
+from otelprof.integrations.transformers import OtelprofCallback
 
 STEPS = 30
 BATCH = 4
@@ -28,7 +30,7 @@ EVAL_SAMPLES = 8
 TOKENS = {"bos_token_id": 0, "eos_token_id": 0}
 
 
-class Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
+class Tokens(torch.utils.data.Dataset):
     def __init__(self, n: int, seed: int) -> None:
         self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
 
@@ -39,7 +41,7 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-class CountingTrainer(transformers.Trainer):  # type: ignore[misc]
+class CountingTrainer(transformers.Trainer):
     """The truth: what each ``training_step`` gets (a user's override, kept by otelprof)."""
 
     truth: checks.Truth
@@ -50,7 +52,7 @@ class CountingTrainer(transformers.Trainer):  # type: ignore[misc]
         return super().training_step(model, inputs, num_items_in_batch)
 
 
-class Truth(transformers.TrainerCallback):  # type: ignore[misc]
+class Truth(transformers.TrainerCallback):
     def __init__(self, trainer: CountingTrainer) -> None:
         self.trainer = trainer
 
@@ -111,7 +113,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 def test_one_step_per_update_with_its_samples_and_tokens(run: tuple[checks.Captured, Any]) -> None:
     captured, (truth, accumulation) = run
-    steps = checks.check_steps(captured, truth)
+    checks.check_steps(captured, truth)
     assert sum(truth.samples) == STEPS * BATCH * accumulation  # 480 with accumulation 4
     # the run id is the Trainer's run name
     assert captured.resource["otelprof.run.id"] == f"hf-accum-{accumulation}"
@@ -120,7 +122,7 @@ def test_one_step_per_update_with_its_samples_and_tokens(run: tuple[checks.Captu
 
 
 def test_phases_inside_their_step_without_overlap(run: tuple[checks.Captured, Any]) -> None:
-    captured, (truth, accumulation) = run
+    captured, (_truth, accumulation) = run
     steps = captured.named("train.step")
     checks.check_phases(captured, steps)
     for step in steps:  # every micro-batch's forward and backward is in its update's step
@@ -134,7 +136,9 @@ def test_evaluation_is_its_own_span(run: tuple[checks.Captured, Any]) -> None:
     checks.check_evaluations(captured, truth, captured.named("train.step"))
 
 
-@pytest.mark.xfail(strict=True, reason="h-steps: evaluation spans are counted as steps in /metrics until its rule lands")
+@pytest.mark.xfail(
+    strict=True, reason="h-steps: evaluation spans are counted as steps in /metrics until its rule lands"
+)
 def test_metrics_count_the_training_steps_alone(run: tuple[checks.Captured, Any]) -> None:
     captured, (truth, _accumulation) = run
     checks.check_metrics(captured, truth)
