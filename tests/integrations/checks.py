@@ -26,7 +26,7 @@ class Truth:
     """The loop's own counts, one entry per optimizer update, and its evaluations."""
 
     samples: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int | None] = field(default_factory=list)
     micro_batches: list[int] = field(default_factory=list)
     evaluations: int = 0
 
@@ -48,12 +48,12 @@ class Captured:
         return float(sum(s.value for s in self.metrics[family].samples if s.name == f"{family}_total"))
 
 
-def _value(value: Any) -> Any:
+def attrs_value(value: Any) -> Any:
     return getattr(value, str(value.WhichOneof("value")))
 
 
 def attrs(span: Span) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in span.attributes}
+    return {kv.key: attrs_value(kv.value) for kv in span.attributes}
 
 
 @contextmanager
@@ -88,7 +88,7 @@ def _captured(rec: HttpReceiver, metrics: dict[str, Any]) -> Captured:
     resource: dict[str, Any] = {}
     for request in rec.requests:
         for rs in request.resource_spans:
-            resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
+            resource = {kv.key: attrs_value(kv.value) for kv in rs.resource.attributes}
     return Captured(rec.spans, metrics, resource)
 
 
@@ -119,12 +119,13 @@ def check_phases(captured: Captured, steps: list[Span]) -> None:
         assert total <= step.end_time_unix_nano - step.start_time_unix_nano
 
 
-def check_evaluations(captured: Captured, truth: Truth, steps: list[Span]) -> None:
-    """Each evaluation is one ``evaluation`` span with its forwards, outside every training step."""
+def check_evaluations(captured: Captured, truth: Truth, steps: list[Span], phase: str = "forward") -> None:
+    """Each evaluation is one ``evaluation`` span with its ``phase`` (its forwards), outside every
+    training step."""
     evaluations = captured.named("evaluation")
     assert len(evaluations) == truth.evaluations
     for evaluation in evaluations:
-        assert "forward" in {p.name for p in captured.children(evaluation)}
+        assert phase in {p.name for p in captured.children(evaluation)}
         for step in steps:
             assert (
                 evaluation.end_time_unix_nano <= step.start_time_unix_nano
@@ -136,7 +137,7 @@ def check_metrics(captured: Captured, truth: Truth) -> None:
     """/metrics counts the training steps, and their samples and tokens, alone."""
     assert captured.total("otelprof_steps") == len(truth.samples)
     assert captured.total("otelprof_samples") == sum(truth.samples)
-    assert captured.total("otelprof_tokens") == sum(truth.tokens)
+    assert captured.total("otelprof_tokens") == sum(t or 0 for t in truth.tokens)
 
 
 def check_micro_batches(captured: Captured, truth: Truth) -> None:
