@@ -6,6 +6,8 @@ and a callback of the test's."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +169,38 @@ def test_by_hand_and_after_uninstrument(tmp_path: Path) -> None:
     assert transformers.Trainer.__init__ is init
     trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args)
     assert not [c for c in trainer.callback_handler.callbacks if isinstance(c, OtelprofCallback)]
+
+
+def test_under_otelprof_run_with_no_code_change(tmp_path: Path) -> None:
+    """``otelprof run -- python hf_train.py``: the bootstrap instruments at ``import torch``
+    (inside ``import transformers``), the callback goes into the Trainer the script builds."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from otelprof.export.spool import Spool
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELPROF_"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+        OTELPROF_SPOOL_DIR=str(tmp_path / "spool"),
+        OTEL_EXPORTER_PROMETHEUS_PORT="0",
+        OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+        OTELPROF_PROFILE="false",
+        HF_OUTPUT_DIR=str(tmp_path / "out"),
+    )
+    script = str(Path(__file__).with_name("hf_train.py"))
+    command = [sys.executable, "-m", "otelprof", "run", "--", sys.executable, script]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split()[-2:] == ["trained", "4"]
+    spans = [
+        span
+        for _path, data in Spool(tmp_path / "spool")
+        for rs in ExportTraceServiceRequest.FromString(data).resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+    steps = [s for s in spans if s.name == "train.step"]
+    assert [checks.attrs(s)["otelprof.step.samples"] for s in steps] == [8] * 4
+    assert [checks.attrs(s)["otelprof.step.tokens"] for s in steps] == [8 * SEQ] * 4
+    assert len([s for s in spans if s.name == "evaluation"]) == 2
