@@ -77,6 +77,7 @@ def hf_loop(steps: int, accumulation: int = 2) -> Callable[[], float]:
             model=model, args=args, train_dataset=data, data_collator=transformers.default_data_collator
         )
         trainer.add_callback(timer)
+        trainer.remove_callback(transformers.PrinterCallback)  # its log line per run
         trainer.train()
         return _per_step(timer.times)
 
