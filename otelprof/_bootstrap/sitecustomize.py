@@ -66,8 +66,9 @@ class _TorchFinder:
             return None
         spec = None
         for finder in sys.meta_path:
-            if finder is not self:
-                spec = finder.find_spec(fullname, path, target)
+            find = getattr(finder, "find_spec", None)  # a legacy finder may have none
+            if finder is not self and find is not None:
+                spec = find(fullname, path, target)
                 if spec is not None:
                     break
         loader = spec.loader if spec is not None else None
