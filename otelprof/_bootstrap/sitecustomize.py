@@ -80,7 +80,7 @@ class _TorchFinder:
             exec_module(module)  # torch's own import; its errors are the program's
             self._fire()
 
-        loader.exec_module = exec_then_instrument  # type: ignore[union-attr, method-assign]
+        loader.exec_module = exec_then_instrument  # type: ignore[union-attr]
         return spec
 
     def _fire(self) -> None:
