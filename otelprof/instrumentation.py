@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from . import integrations
 from ._config import Settings, settings_from_env
 from ._version import __version__
 from .capture import distributed, metrics_server, otlp_metrics
@@ -297,6 +298,7 @@ def instrument(
         session = Session(settings, identity, registry or REGISTRY, exporter, env)
         _session = session
     atexit.register(_at_exit, session)
+    integrations.install()  # the framework callbacks, for Trainers built from now on
     return session
 
 
@@ -306,6 +308,7 @@ def uninstrument() -> None:
     with _lock:
         session, _session = _session, None
     if session is not None:
+        integrations.uninstall()
         session.close()
 
 
