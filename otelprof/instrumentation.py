@@ -160,7 +160,8 @@ class Session:
             return
         try:
             ctx = self.spans.context(step)  # the application's current span is on this thread
-            self._boundary(step.duration_s)
+            if not step.evaluation:  # an evaluation is no training step: no boundary, no anomaly
+                self._boundary(step.duration_s)
             if self.timing is not None:
                 self.timing.add(step, ctx)  # recorded once the GPU has run it
             else:
@@ -171,11 +172,12 @@ class Session:
 
     def _record(self, step: Step, ctx: StepContext) -> None:
         assert self.metrics is not None and self.spans is not None
-        self.metrics.observe(step, ctx)
-        if self.straggler is not None:
-            self.straggler.observe(step.duration_s)
-        if self.otlp_metrics is not None:
-            self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
+        if not step.evaluation:  # a span, in no step metric
+            self.metrics.observe(step, ctx)
+            if self.straggler is not None:
+                self.straggler.observe(step.duration_s)
+            if self.otlp_metrics is not None:
+                self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
         self.spans.add(step, ctx)
 
     def _serve_metrics(self) -> None:
@@ -321,14 +323,22 @@ def session() -> Session | None:
     return _session
 
 
-def step(*, number: int | None = None, samples: int | None = None, tokens: int | None = None) -> None:
+def step(
+    *,
+    number: int | None = None,
+    samples: int | None = None,
+    tokens: int | None = None,
+    micro_batches: int | None = None,
+) -> None:
     """Ends the current step now (after the optimizer update), for loops the automatic rules do
     not fit and for framework callbacks; the automatic boundaries are off from then on.
     ``number``: the step's number (the framework's global step; the next steps count on from
     it); ``samples``/``tokens``: the step's sizes, replacing the sums over its DataLoader
-    fetches. Negative values raise ValueError."""
+    fetches; ``micro_batches``: its micro-batch count, replacing the number of its fetches (a
+    loader that fetches ahead, a batch split into micro-batches). Negative values raise
+    ValueError."""
     if _session is not None:
-        _session.tracker.step(number, samples, tokens)
+        _session.tracker.step(number, samples, tokens, micro_batches)
 
 
 @contextlib.contextmanager
