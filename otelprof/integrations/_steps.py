@@ -32,16 +32,22 @@ def _guard(what: str, exc: Exception) -> None:
         _log.warning("otelprof's framework callback stopped after an error (%s)", what, exc_info=exc)
 
 
-def end_step(samples: int | None = None, tokens: int | None = None, micro_batches: int | None = None) -> None:
-    """The framework's optimizer update ended a step: it closes now, with these counts (None:
-    what the DataLoader hook inferred). ``micro_batches`` is not recorded by the tracker yet."""
+def end_step(
+    samples: int | None = None,
+    tokens: int | None = None,
+    micro_batches: int | None = None,
+    number: int | None = None,
+) -> None:
+    """The framework's optimizer update ended a step: it closes now, numbered ``number`` (the
+    framework's 0-based count of updates) with these counts. ``samples``/``tokens`` replace the
+    sums of the step's DataLoader fetches (None: those sums); ``micro_batches`` replaces the
+    number of its fetches, which is off for a loader that fetches ahead (accelerate, Lightning)
+    or splits one fetched batch (Composer)."""
     tracker = _tracker()
     if tracker is None:
         return
     try:
-        if samples is not None or tokens is not None:
-            tracker.set_batch(samples, tokens)
-        tracker.step()
+        tracker.step(number, samples, tokens, micro_batches)
     except Exception as exc:
         _guard("end_step", exc)
 
@@ -52,7 +58,7 @@ def begin_evaluation() -> None:
     if tracker is None:
         return
     try:
-        tracker.begin_scope(EVALUATION)
+        tracker.begin_scope(EVALUATION, True)
     except Exception as exc:
         _guard("begin_evaluation", exc)
 

@@ -42,7 +42,11 @@ class OtelprofCallback(Callback):
             self._micro_batches += 1
 
     def batch_end(self, state: Any, logger: Any) -> None:
-        _steps.end_step(self._samples, self._tokens, self._micro_batches or None)
+        try:  # the batches done, this one included (Composer counts it before BATCH_END)
+            done = int(state.timestamp.batch)
+        except Exception:
+            done = 0
+        _steps.end_step(self._samples, self._tokens, self._micro_batches or None, done - 1 if done > 0 else None)
         self._samples = self._tokens = None
         self._micro_batches = 0
 

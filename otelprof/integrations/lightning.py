@@ -71,7 +71,8 @@ def _make(base: type) -> type:
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             counts = self._counts
             if trainer.global_step != counts.global_step:  # an optimizer stepped in this batch
-                _steps.end_step(counts.samples, counts.tokens, counts.micro_batches)
+                number = trainer.global_step - 1 if trainer.global_step > 0 else None
+                _steps.end_step(counts.samples, counts.tokens, counts.micro_batches, number)
                 counts.reset()
 
         def on_validation_start(self, trainer: Any, pl_module: Any) -> None:

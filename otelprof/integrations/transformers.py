@@ -62,7 +62,9 @@ class OtelprofCallback(TrainerCallback):
         self._micro_batches += 1
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        _steps.end_step(self._samples, self._tokens, self._micro_batches + 1)
+        # global_step counts the updates done, this one included
+        number = state.global_step - 1 if state.global_step > 0 else None
+        _steps.end_step(self._samples, self._tokens, self._micro_batches + 1, number)
         self._reset()
         self._maybe_evaluate(control)
 

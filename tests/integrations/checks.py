@@ -17,7 +17,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 import otelprof
 
-#: The attribute the micro-batch count of a step goes in (h-steps' step rule records it).
+#: The attribute the micro-batch count of a step goes in (the framework callbacks give their own).
 MICRO_BATCHES = "otelprof.step.micro_batches"
 
 

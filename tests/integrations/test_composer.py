@@ -153,22 +153,17 @@ def test_evaluation_is_its_own_span(run: tuple[checks.Captured, dict[str, Any]])
     checks.check_evaluations(captured, _truth(out), captured.named("train.step"), phase="data")
 
 
-@pytest.mark.xfail(strict=True, reason="h-steps: Composer steps its optimizer with a closure holding the micro-batches")
 def test_phases_inside_their_step_without_overlap(run: tuple[checks.Captured, dict[str, Any]]) -> None:
     captured, _out = run
     checks.check_phases(captured, captured.named("train.step"))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="h-steps: evaluation spans are counted as steps in /metrics until its rule lands"
-)
 def test_metrics_count_the_training_steps_alone(run: tuple[checks.Captured, dict[str, Any]]) -> None:
     captured, out = run
     assert captured.total("otelprof_steps") == BATCHES
     assert captured.total("otelprof_samples") == sum(out["samples"])
 
 
-@pytest.mark.xfail(strict=True, reason="h-steps: the tracker records micro-batches per step once its rule lands")
 def test_micro_batches_per_step(run: tuple[checks.Captured, dict[str, Any]]) -> None:
     captured, out = run
     checks.check_micro_batches(captured, _truth(out))

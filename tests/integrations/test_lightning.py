@@ -122,9 +122,6 @@ def test_every_micro_batch_in_its_update(run: tuple[checks.Captured, Any]) -> No
         assert names.count("backward") == accumulation
 
 
-@pytest.mark.xfail(
-    strict=True, reason="h-steps: training_step runs inside optimizer.step(closure): the optimizer phase holds it"
-)
 def test_phases_inside_their_step_without_overlap(run: tuple[checks.Captured, Any]) -> None:
     captured, _ = run
     checks.check_phases(captured, captured.named("train.step"))
@@ -136,15 +133,11 @@ def test_validation_is_its_own_span(run: tuple[checks.Captured, Any]) -> None:
     checks.check_evaluations(captured, truth, captured.named("train.step"))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="h-steps: evaluation spans are counted as steps in /metrics until its rule lands"
-)
 def test_metrics_count_the_training_steps_alone(run: tuple[checks.Captured, Any]) -> None:
     captured, (truth, _accumulation) = run
     checks.check_metrics(captured, truth)
 
 
-@pytest.mark.xfail(strict=True, reason="h-steps: the tracker records micro-batches per step once its rule lands")
 def test_micro_batches_per_step(run: tuple[checks.Captured, Any]) -> None:
     captured, (truth, _accumulation) = run
     checks.check_micro_batches(captured, truth)

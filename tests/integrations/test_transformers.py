@@ -138,9 +138,6 @@ def test_evaluation_is_its_own_span(run: tuple[checks.Captured, Any]) -> None:
     checks.check_evaluations(captured, truth, captured.named("train.step"))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="h-steps: evaluation spans are counted as steps in /metrics until its rule lands"
-)
 def test_metrics_count_the_training_steps_alone(run: tuple[checks.Captured, Any]) -> None:
     captured, (truth, _accumulation) = run
     checks.check_metrics(captured, truth)
@@ -148,7 +145,6 @@ def test_metrics_count_the_training_steps_alone(run: tuple[checks.Captured, Any]
     assert [checks.attrs(s)["pytorch.step"] for s in steps] == list(range(STEPS))
 
 
-@pytest.mark.xfail(strict=True, reason="h-steps: the tracker records micro-batches per step once its rule lands")
 def test_micro_batches_per_step(run: tuple[checks.Captured, Any]) -> None:
     captured, (truth, _accumulation) = run
     checks.check_micro_batches(captured, truth)
