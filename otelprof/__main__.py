@@ -1,5 +1,5 @@
 """``python -m otelprof``: the ``otelprof`` command line."""
 
-from .cli import main
+from ._launch import main
 
 raise SystemExit(main())

@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from . import integrations
 from ._config import Settings, settings_from_env
 from ._version import __version__
 from .capture import distributed, metrics_server, otlp_metrics
@@ -177,7 +178,8 @@ class Session:
             return
         try:
             ctx = self.spans.context(step)  # the application's current span is on this thread
-            self._boundary(step.duration_s, lambda: self._live_python(step, ctx))
+            if not step.evaluation:  # an evaluation is no training step: no boundary, no anomaly
+                self._boundary(step.duration_s, lambda: self._live_python(step, ctx))
             if self.timing is not None:
                 self.timing.add(step, ctx)  # recorded once the GPU has run it
             else:
@@ -188,11 +190,12 @@ class Session:
 
     def _record(self, step: Step, ctx: StepContext) -> None:
         assert self.metrics is not None and self.spans is not None
-        self.metrics.observe(step, ctx)
-        if self.straggler is not None:
-            self.straggler.observe(step.duration_s)
-        if self.otlp_metrics is not None:
-            self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
+        if not step.evaluation:  # a span, in no step metric
+            self.metrics.observe(step, ctx)
+            if self.straggler is not None:
+                self.straggler.observe(step.duration_s)
+            if self.otlp_metrics is not None:
+                self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
         self.spans.add(step, ctx)
 
     def _serve_metrics(self) -> None:
@@ -325,6 +328,7 @@ def instrument(
         session = Session(settings, identity, registry or REGISTRY, exporter, env)
         _session = session
     atexit.register(_at_exit, session)
+    integrations.install()  # the framework callbacks, for Trainers built from now on
     return session
 
 
@@ -334,6 +338,7 @@ def uninstrument() -> None:
     with _lock:
         session, _session = _session, None
     if session is not None:
+        integrations.uninstall()
         session.close()
 
 
@@ -346,14 +351,22 @@ def session() -> Session | None:
     return _session
 
 
-def step(*, number: int | None = None, samples: int | None = None, tokens: int | None = None) -> None:
+def step(
+    *,
+    number: int | None = None,
+    samples: int | None = None,
+    tokens: int | None = None,
+    micro_batches: int | None = None,
+) -> None:
     """Ends the current step now (after the optimizer update), for loops the automatic rules do
     not fit and for framework callbacks; the automatic boundaries are off from then on.
     ``number``: the step's number (the framework's global step; the next steps count on from
     it); ``samples``/``tokens``: the step's sizes, replacing the sums over its DataLoader
-    fetches. Negative values raise ValueError."""
+    fetches; ``micro_batches``: its micro-batch count, replacing the number of its fetches (a
+    loader that fetches ahead, a batch split into micro-batches). Negative values raise
+    ValueError."""
     if _session is not None:
-        _session.tracker.step(number, samples, tokens)
+        _session.tracker.step(number, samples, tokens, micro_batches)
 
 
 @contextlib.contextmanager

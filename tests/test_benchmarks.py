@@ -44,14 +44,19 @@ def test_convert_benchmark_runs_every_engine() -> None:
 
 def test_overhead_benchmark_runs_both_loops() -> None:
     quick = ("--rounds", "2", "--steps", "3", "--window-steps", "2", "--tiny-rounds", "3", "--window-rounds", "2")
-    text, figures = _run("overhead.py", *quick)
+    frameworks = ("--framework-rounds", "1", "--framework-steps", "3", "--start-rounds", "2")
+    text, figures = _run("overhead.py", *quick, *frameworks)
     window = {"window_bare_ms", "window_otelprof_ms", "window_ratio", "window_ratio_error"}
     always = {"bare_ms", "instrumented_ms", "ratio", "ratio_error", "step_cost_us", "implied_ratio"}
     errors = {"step_cost_error_us", "implied_ratio_error"}
-    assert set(figures) == always | window | errors
-    assert all(v > 0 for k, v in figures.items() if not k.endswith("error") and k != "step_cost_us")  # noise may be < 0
+    framework = {"hf_trainer_bare_ms", "hf_trainer_ratio", "lightning_bare_ms", "lightning_ratio"}
+    start = {"start_bare_ms", "start_bootstrap_ms", "start_otelprof_run_ms"}  # differences: noise may be < 0
+    assert set(figures) == always | window | errors | framework | start
+    differences = {"step_cost_us", "start_bootstrap_ms", "start_otelprof_run_ms"}
+    assert all(v > 0 for k, v in figures.items() if not k.endswith("error") and k not in differences)
     assert all(figures[k] >= 0 for k in figures if "error" in k)
     assert "window, ratio" in text and "per-step cost" in text
+    assert "hf_trainer, ratio" in text and "lightning, ratio" in text and "process start, bootstrap" in text
 
 
 def test_import_benchmark_runs_import_and_anchor() -> None:

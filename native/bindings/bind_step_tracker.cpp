@@ -167,14 +167,15 @@ class LiveTracker {
         if (core_.pending()) deliver();
     }
 
-    void step(py::object number, py::object samples, py::object tokens) {
+    void step(py::object number, py::object samples, py::object tokens, py::object micro_batches) {
         const int64_t n = size_arg(number.ptr(), "a step number");
         const int64_t s = size_arg(samples.ptr()), t = size_arg(tokens.ptr());
-        timed([this, n, s, t](int64_t now) { core_.step(now, n, s, t); });
+        const int64_t b = size_arg(micro_batches.ptr(), "a micro-batch count");
+        timed([this, n, s, t, b](int64_t now) { core_.step(now, n, s, t, b); });
     }
-    void begin_scope(const py::str& name) {
+    void begin_scope(const py::str& name, bool evaluation) {
         const uint32_t slot = name_slot(name);
-        timed([this, slot](int64_t now) { core_.begin_scope(slot, now); });
+        timed([this, slot, evaluation](int64_t now) { core_.begin_scope(slot, now, evaluation); });
     }
     void end_scope() {
         timed([this](int64_t now) { core_.end_scope(now); });
@@ -297,7 +298,7 @@ class LiveTracker {
             if (r == nullptr) return false;
             Py_DECREF(r);
         }
-        if (!on_boundary_.is_none()) {
+        if (!on_boundary_.is_none() && !s.evaluation) {
             PyObject* r = PyObject_CallFunction(on_boundary_.ptr(), "Ld", static_cast<long long>(s.number),
                                                 static_cast<double>(s.end - s.start) / 1e9);
             if (r == nullptr) return false;
@@ -307,7 +308,7 @@ class LiveTracker {
     }
 
     // steps.Step(number, start_ns, end_ns, phases, phase_totals_ns, dropped_phases, samples,
-    // tokens, name, micro_batches)
+    // tokens, name, micro_batches, evaluation)
     PyObject* make_step(const otelprof::TrackedStep& s) {
         py::list phases(s.phases.size());
         size_t i = 0;
@@ -325,7 +326,7 @@ class LiveTracker {
         for (int k = 0; k < otelprof::kPhaseCount; ++k) {
             if (s.with_total & (1u << k)) totals[phase_names_[static_cast<size_t>(k)]] = py::int_(s.totals[k]);
         }
-        py::object args[10] = {
+        py::object args[11] = {
             py::int_(s.number),
             py::int_(s.start),
             py::int_(s.end),
@@ -336,10 +337,11 @@ class LiveTracker {
             s.tokens ? py::object(py::int_(*s.tokens)) : py::none(),
             names_[s.name < names_.size() ? s.name : 0],
             py::int_(s.micro_batches),
+            py::bool_(s.evaluation),
         };
-        PyObject* argv[10];
-        for (int k = 0; k < 10; ++k) argv[k] = args[k].ptr();
-        return PyObject_Vectorcall(step_type_.ptr(), argv, 10, nullptr);
+        PyObject* argv[11];
+        for (int k = 0; k < 11; ++k) argv[k] = args[k].ptr();
+        return PyObject_Vectorcall(step_type_.ptr(), argv, 11, nullptr);
     }
 
     // The Python error now set stops the tracker (handed to on_error, then cleared).
@@ -490,8 +492,8 @@ void bind_step_tracker(py::module_& m) {
         .def("phase_end", [](LiveTracker& t, const std::string& phase) { t.end(phase_of(phase)); })
         .def("set_batch", &LiveTracker::set_batch, py::arg("samples") = py::none(), py::arg("tokens") = py::none())
         .def("step", &LiveTracker::step, py::arg("number") = py::none(), py::arg("samples") = py::none(),
-             py::arg("tokens") = py::none())
-        .def("begin_scope", &LiveTracker::begin_scope)
+             py::arg("tokens") = py::none(), py::arg("micro_batches") = py::none())
+        .def("begin_scope", &LiveTracker::begin_scope, py::arg("name"), py::arg("evaluation") = false)
         .def("end_scope", &LiveTracker::end_scope)
         .def("finish", &LiveTracker::finish)
         .def("fail", &LiveTracker::fail_with)

@@ -19,7 +19,7 @@ size_t StepHistogram::observe(double value) {
 
 bool StepSink::add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
                    const std::optional<SpanId>& parent_span) {
-    fold(step, parent_trace);
+    if (!step.evaluation) fold(step, parent_trace);  // an evaluation is a span, in no step metric
     const uint64_t ordinal = ordinal_;
     ordinal_ += 1 + step.phases.size();
     if (queue_.size() >= max_pending_) {

@@ -20,6 +20,7 @@ void StepTracker::reset_batches() {
     samples_.reset();
     tokens_.reset();
     batches_ = 0;
+    set_batches_.reset();
     // set_batch() / step(samples=...) replace the sums; set_batch() after the step's update
     // (automatic rules) is for the next step
     set_samples_ = std::exchange(next_samples_, std::nullopt);
@@ -182,17 +183,18 @@ void StepTracker::set_batch(int64_t samples, int64_t tokens) {
     if (tokens >= 0) (later ? next_tokens_ : set_tokens_) = tokens;
 }
 
-void StepTracker::step(int64_t now, int64_t number, int64_t samples, int64_t tokens) {
+void StepTracker::step(int64_t now, int64_t number, int64_t samples, int64_t tokens, int64_t micro_batches) {
     std::lock_guard<std::mutex> lock(mutex_);
     explicit_ = true;
     if (samples >= 0) set_samples_ = samples;
     if (tokens >= 0) set_tokens_ = tokens;
+    if (micro_batches >= 0) set_batches_ = micro_batches;
     if (!current_) open(boundary_ ? *boundary_ : now);
     close(now, number);
     boundary_ = now;
 }
 
-void StepTracker::begin_scope(uint32_t name, int64_t now) {
+void StepTracker::begin_scope(uint32_t name, int64_t now, bool evaluation) {
     std::lock_guard<std::mutex> lock(mutex_);
     explicit_ = true;
     if (current_) {
@@ -204,6 +206,7 @@ void StepTracker::begin_scope(uint32_t name, int64_t now) {
     }
     open(now);
     current_->name = name;
+    current_->evaluation = evaluation;
     scoped_ = true;
 }
 
@@ -297,11 +300,16 @@ void StepTracker::close(int64_t end, int64_t number) {
     TrackedStep step = std::move(*current_);
     current_.reset();
     step.end = std::max(end, step.start);
-    step.number = number >= 0 ? number : next_number_;
-    next_number_ = step.number + 1;
+    if (step.evaluation) {  // takes the next training step's number, counts its forwards
+        step.number = next_number_;
+        eval_forwards_ += forwards_;
+    } else {
+        step.number = number >= 0 ? number : next_number_;
+        next_number_ = step.number + 1;
+    }
     step.samples = set_samples_ ? set_samples_ : samples_;
     step.tokens = set_tokens_ ? set_tokens_ : tokens_;
-    step.micro_batches = batches_;
+    step.micro_batches = set_batches_ ? *set_batches_ : batches_;
     if (!opts_.empty()) known_ = opts_;
     reset_step();
     reset_batches();

@@ -134,6 +134,8 @@ class StepMetrics(Collector):
         self._registered.append(collector)
 
     def observe(self, step: Step, traced: Traced) -> None:
+        if step.evaluation:  # a span, in no step metric (as the native sink)
+            return
         queue = self._queue
         queue.append((step, traced))
         if len(queue) >= FOLD_STEPS:

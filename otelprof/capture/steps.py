@@ -27,12 +27,17 @@ begins. **One step is one optimizer update**, whatever the loop:
   (``eval_forwards``, the ``otelprof_eval_forwards_total`` metric). Forward-only work a fetch
   drops (an evaluation DataLoader's batches) is counted the same way.
 - The explicit API turns the automatic boundaries off (the dropping of forward-only work at a
-  fetch stays): ``step(number=None, samples=None, tokens=None)`` ends the current step now
-  (numbered ``number`` when given, the next counting on from it; ``samples``/``tokens`` replace
-  the sums of its fetches); the next step begins at its first activity (a fetch, forward,
-  backward or optimizer step), or, when none came, at the previous boundary.
+  fetch stays): ``step(number=None, samples=None, tokens=None, micro_batches=None)`` ends the
+  current step now (numbered ``number`` when given, the next counting on from it;
+  ``samples``/``tokens`` replace the sums of its fetches, ``micro_batches`` their count: a
+  framework that fetches ahead, or splits one fetched batch, knows its own); the next step
+  begins at its first activity (a fetch, forward, backward or optimizer step), or, when none
+  came, at the previous boundary.
   ``begin_scope(name)`` / ``end_scope()`` make one named step of a block (inference,
-  evaluation), with every forward in it charged. ``otelprof.step()`` / ``otelprof.step_scope()``
+  evaluation), with every forward in it charged; ``begin_scope(name, evaluation=True)`` (a
+  framework's evaluation) makes it a span that is no training step: it takes no step number
+  (it carries the next step's), its forwards are counted in ``eval_forwards``, and it feeds no
+  step metric. ``otelprof.step()`` / ``otelprof.step_scope()``
   / ``otelprof.set_batch_size()`` are these for the application and for framework callbacks.
 - A loop that runs forwards with no optimizer step and no explicit step gets one log line
   saying how to mark steps (``on_hint``, after HINT_FORWARDS forwards).
@@ -77,6 +82,7 @@ class Step:
     tokens: int | None = None
     name: str = "train.step"
     micro_batches: int = 0  # DataLoader batches fetched in the step
+    evaluation: bool = False  # begin_scope(evaluation=True): a span, in no step metric
 
     @property
     def duration_s(self) -> float:
@@ -187,6 +193,7 @@ class StepTracker(TrackerHooks):
         self._samples: int | None = None  # sums over the step's fetches
         self._tokens: int | None = None
         self._batches = 0
+        self._set_batches: int | None = None  # step(micro_batches=...): replaces the fetch count
         # set_batch() / step(samples=...): they replace the sums; set_batch() after the step's
         # update (automatic rules) is for the next step
         self._set_samples, self._set_tokens = self._next_samples, self._next_tokens
@@ -388,16 +395,25 @@ class StepTracker(TrackerHooks):
 
     # --- explicit steps (the application, framework callbacks) ------------------------------
 
-    def step(self, number: int | None = None, samples: int | None = None, tokens: int | None = None) -> None:
+    def step(
+        self,
+        number: int | None = None,
+        samples: int | None = None,
+        tokens: int | None = None,
+        micro_batches: int | None = None,
+    ) -> None:
         """Ends the current step now; see the module docstring."""
         _check(number, "a step number")
         _check(samples)
         _check(tokens)
+        _check(micro_batches, "a micro-batch count")
         with self._lock:
             self._explicit = True
             now = self._clock()
             if samples is not None:
                 self._set_samples = samples
+            if micro_batches is not None:
+                self._set_batches = micro_batches
             if tokens is not None:
                 self._set_tokens = tokens
             if self._current is None:
@@ -405,7 +421,7 @@ class StepTracker(TrackerHooks):
             self._close(now, number)
             self._boundary = now
 
-    def begin_scope(self, name: str) -> None:
+    def begin_scope(self, name: str, evaluation: bool = False) -> None:
         with self._lock:
             self._explicit = True
             now = self._clock()
@@ -417,6 +433,7 @@ class StepTracker(TrackerHooks):
             self._open(now)
             assert self._current is not None
             self._current.name = name
+            self._current.evaluation = evaluation
             self._scoped = True
 
     def end_scope(self) -> None:
@@ -496,11 +513,15 @@ class StepTracker(TrackerHooks):
         if step is None:
             return
         step.end_ns = max(end, step.start_ns)
-        step.number = self._next_number if number is None else number
-        self._next_number = step.number + 1
+        if step.evaluation:  # takes the next training step's number, counts its forwards
+            step.number = self._next_number
+            self.eval_forwards += self._forwards
+        else:
+            step.number = self._next_number if number is None else number
+            self._next_number = step.number + 1
         step.samples = self._samples if self._set_samples is None else self._set_samples
         step.tokens = self._tokens if self._set_tokens is None else self._set_tokens
-        step.micro_batches = self._batches
+        step.micro_batches = self._batches if self._set_batches is None else self._set_batches
         if self._opts:
             self._known = self._opts
         self._reset_step()
@@ -544,7 +565,7 @@ class NativeStepTracker(TrackerHooks):
         self.phase_end: Callable[[str], None] = native.phase_end
         self.set_batch: Callable[..., None] = native.set_batch
         self.step: Callable[..., None] = native.step
-        self.begin_scope: Callable[[str], None] = native.begin_scope
+        self.begin_scope: Callable[..., None] = native.begin_scope
         self.end_scope: Callable[[], None] = native.end_scope
         self.finish: Callable[[], None] = native.finish
         self.fail: Callable[[BaseException], None] = native.fail

@@ -37,7 +37,7 @@ def _events() -> Any:
             st.tuples(st.just("data_end"), st.tuples(st.none() | st.integers(0, 64), st.none() | st.integers(0, 999))),
             st.tuples(st.just("tick"), st.integers(0, 3 * 10**9)),
             st.tuples(st.just("nested"), st.booleans()),
-            st.tuples(st.just("scope"), st.sampled_from(["infer", "x\udcff"])),
+            st.tuples(st.just("scope"), st.tuples(st.sampled_from(["infer", "x\udcff"]), st.booleans())),
             st.tuples(st.just("begin_optimizer"), st.integers(0, 1)),
             st.tuples(st.just("end_data"), st.none()),
             st.tuples(st.just("grad"), st.booleans()),
@@ -65,7 +65,7 @@ def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: 
             tracker.data_end(*arg)
         elif kind == "scope":
             tracker.end_scope()
-            tracker.begin_scope(arg)
+            tracker.begin_scope(*arg)
         else:
             getattr(tracker, f"{kind}_{arg}")(None, ())
     tracker.finish()
@@ -94,17 +94,19 @@ def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
     metrics = StepMetrics(IDENTITY, registry)
     records = []
     ordinal = [0]
+    numbers: list[int] = []  # the boundaries: an evaluation scope is none
 
     def on_step(step: Step) -> None:  # what Session._on_step and StepSpans do with a step
         ctx = StepContext(ordinal[0], step.number, encoder.trace_ids, PARENT if nested[0] else None)
         ordinal[0] += 1 + len(step.phases)
         metrics.observe(step, ctx)
         records.append(record(step, ctx))
+        if not step.evaluation:
+            numbers.append(step.number)
 
     tracker: Any = step_tracker(on_step, clock=lambda: now[0], native=False, grad_enabled=lambda: grad[0])
     metrics.count_eval(lambda: tracker.eval_forwards)
     _drive(tracker, events, now, nested, grad)
-    numbers = [r[1] for r in records]
     return exposition(registry, True), encoder.encode(records, max_bytes) if records else [], numbers
 
 

@@ -265,6 +265,22 @@ def test_explicit_steps_sum_their_fetches_and_take_the_frameworks_numbers() -> N
     assert _spans(loop.steps[3:]) == [(103, 270, 270)]
 
 
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_native)], ids=["python", "native"])
+def test_explicit_micro_batches_replace_the_fetch_count(native: bool) -> None:
+    """A framework that fetches a batch ahead (accelerate, Lightning) or splits one fetched batch
+    (Composer) gives its own count; a step without one counts its fetches."""
+    out: list[Step] = []
+    tracker: Any = step_tracker(out.append, clock=lambda: 0, native=native)
+    for fetches, count in ((2, 1), (1, None), (1, 4), (0, 0)):
+        for _ in range(fetches):
+            tracker.begin_data(None, ())
+            tracker.data_end(4, None)
+        tracker.step(micro_batches=count)
+    assert [(s.micro_batches, s.samples) for s in out] == [(1, 8), (1, 4), (4, 4), (0, None)]
+    with pytest.raises(ValueError, match="micro-batch count"):
+        tracker.step(micro_batches=-1)
+
+
 def test_explicit_steps_leave_evaluation_out() -> None:
     loop = Loop()
     loop.fetch(4)
@@ -355,6 +371,41 @@ def test_explicit_steps_and_scopes() -> None:
     loop.tracker.end_scope()
     assert _spans(loop.steps) == [(0, 0, 10), (1, 10, 30), (2, 30, 37)]
     assert loop.steps[2].name == "inference"
+
+
+class _NativeLoop(Loop):
+    native = True
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_native)], ids=["python", "native"])
+def test_an_evaluation_scope_is_no_training_step(native: bool) -> None:
+    """A framework's evaluation between updates: its own span (the next step's number, its
+    forwards counted as evaluation), the training steps numbered on as if it were not there."""
+    loop = _NativeLoop() if native else Loop()
+    loop.fetch(4)
+    loop.phase("forward")
+    loop.phase("backward")
+    loop.phase("optimizer")
+    loop.tracker.step(number=0)
+    loop.tracker.begin_scope("evaluation", evaluation=True)
+    loop.grad = False
+    for _ in range(2):
+        loop.fetch(8)
+        loop.phase("forward")
+    loop.grad = True
+    loop.tracker.end_scope()
+    loop.fetch(4)
+    loop.phase("forward")
+    loop.phase("backward")
+    loop.phase("optimizer")
+    loop.tracker.step()
+    assert [(s.name, s.number, s.evaluation, s.samples) for s in loop.steps] == [
+        ("train.step", 0, False, 4),
+        ("evaluation", 1, True, 16),
+        ("train.step", 1, False, 4),
+    ]
+    assert "forward" in loop.steps[1].phase_totals_ns
+    assert loop.tracker.eval_forwards == 2
 
 
 def test_batch_size_goes_to_the_step_it_was_fetched_for() -> None:
@@ -481,8 +532,8 @@ _AUTOMATIC = st.one_of(
 #: What the application may call besides (the first of these turns the automatic rules off).
 _EXPLICIT = st.one_of(
     st.tuples(st.sampled_from(["end_scope", "finish"]), st.none()),
-    st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 1000), _SIZE, _SIZE)),
-    st.tuples(st.just("begin_scope"), st.sampled_from(["infer", "eval", "x\ud800"])),
+    st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 1000), _SIZE, _SIZE, _SIZE)),
+    st.tuples(st.just("begin_scope"), st.tuples(st.sampled_from(["infer", "eval", "x\ud800"]), st.booleans())),
 )
 
 
@@ -516,10 +567,10 @@ def _replay(native: bool, events: list[tuple[str, Any]]) -> tuple[list[tuple[Any
         elif kind == "set_batch":
             tracker.set_batch(*arg)
         elif kind == "step":
-            number, samples, tokens = arg
-            tracker.step(number=number, samples=samples, tokens=tokens)
+            number, samples, tokens, micro_batches = arg
+            tracker.step(number=number, samples=samples, tokens=tokens, micro_batches=micro_batches)
         elif kind == "begin_scope":
-            tracker.begin_scope(arg)
+            tracker.begin_scope(*arg)
         else:
             getattr(tracker, kind)()
     assert not tracker.failed
@@ -535,6 +586,7 @@ def _replay(native: bool, events: list[tuple[str, Any]]) -> tuple[list[tuple[Any
             s.tokens,
             s.name,
             s.micro_batches,
+            s.evaluation,
         )
         for s in out
     ]

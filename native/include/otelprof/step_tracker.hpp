@@ -39,6 +39,7 @@ struct TrackedStep {
     std::optional<int64_t> samples, tokens;
     int64_t micro_batches = 0;  // DataLoader batches fetched in the step
     uint32_t name = 0;  // the caller's name slot: 0 is the default, step_scope()s set theirs
+    bool evaluation = false;  // begin_scope(evaluation): a span, not a training step
 };
 
 // What an event left for the caller: steps that closed, in order, the number of the first step
@@ -62,8 +63,8 @@ class StepTracker {
     void data_end(int64_t now, bool batch, int64_t samples, int64_t tokens);
     void set_batch(int64_t samples, int64_t tokens);
     // `number`, `samples`, `tokens`: negative when not given.
-    void step(int64_t now, int64_t number = -1, int64_t samples = -1, int64_t tokens = -1);
-    void begin_scope(uint32_t name, int64_t now);
+    void step(int64_t now, int64_t number = -1, int64_t samples = -1, int64_t tokens = -1, int64_t micro_batches = -1);
+    void begin_scope(uint32_t name, int64_t now, bool evaluation = false);
     void end_scope(int64_t now);
     void finish();
     // Whether a forward now would need grad mode read (an outermost forward).
@@ -112,6 +113,7 @@ class StepTracker {
     // the current step's batches
     std::optional<int64_t> samples_, tokens_, set_samples_, set_tokens_;
     int64_t batches_ = 0;
+    std::optional<int64_t> set_batches_;  // step(micro_batches=...): replaces the fetch count
     std::optional<int64_t> next_samples_, next_tokens_;  // set_batch() after the update
     TrackerOutbox outbox_;
     bool has_outbox_ = false;

@@ -1,0 +1,145 @@
+"""What every framework test checks, from decoded spans and a /metrics scrape."""
+
+from __future__ import annotations
+
+import itertools
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capture import live_session
+from export.receivers import HttpReceiver, http_receiver
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+import otelprof
+
+#: The attribute the micro-batch count of a step goes in (the framework callbacks give their own).
+MICRO_BATCHES = "otelprof.step.micro_batches"
+
+
+@dataclass
+class Truth:
+    """The loop's own counts, one entry per optimizer update, and its evaluations."""
+
+    samples: list[int] = field(default_factory=list)
+    tokens: list[int | None] = field(default_factory=list)
+    micro_batches: list[int] = field(default_factory=list)
+    evaluations: int = 0
+
+
+@dataclass
+class Captured:
+    spans: list[Span]
+    metrics: dict[str, Any]  # family name -> family
+    resource: dict[str, Any]
+
+    def named(self, name: str) -> list[Span]:
+        return sorted((s for s in self.spans if s.name == name), key=lambda s: s.start_time_unix_nano)
+
+    def children(self, span: Span) -> list[Span]:
+        kids = [s for s in self.spans if s.parent_span_id == span.span_id and s.trace_id == span.trace_id]
+        return sorted(kids, key=lambda s: s.start_time_unix_nano)
+
+    def total(self, family: str) -> float:
+        return float(sum(s.value for s in self.metrics[family].samples if s.name == f"{family}_total"))
+
+
+def attrs_value(value: Any) -> Any:
+    return getattr(value, str(value.WhichOneof("value")))
+
+
+def attrs(span: Span) -> dict[str, Any]:
+    return {kv.key: attrs_value(kv.value) for kv in span.attributes}
+
+
+@contextmanager
+def instrumented(
+    tmp_path: Path, scrape_metrics: bool = True, **env: str
+) -> Iterator[tuple[otelprof.instrumentation.Session, list[Captured]]]:
+    """``otelprof.instrument()`` as a user calls it (exporting to a real OTLP receiver, metrics
+    on a free port); what arrived is appended to the list once the block ends: the metrics
+    scraped at the end of the block, before ``uninstrument()``."""
+    out: list[Captured] = []
+    with http_receiver() as rec:
+        session = live_session.start(rec.port, tmp_path, **env)
+        try:
+            yield session, out
+            metrics = scrape(session) if scrape_metrics else {}
+        finally:
+            live_session.stop(session)
+        out.append(_captured(rec, metrics))
+
+
+def scrape(session: otelprof.instrumentation.Session) -> dict[str, Any]:
+    assert session.metrics_port, "no /metrics endpoint"
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{session.metrics_port}/metrics",
+        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+    )
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _captured(rec: HttpReceiver, metrics: dict[str, Any]) -> Captured:
+    resource: dict[str, Any] = {}
+    for request in rec.requests:
+        for rs in request.resource_spans:
+            resource = {kv.key: attrs_value(kv.value) for kv in rs.resource.attributes}
+    return Captured(rec.spans, metrics, resource)
+
+
+def check_steps(captured: Captured, truth: Truth) -> list[Span]:
+    """One ``train.step`` span per optimizer update, numbered in order, with the update's samples
+    and tokens; its phases inside it, not overlapping, summing to at most the step."""
+    steps = captured.named("train.step")
+    assert len(steps) == len(truth.samples)
+    assert [attrs(s)["pytorch.step"] for s in steps] == sorted(attrs(s)["pytorch.step"] for s in steps)
+    assert [attrs(s).get("otelprof.step.samples") for s in steps] == truth.samples
+    assert [attrs(s).get("otelprof.step.tokens") for s in steps] == truth.tokens
+    for a, b in itertools.pairwise(steps):
+        assert a.end_time_unix_nano <= b.start_time_unix_nano
+    return steps
+
+
+def check_phases(captured: Captured, steps: list[Span]) -> None:
+    for step in steps:
+        phases = captured.children(step)
+        assert phases, "a step without phases"
+        assert {p.name for p in phases} <= {"data", "forward", "backward", "optimizer"}
+        for phase in phases:
+            assert step.start_time_unix_nano <= phase.start_time_unix_nano <= phase.end_time_unix_nano
+            assert phase.end_time_unix_nano <= step.end_time_unix_nano
+        for a, b in itertools.pairwise(phases):
+            assert a.end_time_unix_nano <= b.start_time_unix_nano, f"{a.name} overlaps {b.name}"
+        total = sum(p.end_time_unix_nano - p.start_time_unix_nano for p in phases)
+        assert total <= step.end_time_unix_nano - step.start_time_unix_nano
+
+
+def check_evaluations(captured: Captured, truth: Truth, steps: list[Span], phase: str = "forward") -> None:
+    """Each evaluation is one ``evaluation`` span with its ``phase`` (its forwards), outside every
+    training step."""
+    evaluations = captured.named("evaluation")
+    assert len(evaluations) == truth.evaluations
+    for evaluation in evaluations:
+        assert phase in {p.name for p in captured.children(evaluation)}
+        for step in steps:
+            assert (
+                evaluation.end_time_unix_nano <= step.start_time_unix_nano
+                or step.end_time_unix_nano <= evaluation.start_time_unix_nano
+            ), "an evaluation inside a training step"
+
+
+def check_metrics(captured: Captured, truth: Truth) -> None:
+    """/metrics counts the training steps, and their samples and tokens, alone."""
+    assert captured.total("otelprof_steps") == len(truth.samples)
+    assert captured.total("otelprof_samples") == sum(truth.samples)
+    assert captured.total("otelprof_tokens") == sum(t or 0 for t in truth.tokens)
+
+
+def check_micro_batches(captured: Captured, truth: Truth) -> None:
+    steps = captured.named("train.step")
+    assert [attrs(s).get(MICRO_BATCHES) for s in steps] == truth.micro_batches
