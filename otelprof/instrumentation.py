@@ -147,15 +147,15 @@ class Session:
 
     def _on_boundary(self, number: int, seconds: float) -> None:
         """What a native step still does in Python (training thread; errors stop the tracker)."""
-        self._boundary(seconds, lambda: self._live_native(number))
+        self._boundary(seconds, lambda: self._live_native(number), number)
         if self.straggler is not None:
             self.straggler.observe(seconds)
 
-    def _boundary(self, seconds: float, live: Callable[[], LiveStep | None]) -> None:
+    def _boundary(self, seconds: float, live: Callable[[], LiveStep | None], number: int) -> None:
         """Every step, either path: root discovery, the profiler's step boundary."""
         self.hooks.step_done()
         if self.windows is not None:
-            self.windows.boundary(seconds, live)
+            self.windows.boundary(seconds, live, number)
 
     def _live_native(self, number: int) -> LiveStep | None:
         """A profiled step's span ids, from the native sink that just queued it."""
@@ -179,7 +179,7 @@ class Session:
         try:
             ctx = self.spans.context(step)  # the application's current span is on this thread
             if not step.evaluation:  # an evaluation is no training step: no boundary, no anomaly
-                self._boundary(step.duration_s, lambda: self._live_python(step, ctx))
+                self._boundary(step.duration_s, lambda: self._live_python(step, ctx), step.number)
             if self.timing is not None:
                 self.timing.add(step, ctx)  # recorded once the GPU has run it
             else:

@@ -179,21 +179,26 @@ class Windows:
         self._prof.start()
         self._started = True
 
-    def boundary(self, step_seconds: float, live: Callable[[], LiveStep | None] | None = None) -> None:
-        """A step ended and the next begins; ``live()`` gives the ended step's span ids (asked
-        only when the profiler recorded that step)."""
+    def boundary(
+        self, step_seconds: float, live: Callable[[], LiveStep | None] | None = None, number: int | None = None
+    ) -> None:
+        """Step ``number`` ended and the next begins; ``live()`` gives the ended step's span ids
+        (asked only when the profiler recorded that step)."""
         if not self._started:
             return
         from torch.profiler import ProfilerAction
 
         action = self._prof.current_action  # the ended step's
+        label = self._prof.step_num  # its ProfilerStep#label: the profiler counts boundaries
         if live is not None and action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
             step = live()
             if step is not None and len(self._live) < MAX_LIVE_STEPS:
-                self._live.append(step)
+                # a framework numbers its steps itself (and only at their end): ProfilerStep#label
+                # still goes under that step's train.step, in its trace
+                self._live.append(step if step.number == label else dataclasses.replace(step, number=label))
         marked = action != ProfilerAction.NONE or self._after_window
         if marked:
-            self.marked_steps.append(self._prof.step_num)
+            self.marked_steps.append(label if number is None else number)
         self._check_triggers(step_seconds, marked)
         self._saved = False
         start = time.perf_counter_ns()

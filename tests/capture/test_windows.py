@@ -264,3 +264,30 @@ def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
         phases = [s for s in spans if s.parent_span_id == step.span_id and not s.name.startswith("ProfilerStep#")]
         total = sum(s.end_time_unix_nano - s.start_time_unix_nano for s in phases)
         assert total <= step.end_time_unix_nano - step.start_time_unix_nano
+
+
+@pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])
+def test_profiled_steps_follow_a_frameworks_own_numbers(receiver: HttpReceiver, tmp_path: Path, metrics: str) -> None:
+    """A framework numbers steps itself, and only at their end (a resumed run, two optimizers per
+    update): the profiler counts boundaries (skip 2, warm up 1, record 2), and each recorded
+    ``ProfilerStep#`` still goes under the ``train.step`` it ran in, in that step's trace."""
+    if "otlp" in metrics:
+        pytest.importorskip("opentelemetry.sdk")
+    schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
+    env = {**schedule, "OTELPROF_PROFILE_REPEAT": "1", "OTEL_METRICS_EXPORTER": metrics}
+    session = _instrument(receiver, tmp_path, **env)
+    numbers = [100 + 2 * i for i in range(8)]  # the framework's: 100, 102, ... 114
+    _train(steps=8, between=lambda i: otelprof.step(number=numbers[i]))
+    live_session.stop(session)
+    traces = _by_trace(receiver)
+    profiled = {}
+    for n in numbers:
+        spans = traces.get(_tid(n), [])
+        assert [s.name for s in spans if not s.parent_span_id] == ["train.step"], n
+        markers = [s.name for s in spans if s.name.startswith("ProfilerStep#")]
+        if markers:
+            profiled[n] = markers
+    # the schedule's own count: skip 2, warm up 1, record the 4th and 5th step, each in its trace
+    assert profiled == {106: ["ProfilerStep#3"], 108: ["ProfilerStep#4"]}
+    stray = [s.name for t, spans in traces.items() if t not in {_tid(n) for n in numbers} for s in spans]
+    assert not [name for name in stray if name.startswith("ProfilerStep#")]
