@@ -157,14 +157,18 @@ class LiveTracker {
 
     int64_t eval_forwards() { return core_.eval_forwards(); }
 
-    // An event at the clock's time, then what it left delivered (not after a failure).
+    // An event at the clock's time, then what it left delivered (not after a failure); the
+    // clock is read again after the callbacks so that their time is no phase's (core resume()).
     template <typename Event>
     void timed(Event&& event) {
         if (failed_) return;
         int64_t now = 0;
         if (!read_clock(now)) return;
         event(now);
-        if (core_.pending()) deliver();
+        if (!core_.pending()) return;
+        deliver();
+        int64_t after = 0;
+        if (!failed_ && read_clock(after)) core_.resume(now, after);
     }
 
     void step(py::object number, py::object samples, py::object tokens) {
@@ -244,8 +248,7 @@ class LiveTracker {
             PyObject* n = PyLong_FromLongLong(*out.first_open);
             PyObject* r = n ? PyObject_CallOneArg(on_first_open_.ptr(), n) : nullptr;
             Py_XDECREF(n);
-            if (r == nullptr) return fail_current();
-            Py_DECREF(r);
+            if (r == nullptr || !set_window(r)) return fail_current();
         }
         if (out.hint && !on_hint_.is_none()) {
             PyObject* n = PyLong_FromLongLong(*out.hint);
@@ -291,18 +294,38 @@ class LiveTracker {
             }
         }
         const std::shared_ptr<PyStepSink> sink = sink_;  // a callback below may release it
-        if (sink->sink.add(s, name_utf8_[s.name < name_utf8_.size() ? s.name : 0], trace, span) &&
+        if (sink->sink.add(s, name_utf8_[s.name < name_utf8_.size() ? s.name : 0], trace, span, window_) &&
             !notify_.is_none()) {
             PyObject* r = PyObject_CallNoArgs(notify_.ptr());
             if (r == nullptr) return false;
             Py_DECREF(r);
         }
+        window_.clear();
         if (!on_boundary_.is_none()) {
             PyObject* r = PyObject_CallFunction(on_boundary_.ptr(), "Ld", static_cast<long long>(s.number),
                                                 static_cast<double>(s.end - s.start) / 1e9);
             if (r == nullptr) return false;
-            Py_DECREF(r);
+            return set_window(r);
         }
+        return true;
+    }
+
+    // What on_first_open / on_boundary returned (stolen): the profiling-window mark of the step
+    // beginning now (a str; None: none), decided when it begins and put on its span when it
+    // closes (so no span thread can take the step's record before it is marked). False with a
+    // Python error set.
+    bool set_window(PyObject* r) {
+        window_.clear();
+        if (PyUnicode_Check(r)) {
+            Py_ssize_t n = 0;
+            const char* data = PyUnicode_AsUTF8AndSize(r, &n);
+            if (data == nullptr) {
+                Py_DECREF(r);
+                return false;
+            }
+            window_.assign(data, static_cast<size_t>(n));
+        }
+        Py_DECREF(r);
         return true;
     }
 
@@ -372,6 +395,7 @@ class LiveTracker {
     bool failed_ = false;
     std::shared_ptr<PyStepSink> sink_;
     py::object on_boundary_, parent_, context_var_, notify_;
+    std::string window_;  // the open step's profiling-window mark (set_window)
 };
 
 using Holder = std::shared_ptr<LiveTracker>;

@@ -18,7 +18,7 @@ size_t StepHistogram::observe(double value) {
 }
 
 bool StepSink::add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
-                   const std::optional<SpanId>& parent_span) {
+                   const std::optional<SpanId>& parent_span, const std::string& window) {
     fold(step, parent_trace);
     const uint64_t ordinal = ordinal_;
     ordinal_ += 1 + step.phases.size();
@@ -38,6 +38,7 @@ bool StepSink::add(const TrackedStep& step, const std::string& name, const std::
     r.tokens = step.tokens;
     r.dropped_phases = step.dropped_phases;
     r.micro_batches = step.micro_batches;
+    r.window = window;
     r.phases.reserve(step.phases.size());
     for (const PhaseSpan& p : step.phases) {
         r.phases.push_back({kPhaseNames[static_cast<int>(p.phase)], p.start, p.end});

@@ -223,6 +223,13 @@ void StepTracker::finish() {
     }
 }
 
+void StepTracker::resume(int64_t at, int64_t now) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stack_.empty() || now <= at) return;
+    const int p = index(stack_.back());
+    if (!untimed_[p] && phase_start_[p] == at) phase_start_[p] = now;
+}
+
 void StepTracker::take(TrackerOutbox& out) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!has_outbox_) return;

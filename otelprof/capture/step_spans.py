@@ -43,7 +43,7 @@ FLUSH_INTERVAL_S = 1.0
 
 #: What the encoders get per step: (name, number, start_ns, end_ns, ordinal, trace_id | None,
 #: parent_id | None, samples | None, tokens | None, dropped_phases, [(phase, start_ns, end_ns)],
-#: micro_batches).
+#: micro_batches, window | None).
 StepRecord = tuple[
     str,
     int,
@@ -57,6 +57,7 @@ StepRecord = tuple[
     int,
     list[tuple[str, int, int]],
     int,
+    "str | None",
 ]
 
 
@@ -253,7 +254,21 @@ class StepRecordEncoder:
 
     def spans(self, rec: StepRecord, order: int) -> list[Span]:
         """A step's span and its phase spans, as the span model has them."""
-        name, number, start_ns, end_ns, ordinal, trace_id, parent_id, samples, tokens, dropped, phases, batches = rec
+        (
+            name,
+            number,
+            start_ns,
+            end_ns,
+            ordinal,
+            trace_id,
+            parent_id,
+            samples,
+            tokens,
+            dropped,
+            phases,
+            batches,
+            window,
+        ) = rec
         attrs: Attrs = [("pytorch.step", number), ("otelprof.step.source", "live")]
         if samples is not None:
             attrs.append(("otelprof.step.samples", samples))
@@ -263,6 +278,8 @@ class StepRecordEncoder:
             attrs.append(("otelprof.step.dropped_phases", dropped))
         if batches > 0:
             attrs.append(("otelprof.step.micro_batches", batches))
+        if window:
+            attrs.append(("otelprof.step.window", window))
         if trace_id is None:
             trace_id = self.trace_ids(str(number))
         step_id = ids.span_id(self.span_base, ordinal)
@@ -287,4 +304,5 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         step.dropped_phases,
         step.phases,
         step.micro_batches,
+        step.window,
     )

@@ -22,6 +22,10 @@ begins. **One step is one optimizer update**, whatever the loop:
 - Phases never overlap: a phase that begins inside another (the forward and backward an
   LBFGS or Lightning closure runs inside ``optimizer.step(closure)``) pauses it, so the optimizer
   phase is the optimizer's own time. Nested calls of one phase count once, by the outermost.
+- What runs at a boundary on the training thread (the step callback: the profiler's step, where
+  a window starts or stops) is no phase's time: the clock is read again after it and the phase
+  that began at the boundary starts then. Steps keep their boundaries (they tile), so that
+  stretch is phase-less time at the start of the next step (its cost is counted on its own).
 - A forward under ``torch.no_grad()`` / ``inference_mode`` after the step's update (or outside
   any step) is evaluation: it ends the updated step, is timed in no step, and is counted
   (``eval_forwards``, the ``otelprof_eval_forwards_total`` metric). Forward-only work a fetch
@@ -77,6 +81,7 @@ class Step:
     tokens: int | None = None
     name: str = "train.step"
     micro_batches: int = 0  # DataLoader batches fetched in the step
+    window: str | None = None  # to a profiling window: "recorded", "warmup", "after" (windows.py)
 
     @property
     def duration_s(self) -> float:
@@ -136,7 +141,7 @@ class StepTracker(TrackerHooks):
         on_step: Callable[[Step], None],
         first_step: int = 0,
         clock: Callable[[], int] = _now_ns,
-        on_first_open: Callable[[int], None] | None = None,
+        on_first_open: Callable[[int], object] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         grad_enabled: Callable[[], bool] | None = None,
         on_hint: Callable[[int], None] | None = None,
@@ -170,6 +175,9 @@ class StepTracker(TrackerHooks):
         self.eval_forwards = 0  # forwards charged to no step (evaluation)
         self._next_samples: int | None = None
         self._next_tokens: int | None = None
+        self._at = 0  # when the event now running read the clock
+        self._delivered = False  # the event ran a callback (a closed step, the first opening)
+        self._opened = False  # the first step has opened
         self._reset_step()
         self._reset_batches()
 
@@ -222,41 +230,60 @@ class StepTracker(TrackerHooks):
     def phase_begin(self, phase: str, key: int = 0) -> None:
         """``key`` tells optimizers apart (the hook passes the optimizer's identity)."""
         with self._lock:
-            if self._depth[phase] and phase == "data":  # the last fetch never ended: forget it
-                self._depth[phase] = 0
-                if phase in self._stack:
-                    self._stack.remove(phase)
-            if self._depth[phase]:
-                self._depth[phase] += 1  # a nested call (a submodule's forward): counted once
-                return
-            grad = phase != "forward" or self._grad_enabled is None or bool(self._grad_enabled())
-            now = self._clock()
-            if phase == "forward":
-                self._forward_seen()
-            if self._stack:
-                self._pause(now)
-            elif self._decide(phase, key, grad, now):
-                self._untimed[phase] = True
-                self._depth[phase] = 1
-                self.eval_forwards += 1
-                return
-            if self._current is None and self._stack:
-                self._untimed[phase] = True  # inside an untimed call
-            else:
-                if self._current is None:
-                    self._open(now)
-                self._untimed[phase] = False
-            self._stack.append(phase)
+            self._delivered = False
+            self._phase_begin(phase, key)
+            self._after_callbacks()
+
+    def _after_callbacks(self) -> None:
+        """The callbacks an event ran (a step boundary: the profiler's step, where a window
+        starts or stops) took the time since the event read its clock (``_at``): the phase
+        that began then restarts after them, so their cost is no phase's. The step keeps its
+        boundary (steps tile): that stretch is phase-less time at the start of the step."""
+        if not self._delivered:
+            return
+        self._delivered = False
+        now = self._clock()
+        if self._stack and now > self._at:
+            top = self._stack[-1]
+            if not self._untimed[top] and self._phase_start[top] == self._at:
+                self._phase_start[top] = now
+
+    def _phase_begin(self, phase: str, key: int) -> None:
+        if self._depth[phase] and phase == "data":  # the last fetch never ended: forget it
+            self._depth[phase] = 0
+            if phase in self._stack:
+                self._stack.remove(phase)
+        if self._depth[phase]:
+            self._depth[phase] += 1  # a nested call (a submodule's forward): counted once
+            return
+        grad = phase != "forward" or self._grad_enabled is None or bool(self._grad_enabled())
+        now = self._at = self._clock()
+        if phase == "forward":
+            self._forward_seen()
+        if self._stack:
+            self._pause(now)
+        elif self._decide(phase, key, grad, now):
+            self._untimed[phase] = True
             self._depth[phase] = 1
-            self._phase_start[phase] = now
-            if phase == "forward":
-                self._forwards += 1
-                if not grad:
-                    self._nograd += 1
-            elif phase == "backward":
-                self._backward = True
-            elif phase == "optimizer":
-                self._opt_key = key
+            self.eval_forwards += 1
+            return
+        if self._current is None and self._stack:
+            self._untimed[phase] = True  # inside an untimed call
+        else:
+            if self._current is None:
+                self._open(now)
+            self._untimed[phase] = False
+        self._stack.append(phase)
+        self._depth[phase] = 1
+        self._phase_start[phase] = now
+        if phase == "forward":
+            self._forwards += 1
+            if not grad:
+                self._nograd += 1
+        elif phase == "backward":
+            self._backward = True
+        elif phase == "optimizer":
+            self._opt_key = key
 
     def _decide(self, phase: str, key: int, grad: bool, now: int) -> bool:
         """The boundaries an outermost activity decides; True: an evaluation forward (untimed)."""
@@ -284,7 +311,9 @@ class StepTracker(TrackerHooks):
 
     def phase_end(self, phase: str, _target: Any = None) -> None:
         with self._lock:
+            self._delivered = False
             self._phase_end(phase)
+            self._after_callbacks()
 
     def _phase_end(self, phase: str) -> bool:
         """True when the outermost call of ``phase`` ended."""
@@ -294,7 +323,7 @@ class StepTracker(TrackerHooks):
         self._depth[phase] = depth = depth - 1
         if depth:
             return False
-        now = self._clock()
+        now = self._at = self._clock()
         if phase in self._stack:
             self._stack.remove(phase)
         if self._untimed[phase]:
@@ -338,6 +367,7 @@ class StepTracker(TrackerHooks):
             and not self._explicit
         ):
             self._hinted = True
+            self._delivered = True
             if self._on_hint is not None:
                 self._on_hint(self._forwards_seen)
 
@@ -395,7 +425,8 @@ class StepTracker(TrackerHooks):
         _check(tokens)
         with self._lock:
             self._explicit = True
-            now = self._clock()
+            self._delivered = False
+            now = self._at = self._clock()
             if samples is not None:
                 self._set_samples = samples
             if tokens is not None:
@@ -404,11 +435,13 @@ class StepTracker(TrackerHooks):
                 self._open(now if self._boundary is None else self._boundary)
             self._close(now, number)
             self._boundary = now
+            self._after_callbacks()
 
     def begin_scope(self, name: str) -> None:
         with self._lock:
             self._explicit = True
-            now = self._clock()
+            self._delivered = False
+            now = self._at = self._clock()
             if self._current is not None:
                 if self._backward or self._optimized:
                     self._close(now)  # training since the last boundary is a step of its own
@@ -418,13 +451,16 @@ class StepTracker(TrackerHooks):
             assert self._current is not None
             self._current.name = name
             self._scoped = True
+            self._after_callbacks()
 
     def end_scope(self) -> None:
         with self._lock:
             if self._current is not None:
-                now = self._clock()
+                self._delivered = False
+                now = self._at = self._clock()
                 self._close(now)
                 self._boundary = now
+                self._after_callbacks()
 
     def close(self) -> None:
         """After finish(): the callbacks go (a hook torch still holds must not keep the session
@@ -458,6 +494,8 @@ class StepTracker(TrackerHooks):
     def _open(self, now: int) -> None:
         self._current = Step(-1, now, now)  # numbered when it closes: discarded ones take none
         self._reset_step()
+        if not self._opened:
+            self._opened = self._delivered = True
         if self._on_first_open is not None:
             first, self._on_first_open = self._on_first_open, None
             first(self._next_number)
@@ -506,6 +544,7 @@ class StepTracker(TrackerHooks):
         self._reset_step()
         self._reset_batches()
         # phases still running (a forward that spans the boundary) continue into the next step
+        self._delivered = True
         self._on_step(step)
 
 
@@ -523,7 +562,7 @@ class NativeStepTracker(TrackerHooks):
         on_step: Callable[[Step], None],
         first_step: int = 0,
         clock: Callable[[], int] = _now_ns,
-        on_first_open: Callable[[int], None] | None = None,
+        on_first_open: Callable[[int], object] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         grad_enabled: Callable[[], bool] | None = None,
         on_hint: Callable[[int], None] | None = None,
@@ -566,7 +605,7 @@ class NativeStepTracker(TrackerHooks):
     def attach(
         self,
         sink: Any,
-        on_boundary: Callable[[int, float], None] | None = None,
+        on_boundary: Callable[[int, float], str | None] | None = None,
         parent: Callable[[], tuple[bytes, bytes] | None] | None = None,
         context_var: Any = None,
         notify: Callable[[], None] | None = None,
@@ -574,14 +613,16 @@ class NativeStepTracker(TrackerHooks):
         """Closed steps go to ``sink`` (``_native.StepSink``: metrics folded, spans queued, in
         C++) instead of ``on_step``; ``parent()`` gives the application's current span (looked
         up only when ``context_var``, OpenTelemetry's context variable, is not empty), and
-        ``on_boundary(number, seconds)`` runs per step for what Python still does there."""
+        ``on_boundary(number, seconds)`` runs per step for what Python still does there and
+        returns the next step's profiling-window mark (``Step.window``; ``on_first_open``'s
+        return value is the first step's)."""
         self._native.attach(sink, on_boundary, parent, context_var, notify)
 
 
 def step_tracker(
     on_step: Callable[[Step], None],
     clock: Callable[[], int] = _now_ns,
-    on_first_open: Callable[[int], None] | None = None,
+    on_first_open: Callable[[int], object] | None = None,
     on_error: Callable[[BaseException], None] | None = None,
     native: bool = True,
     grad_enabled: Callable[[], bool] | None = None,

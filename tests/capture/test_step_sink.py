@@ -26,6 +26,8 @@ native = pytest.importorskip("otelprof._native")
 RESOURCE: Attrs = [("service.name", "svc"), ("pytorch.distributed.rank", 3)]
 PARENT = (b"\x11" * 16, b"\x22" * 8)
 OPTIMIZERS = [object(), object()]
+#: Profiling-window marks, as the session's boundary callback gives them for the next step.
+MARKS = [None, "recorded", "warmup", "after"]
 
 
 def _events() -> Any:
@@ -74,7 +76,13 @@ def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: 
 
 def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
     now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
-    tracker: Any = step_tracker(lambda s: None, clock=lambda: now[0], native=True, grad_enabled=lambda: grad[0])
+    tracker: Any = step_tracker(
+        lambda s: None,
+        clock=lambda: now[0],
+        native=True,
+        grad_enabled=lambda: grad[0],
+        on_first_open=lambda n: "warmup",
+    )
     sink = native_sink()
     encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, version="1.0")
     registry = CollectorRegistry()
@@ -82,7 +90,12 @@ def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
     metrics.read_from(sink, encoder.trace_ids)
     metrics.count_eval(lambda: tracker.eval_forwards)
     boundaries: list[int] = []
-    tracker.attach(sink, lambda n, s: boundaries.append(n), lambda: PARENT if nested[0] else None)
+
+    def on_boundary(number: int, _seconds: float) -> str | None:
+        boundaries.append(number)
+        return MARKS[number % 4]  # the next step's mark
+
+    tracker.attach(sink, on_boundary, lambda: PARENT if nested[0] else None)
     _drive(tracker, events, now, nested, grad)
     return exposition(registry, True), sink.encode(encoder.native, max_bytes), boundaries
 
@@ -94,10 +107,12 @@ def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
     metrics = StepMetrics(IDENTITY, registry)
     records = []
     ordinal = [0]
+    mark: list[str | None] = ["warmup"]  # the first step's
 
     def on_step(step: Step) -> None:  # what Session._on_step and StepSpans do with a step
         ctx = StepContext(ordinal[0], step.number, encoder.trace_ids, PARENT if nested[0] else None)
         ordinal[0] += 1 + len(step.phases)
+        step.window, mark[0] = mark[0], MARKS[step.number % 4]
         metrics.observe(step, ctx)
         records.append(record(step, ctx))
 

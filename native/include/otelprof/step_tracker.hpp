@@ -66,6 +66,10 @@ class StepTracker {
     void begin_scope(uint32_t name, int64_t now);
     void end_scope(int64_t now);
     void finish();
+    // The callbacks of the last event (at `at`: a closed step, the first opening) ran until
+    // `now`: the phase that began at `at` restarts at `now`, so their cost (the profiler's step,
+    // where a window starts or stops) is no phase's; the step keeps its boundary.
+    void resume(int64_t at, int64_t now);
     // Whether a forward now would need grad mode read (an outermost forward).
     bool forward_is_outermost();
     int64_t eval_forwards();
