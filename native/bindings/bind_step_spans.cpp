@@ -81,7 +81,7 @@ PyObject* item(PyObject* tuple, Py_ssize_t k, Py_ssize_t size) {
 }
 
 // (name, number, start_ns, end_ns, ordinal, trace_id|None, parent_id|None, samples|None,
-//  tokens|None, dropped_phases, [(phase, start_ns, end_ns), ...], micro_batches, window|None)
+//  tokens|None, dropped_phases, [(phase, start_ns, end_ns, module|None), ...], micro_batches, window|None)
 otelprof::StepRecord to_record(PyObject* t) {
     constexpr Py_ssize_t kSize = 13;
     otelprof::StepRecord r;
@@ -104,7 +104,9 @@ otelprof::StepRecord to_record(PyObject* t) {
     r.phases.reserve(static_cast<size_t>(n));
     for (Py_ssize_t k = 0; k < n; ++k) {
         PyObject* p = PyList_GET_ITEM(phases, k);
-        r.phases.push_back({utf8(item(p, 0, 3)), integer(item(p, 1, 3)), integer(item(p, 2, 3))});
+        PyObject* module = item(p, 3, 4);
+        r.phases.push_back({utf8(item(p, 0, 4)), integer(item(p, 1, 4)), integer(item(p, 2, 4)),
+                            module == Py_None ? std::string() : utf8(module)});
     }
     return r;
 }

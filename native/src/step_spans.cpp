@@ -79,6 +79,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
             child.end = phase.end;
             child.attrs.begin = static_cast<uint32_t>(built.attrs.size());
             attr(child, kPhaseKey, AttrValue::str(phase.name));
+            if (!phase.module.empty()) attr(child, kPhaseModuleKey, AttrValue::str(phase.module));
             add(std::move(child));
         }
     }

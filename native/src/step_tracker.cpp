@@ -40,7 +40,7 @@ int64_t StepTracker::eval_forwards() {
     return eval_forwards_;
 }
 
-void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad) {
+void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad, uint32_t module) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int p = index(phase);
     if (depth_[p] && phase == Phase::kData) {  // the last fetch never ended: forget it
@@ -56,7 +56,8 @@ void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad)
     if (!stack_.empty()) {
         const Phase top = stack_.back();  // pauses while this one runs inside it
         // an empty stretch since it resumed (between a closure's forward and backward) is none
-        if (!untimed_[index(top)] && now > phase_start_[index(top)]) interval(top, phase_start_[index(top)], now);
+        if (!untimed_[index(top)] && now > phase_start_[index(top)])
+            interval(top, phase_start_[index(top)], now, module_[index(top)]);
     } else if (decide(phase, key, grad, now)) {
         untimed_[p] = true;
         depth_[p] = 1;
@@ -72,6 +73,7 @@ void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad)
     stack_.push_back(phase);
     depth_[p] = 1;
     phase_start_[p] = now;
+    module_[p] = module;
     if (phase == Phase::kForward) {
         ++forwards_;
         if (!grad) ++nograd_;
@@ -120,7 +122,7 @@ bool StepTracker::phase_end_locked(Phase phase, int64_t now) {
         return true;
     }
     now = std::max(now, phase_start_[p]);  // threads read the clock before taking the lock
-    interval(phase, phase_start_[p], now);
+    interval(phase, phase_start_[p], now, module_[p]);
     if (!stack_.empty()) {
         phase_start_[index(stack_.back())] = now;  // the paused phase resumes
     } else if (phase == Phase::kOptimizer && current_) {
@@ -129,13 +131,13 @@ bool StepTracker::phase_end_locked(Phase phase, int64_t now) {
     return true;
 }
 
-void StepTracker::interval(Phase phase, int64_t start, int64_t end) {
+void StepTracker::interval(Phase phase, int64_t start, int64_t end, uint32_t module) {
     if (!current_) return;
     TrackedStep& step = *current_;
     step.totals[index(phase)] += end - start;
     step.with_total |= bit(phase);
     if (step.phases.size() < kMaxPhaseSpans) {
-        step.phases.push_back(PhaseSpan{phase, start, end});
+        step.phases.push_back(PhaseSpan{phase, start, end, module});
     } else {
         ++step.dropped_phases;
     }
@@ -290,7 +292,7 @@ void StepTracker::split() {
     close(cut);
     open(cut);
     for (const PhaseSpan& s : moved) {
-        interval(s.phase, s.start, s.end);
+        interval(s.phase, s.start, s.end, s.module);
         if (s.phase == Phase::kForward) {
             ++forwards_;
         } else if (s.phase == Phase::kBackward) {

@@ -42,8 +42,8 @@ FLUSH_INTERVAL_S = 1.0
 
 
 #: What the encoders get per step: (name, number, start_ns, end_ns, ordinal, trace_id | None,
-#: parent_id | None, samples | None, tokens | None, dropped_phases, [(phase, start_ns, end_ns)],
-#: micro_batches, window | None).
+#: parent_id | None, samples | None, tokens | None, dropped_phases,
+#: [(phase, start_ns, end_ns, module | None)], micro_batches, window | None).
 StepRecord = tuple[
     str,
     int,
@@ -55,7 +55,7 @@ StepRecord = tuple[
     "int | None",
     "int | None",
     int,
-    list[tuple[str, int, int]],
+    list[tuple[str, int, int, "str | None"]],
     int,
     "str | None",
 ]
@@ -284,9 +284,12 @@ class StepRecordEncoder:
             trace_id = self.trace_ids(str(number))
         step_id = ids.span_id(self.span_base, ordinal)
         out = [Span(order, trace_id, step_id, parent_id or b"", name, start_ns, end_ns, attrs)]
-        for i, (phase, start, end) in enumerate(phases, 1):
+        for i, (phase, start, end, module) in enumerate(phases, 1):
             phase_id = ids.span_id(self.span_base, ordinal + i)
-            out.append(Span(order + i, trace_id, phase_id, step_id, phase, start, end, [("otelprof.phase", phase)]))
+            phase_attrs: Attrs = [("otelprof.phase", phase)]
+            if module:
+                phase_attrs.append(("otelprof.phase.module", module))
+            out.append(Span(order + i, trace_id, phase_id, step_id, phase, start, end, phase_attrs))
         return out
 
 
@@ -302,7 +305,7 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         step.samples,
         step.tokens,
         step.dropped_phases,
-        step.phases,
+        [(*p, step.phase_module(i)) for i, p in enumerate(step.phases)],
         step.micro_batches,
         step.window,
     )

@@ -82,6 +82,11 @@ class Step:
     name: str = "train.step"
     micro_batches: int = 0  # DataLoader batches fetched in the step
     window: str | None = None  # to a profiling window: "recorded", "warmup", "after" (windows.py)
+    phase_modules: list[str | None] = field(default_factory=list)  # per phase: a forward's root module
+
+    def phase_module(self, i: int) -> str | None:
+        """The class name of the root module phase ``i`` timed (forwards; None: unknown)."""
+        return self.phase_modules[i] if i < len(self.phase_modules) else None
 
     @property
     def duration_s(self) -> float:
@@ -90,6 +95,19 @@ class Step:
 
 def _now_ns() -> int:
     return time.time_ns()
+
+
+def module_name(module: Any) -> str | None:
+    """What a forward phase span names as its module: the root module's class name (a
+    torch.compile OptimizedModule: the compiled module's); None without a module."""
+    if module is None:
+        return None
+    name: str = type(module).__name__
+    if name == "OptimizedModule":
+        inner = getattr(module, "_orig_mod", None)
+        if inner is not None:
+            name = type(inner).__name__
+    return name
 
 
 def _ignore(_step: Step) -> None:
@@ -164,6 +182,7 @@ class StepTracker(TrackerHooks):
         self._depth = dict.fromkeys(PHASES, 0)
         self._phase_start = dict.fromkeys(PHASES, 0)
         self._untimed = dict.fromkeys(PHASES, False)  # an outermost call timed in no step
+        self._module: dict[str, str | None] = dict.fromkeys(PHASES)  # the running call's module
         self._opt_key = 0  # the optimizer of the running optimizer phase
         self._explicit = False  # the application calls step() / step_scope()
         self._dataloader = False  # a DataLoader iterator has been seen
@@ -176,8 +195,7 @@ class StepTracker(TrackerHooks):
         self._next_samples: int | None = None
         self._next_tokens: int | None = None
         self._at = 0  # when the event now running read the clock
-        self._delivered = False  # the event ran a callback (a closed step, the first opening)
-        self._opened = False  # the first step has opened
+        self._delivered = False  # the event ran a callback (a closed step, the first opening, the hint)
         self._reset_step()
         self._reset_batches()
 
@@ -216,7 +234,10 @@ class StepTracker(TrackerHooks):
         return hook
 
     def _begin_hook(self, phase: str, target: Any = None) -> None:
-        self.phase_begin(phase, id(target) if phase == "optimizer" and target is not None else 0)
+        if phase == "forward":
+            self.phase_begin(phase, 0, module_name(target))
+        else:
+            self.phase_begin(phase, id(target) if phase == "optimizer" and target is not None else 0)
 
     def _guarded(self, event: Callable[..., None], *args: Any) -> None:
         if not self.failed:
@@ -227,11 +248,12 @@ class StepTracker(TrackerHooks):
 
     # --- phases -----------------------------------------------------------------------------
 
-    def phase_begin(self, phase: str, key: int = 0) -> None:
-        """``key`` tells optimizers apart (the hook passes the optimizer's identity)."""
+    def phase_begin(self, phase: str, key: int = 0, module: str | None = None) -> None:
+        """``key`` tells optimizers apart (the hook passes the optimizer's identity); ``module``
+        names a forward's root module (``module_name``)."""
         with self._lock:
             self._delivered = False
-            self._phase_begin(phase, key)
+            self._phase_begin(phase, key, module)
             self._after_callbacks()
 
     def _after_callbacks(self) -> None:
@@ -248,7 +270,7 @@ class StepTracker(TrackerHooks):
             if not self._untimed[top] and self._phase_start[top] == self._at:
                 self._phase_start[top] = now
 
-    def _phase_begin(self, phase: str, key: int) -> None:
+    def _phase_begin(self, phase: str, key: int, module: str | None) -> None:
         if self._depth[phase] and phase == "data":  # the last fetch never ended: forget it
             self._depth[phase] = 0
             if phase in self._stack:
@@ -276,6 +298,7 @@ class StepTracker(TrackerHooks):
         self._stack.append(phase)
         self._depth[phase] = 1
         self._phase_start[phase] = now
+        self._module[phase] = module
         if phase == "forward":
             self._forwards += 1
             if not grad:
@@ -307,7 +330,7 @@ class StepTracker(TrackerHooks):
         an empty stretch since it resumed (between a closure's forward and backward) is none."""
         top = self._stack[-1]
         if not self._untimed[top] and now > self._phase_start[top]:
-            self._interval(top, self._phase_start[top], now)
+            self._interval(top, self._phase_start[top], now, self._module[top])
 
     def phase_end(self, phase: str, _target: Any = None) -> None:
         with self._lock:
@@ -330,14 +353,14 @@ class StepTracker(TrackerHooks):
             self._untimed[phase] = False
             return True
         now = max(now, self._phase_start[phase])
-        self._interval(phase, self._phase_start[phase], now)
+        self._interval(phase, self._phase_start[phase], now, self._module[phase])
         if self._stack:
             self._phase_start[self._stack[-1]] = now  # the paused phase resumes
         elif phase == "optimizer" and self._current is not None:
             self._optimizer_done(now)
         return True
 
-    def _interval(self, phase: str, start: int, end: int) -> None:
+    def _interval(self, phase: str, start: int, end: int, module: str | None = None) -> None:
         step = self._current
         if step is None:
             return
@@ -345,6 +368,7 @@ class StepTracker(TrackerHooks):
         totals[phase] = totals.get(phase, 0) + (end - start)
         if len(step.phases) < MAX_PHASE_SPANS:
             step.phases.append((phase, start, end))
+            step.phase_modules.append(module)
         else:
             step.dropped_phases += 1
 
@@ -367,8 +391,8 @@ class StepTracker(TrackerHooks):
             and not self._explicit
         ):
             self._hinted = True
-            self._delivered = True
             if self._on_hint is not None:
+                self._delivered = True
                 self._on_hint(self._forwards_seen)
 
     def set_batch(self, samples: int | None = None, tokens: int | None = None) -> None:
@@ -494,9 +518,8 @@ class StepTracker(TrackerHooks):
     def _open(self, now: int) -> None:
         self._current = Step(-1, now, now)  # numbered when it closes: discarded ones take none
         self._reset_step()
-        if not self._opened:
-            self._opened = self._delivered = True
         if self._on_first_open is not None:
+            self._delivered = True
             first, self._on_first_open = self._on_first_open, None
             first(self._next_number)
 
@@ -512,18 +535,20 @@ class StepTracker(TrackerHooks):
         step = self._current
         assert step is not None
         cut = self._last_opt_end
-        moved = [p for p in step.phases if p[1] >= cut]
-        step.phases = [p for p in step.phases if p[1] < cut]
+        spans = list(zip(step.phases, step.phase_modules, strict=True))  # kept aligned
+        moved = [(p, m) for p, m in spans if p[1] >= cut]
+        step.phases = [p for p, _m in spans if p[1] < cut]
+        step.phase_modules = [m for p, m in spans if p[1] < cut]
         totals = step.phase_totals_ns
-        for phase, start, end in moved:
+        for (phase, start, end), _m in moved:
             totals[phase] -= end - start
         for phase in PHASES:
             if phase in totals and not step.dropped_phases and all(p != phase for p, _s, _e in step.phases):
                 del totals[phase]  # none of its intervals is left
         self._close(cut)
         self._open(cut)
-        for phase, start, end in moved:
-            self._interval(phase, start, end)
+        for (phase, start, end), module in moved:
+            self._interval(phase, start, end, module)
             if phase == "forward":
                 self._forwards += 1
             elif phase == "backward":
@@ -579,7 +604,7 @@ class NativeStepTracker(TrackerHooks):
             on_hint,
         )
         self._native = native
-        self.phase_begin: Callable[..., None] = native.phase_begin
+        self.phase_begin: Callable[..., None] = native.phase_begin  # (phase, key, module name)
         self.phase_end: Callable[[str], None] = native.phase_end
         self.set_batch: Callable[..., None] = native.set_batch
         self.step: Callable[..., None] = native.step

@@ -26,6 +26,14 @@ native = pytest.importorskip("otelprof._native")
 RESOURCE: Attrs = [("service.name", "svc"), ("pytorch.distributed.rank", 3)]
 PARENT = (b"\x11" * 16, b"\x22" * 8)
 OPTIMIZERS = [object(), object()]
+
+
+class Model:
+    pass
+
+
+#: Root modules forward hooks get (None: the explicit API's phase_begin).
+MODULES = [Model(), CollectorRegistry(), None]
 #: Profiling-window marks, as the session's boundary callback gives them for the next step.
 MARKS = [None, "recorded", "warmup", "after"]
 
@@ -41,6 +49,7 @@ def _events() -> Any:
             st.tuples(st.just("nested"), st.booleans()),
             st.tuples(st.just("scope"), st.sampled_from(["infer", "x\udcff"])),
             st.tuples(st.just("begin_optimizer"), st.integers(0, 1)),
+            st.tuples(st.just("begin_forward"), st.integers(0, 2)),
             st.tuples(st.just("end_data"), st.none()),
             st.tuples(st.just("grad"), st.booleans()),
             st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 99), st.none() | st.integers(0, 9))),
@@ -55,6 +64,8 @@ def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: 
             grad[0] = arg
         elif kind == "begin_optimizer":
             tracker.begin_optimizer(OPTIMIZERS[arg], (), {})
+        elif kind == "begin_forward":
+            tracker.begin_forward(MODULES[arg], ())
         elif kind == "end_data":
             tracker.end_data()
         elif kind == "step":

@@ -103,6 +103,22 @@ def test_a_boundarys_callbacks_are_no_phases_time() -> None:
     assert second.phase_totals_ns == {"data": 10, "forward": 10, "backward": 10, "optimizer": 10}
 
 
+def test_forward_phases_name_their_root_module() -> None:
+    loop = Loop()
+    loop.tracker.begin_data()
+    loop.tracker.data_end(4, None)
+    for module in (Encoder(), OptimizedModule()):
+        loop.tracker.begin_forward(module, ())
+        loop.now += 10
+        loop.tracker.end_forward(module, (), None)
+    loop.tracker.begin_optimizer(None, (), {})
+    loop.tracker.end_optimizer(None, (), {})
+    loop.tracker.begin_data()
+    [step] = loop.steps
+    assert [p[0] for p in step.phases] == ["data", "forward", "forward", "optimizer"]
+    assert step.phase_modules == [None, "Encoder", "Encoder", None]  # a compiled one: its module's
+
+
 def test_several_optimizers_in_one_iteration_are_one_step() -> None:
     loop = Loop()
     for _ in range(2):  # a GAN: discriminator then generator, each with its own optimizer
@@ -493,9 +509,23 @@ _SIZE = st.none() | st.integers(0, 64)
 _SIZES = st.tuples(_SIZE, st.none() | st.integers(0, 4096))
 #: Optimizers the hooks tell apart by identity (the same objects for both trackers).
 _OPTIMIZERS = [object(), object(), None]
+
+
+class Encoder:
+    pass
+
+
+class OptimizedModule:  # as torch.compile's wrapper: named after the module it wraps
+    def __init__(self) -> None:
+        self._orig_mod = Encoder()
+
+
+#: Root modules a forward hook gets (their class names go on the forward phases).
+_MODULES = [Encoder(), OptimizedModule(), None]
 #: What hooks report: with these alone the automatic rules decide every boundary.
 _AUTOMATIC = st.one_of(
     st.tuples(st.sampled_from(["begin", "end"]), st.sampled_from(PHASES)),
+    st.tuples(st.just("begin_forward"), st.integers(0, len(_MODULES) - 1)),
     st.tuples(st.just("begin_optimizer"), st.integers(0, len(_OPTIMIZERS) - 1)),
     st.tuples(st.sampled_from(["data_end", "set_batch"]), _SIZES),
     st.tuples(st.just("end_data"), st.none()),
@@ -544,6 +574,8 @@ def _replay(
             getattr(tracker, f"{kind}_{arg}")(None, ())
         elif kind == "begin_optimizer":
             tracker.begin_optimizer(_OPTIMIZERS[arg], (), {})
+        elif kind == "begin_forward":
+            tracker.begin_forward(_MODULES[arg], ())
         elif kind == "data_end":
             tracker.data_end(*arg)
         elif kind == "end_data":
@@ -570,6 +602,7 @@ def _replay(
             s.tokens,
             s.name,
             s.micro_batches,
+            s.phase_modules,
         )
         for s in out
     ]

@@ -25,7 +25,7 @@ enum FixedKey : AttrKey {
     kStepKey, kRankKey, kSelfCpuKey, kSelfDeviceKey, kPeakAllocatedKey,
     // live step spans (step_spans.hpp)
     kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kStepMicroBatchesKey,
-    kStepWindowKey, kFixedKeyCount
+    kStepWindowKey, kPhaseModuleKey, kFixedKeyCount
 };
 AttrKey arg_key(int arg_attribute);
 AttrKey memory_key(int memory_attribute);

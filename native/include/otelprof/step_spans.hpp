@@ -18,6 +18,7 @@ namespace otelprof {
 struct StepPhase {
     std::string name;  // data, forward, backward, optimizer
     int64_t start = 0, end = 0;
+    std::string module;  // a forward's root module class ("": unknown, no attribute)
 };
 
 struct StepRecord {
