@@ -84,10 +84,12 @@ class Session:
         self.metrics_port: int | None = None
         self._failed = False
         self._sink: Any = None
+        self._window: str | None = None  # the open step's profiling-window mark (Windows.mark)
         self.hooks.install()
 
-    def _first_step_begins(self, number: int) -> None:
-        """Everything but the hooks starts here (training thread, inside a hook)."""
+    def _first_step_begins(self, number: int) -> str | None:
+        """Everything but the hooks starts here (training thread, inside a hook). Returns the
+        first step's profiling-window mark (the native tracker puts it on the step's span)."""
         try:
             # torch.distributed's rank, the agreed run id (every rank is at this point)
             self.identity, self.straggler = distributed.join(self.identity, self._environ)
@@ -126,11 +128,12 @@ class Session:
                 window_metrics = WindowMetrics(self.identity.labels())
                 self.metrics.add_collector(window_metrics)
                 self.windows = Windows(self.settings.windows, options, exporter.submit, window_metrics)
-                self.windows.begin(number)
+                self._window = self.windows.begin(number)
             self._native_steps()
         except Exception:  # never into the training loop
             self._failed = True
             _log.warning("otelprof could not start; steps are not recorded", exc_info=True)
+        return self._window
 
     def _native_steps(self) -> None:
         """CPU-timed steps stay in the native core from the tracker to the metrics and the span
@@ -145,17 +148,21 @@ class Session:
         self.spans.use_sink(sink)
         attach(sink, self._on_boundary, current_parent, otel_context_var(), self.spans.wake)
 
-    def _on_boundary(self, number: int, seconds: float) -> None:
-        """What a native step still does in Python (training thread; errors stop the tracker)."""
-        self._boundary(seconds, lambda: self._live_native(number), number)
+    def _on_boundary(self, number: int, seconds: float) -> str | None:
+        """What a native step still does in Python (training thread; errors stop the tracker).
+        Returns the next step's profiling-window mark (the tracker puts it on its span)."""
+        window = self._boundary(seconds, lambda: self._live_native(number), number)
         if self.straggler is not None:
             self.straggler.observe(seconds)
+        return window
 
-    def _boundary(self, seconds: float, live: Callable[[], LiveStep | None], number: int) -> None:
-        """Every step, either path: root discovery, the profiler's step boundary."""
+    def _boundary(self, seconds: float, live: Callable[[], LiveStep | None], number: int) -> str | None:
+        """Every step, either path: root discovery, the profiler's step boundary; the next
+        step's profiling-window mark."""
         self.hooks.step_done()
         if self.windows is not None:
-            self.windows.boundary(seconds, live, number)
+            self._window = self.windows.boundary(seconds, live, number)
+        return self._window
 
     def _live_native(self, number: int) -> LiveStep | None:
         """A profiled step's span ids, from the native sink that just queued it."""
@@ -179,6 +186,7 @@ class Session:
         try:
             ctx = self.spans.context(step)  # the application's current span is on this thread
             if not step.evaluation:  # an evaluation is no training step: no boundary, no anomaly
+                step.window = self._window  # decided when the step began
                 self._boundary(step.duration_s, lambda: self._live_python(step, ctx), step.number)
             if self.timing is not None:
                 self.timing.add(step, ctx)  # recorded once the GPU has run it

@@ -81,9 +81,9 @@ PyObject* item(PyObject* tuple, Py_ssize_t k, Py_ssize_t size) {
 }
 
 // (name, number, start_ns, end_ns, ordinal, trace_id|None, parent_id|None, samples|None,
-//  tokens|None, dropped_phases, [(phase, start_ns, end_ns), ...], micro_batches)
+//  tokens|None, dropped_phases, [(phase, start_ns, end_ns, module|None), ...], micro_batches, window|None)
 otelprof::StepRecord to_record(PyObject* t) {
-    constexpr Py_ssize_t kSize = 12;
+    constexpr Py_ssize_t kSize = 13;
     otelprof::StepRecord r;
     r.name = utf8(item(t, 0, kSize));
     r.number = integer(item(t, 1, kSize));
@@ -96,13 +96,17 @@ otelprof::StepRecord to_record(PyObject* t) {
     r.tokens = optional_integer(item(t, 8, kSize));
     r.dropped_phases = integer(item(t, 9, kSize));
     r.micro_batches = integer(item(t, 11, kSize));
+    PyObject* window = item(t, 12, kSize);
+    if (window != Py_None) r.window = utf8(window);
     PyObject* phases = item(t, 10, kSize);
     if (!PyList_Check(phases)) throw py::type_error("a step's phases are a list");
     const Py_ssize_t n = PyList_GET_SIZE(phases);
     r.phases.reserve(static_cast<size_t>(n));
     for (Py_ssize_t k = 0; k < n; ++k) {
         PyObject* p = PyList_GET_ITEM(phases, k);
-        r.phases.push_back({utf8(item(p, 0, 3)), integer(item(p, 1, 3)), integer(item(p, 2, 3))});
+        PyObject* module = item(p, 3, 4);
+        r.phases.push_back({utf8(item(p, 0, 4)), integer(item(p, 1, 4)), integer(item(p, 2, 4)),
+                            module == Py_None ? std::string() : utf8(module)});
     }
     return r;
 }

@@ -120,7 +120,20 @@ class LiveTracker {
 
     // The hot path: one event, then what it left (a closed step, the first opening) delivered.
     // `key`: the optimizer's identity; an outermost forward reads grad mode (evaluation: off).
-    void begin(Phase phase, uint64_t key = 0) {
+    // `module`: a forward's root module (nullptr: none), named by its slot in modules_.
+    void begin(Phase phase, uint64_t key = 0, PyObject* module = nullptr) {
+        if (failed_) return;
+        uint32_t slot = 0;
+        if (phase == Phase::kForward && module != nullptr && module != Py_None) {
+            slot = module_slot(module);
+            if (slot == kNoSlot) return fail_current();
+        }
+        begin_slot(phase, key, slot);
+    }
+    void begin_named(Phase phase, uint64_t key, const py::object& module) {
+        begin_slot(phase, key, module.is_none() ? 0 : name_slot(py::str(module), modules_, module_utf8_));
+    }
+    void begin_slot(Phase phase, uint64_t key, uint32_t module) {
         if (failed_) return;
         bool grad = true;
         if (phase == Phase::kForward && !grad_enabled_.is_none() && core_.forward_is_outermost()) {
@@ -130,7 +143,7 @@ class LiveTracker {
             if (truth < 0) return fail_current();
             grad = truth == 1;
         }
-        timed([this, phase, key, grad](int64_t now) { core_.phase_begin(phase, now, key, grad); });
+        timed([this, phase, key, grad, module](int64_t now) { core_.phase_begin(phase, now, key, grad, module); });
     }
     void end(Phase phase) {
         timed([this, phase](int64_t now) { core_.phase_end(phase, now); });
@@ -157,14 +170,17 @@ class LiveTracker {
 
     int64_t eval_forwards() { return core_.eval_forwards(); }
 
-    // An event at the clock's time, then what it left delivered (not after a failure).
+    // An event at the clock's time, then what it left delivered (not after a failure); the
+    // clock is read again after the callbacks so that their time is no phase's (core resume()).
     template <typename Event>
     void timed(Event&& event) {
         if (failed_) return;
         int64_t now = 0;
         if (!read_clock(now)) return;
         event(now);
-        if (core_.pending()) deliver();
+        if (!core_.pending() || !deliver()) return;
+        int64_t after = 0;
+        if (!failed_ && read_clock(after)) core_.resume(now, after);
     }
 
     void step(py::object number, py::object samples, py::object tokens, py::object micro_batches) {
@@ -174,7 +190,7 @@ class LiveTracker {
         timed([this, n, s, t, b](int64_t now) { core_.step(now, n, s, t, b); });
     }
     void begin_scope(const py::str& name, bool evaluation) {
-        const uint32_t slot = name_slot(name);
+        const uint32_t slot = name_slot(name, names_, name_utf8_);
         timed([this, slot, evaluation](int64_t now) { core_.begin_scope(slot, now, evaluation); });
     }
     void end_scope() {
@@ -238,34 +254,38 @@ class LiveTracker {
     }
 
     // Hands the outbox to Python: the first opening, then each closed step as a steps.Step.
-    void deliver() {
+    // True when a callback ran or a step closed (StepTracker._delivered: the clock is read again).
+    bool deliver() {
         otelprof::TrackerOutbox out;
         core_.take(out);
+        bool called = !out.closed.empty();
         if (out.first_open && !on_first_open_.is_none()) {
+            called = true;
             PyObject* n = PyLong_FromLongLong(*out.first_open);
             PyObject* r = n ? PyObject_CallOneArg(on_first_open_.ptr(), n) : nullptr;
             Py_XDECREF(n);
-            if (r == nullptr) return fail_current();
-            Py_DECREF(r);
+            if (r == nullptr || !set_window(r)) return fail_current(), false;
         }
         if (out.hint && !on_hint_.is_none()) {
+            called = true;
             PyObject* n = PyLong_FromLongLong(*out.hint);
             PyObject* r = n ? PyObject_CallOneArg(on_hint_.ptr(), n) : nullptr;
             Py_XDECREF(n);
-            if (r == nullptr) return fail_current();
+            if (r == nullptr) return fail_current(), false;
             Py_DECREF(r);
         }
         for (const otelprof::TrackedStep& s : out.closed) {
             if (sink_) {
-                if (!to_sink(s)) return fail_current();
+                if (!to_sink(s)) return fail_current(), false;
                 continue;
             }
             PyObject* step = make_step(s);
             PyObject* r = step ? PyObject_CallOneArg(on_step_.ptr(), step) : nullptr;
             Py_XDECREF(step);
-            if (r == nullptr) return fail_current();
+            if (r == nullptr) return fail_current(), false;
             Py_DECREF(r);
         }
+        return called;
     }
 
     // False with a Python error set.
@@ -292,27 +312,53 @@ class LiveTracker {
             }
         }
         const std::shared_ptr<PyStepSink> sink = sink_;  // a callback below may release it
-        if (sink->sink.add(s, name_utf8_[s.name < name_utf8_.size() ? s.name : 0], trace, span) &&
+        // an evaluation span carries no window mark and leaves the next training step's in place
+        static const std::string no_window;
+        if (sink->sink.add(s, name_utf8_[s.name < name_utf8_.size() ? s.name : 0], trace, span,
+                           s.evaluation ? no_window : window_, &module_utf8_) &&
             !notify_.is_none()) {
             PyObject* r = PyObject_CallNoArgs(notify_.ptr());
             if (r == nullptr) return false;
             Py_DECREF(r);
         }
-        if (!on_boundary_.is_none() && !s.evaluation) {
+        if (s.evaluation) return true;  // no training step: no boundary
+        window_.clear();
+        if (!on_boundary_.is_none()) {
             PyObject* r = PyObject_CallFunction(on_boundary_.ptr(), "Ld", static_cast<long long>(s.number),
                                                 static_cast<double>(s.end - s.start) / 1e9);
             if (r == nullptr) return false;
-            Py_DECREF(r);
+            return set_window(r);
         }
         return true;
     }
 
+    // What on_first_open / on_boundary returned (stolen): the profiling-window mark of the step
+    // beginning now (a str; None: none), decided when it begins and put on its span when it
+    // closes (so no span thread can take the step's record before it is marked). False with a
+    // Python error set.
+    bool set_window(PyObject* r) {
+        window_.clear();
+        if (PyUnicode_Check(r)) {
+            Py_ssize_t n = 0;
+            const char* data = PyUnicode_AsUTF8AndSize(r, &n);
+            if (data == nullptr) {
+                Py_DECREF(r);
+                return false;
+            }
+            window_.assign(data, static_cast<size_t>(n));
+        }
+        Py_DECREF(r);
+        return true;
+    }
+
     // steps.Step(number, start_ns, end_ns, phases, phase_totals_ns, dropped_phases, samples,
-    // tokens, name, micro_batches, evaluation)
+    // tokens, name, micro_batches, evaluation, window, phase_modules)
     PyObject* make_step(const otelprof::TrackedStep& s) {
-        py::list phases(s.phases.size());
+        py::list phases(s.phases.size()), modules(s.phases.size());
         size_t i = 0;
         for (const otelprof::PhaseSpan& p : s.phases) {
+            py::object m = p.module && p.module < modules_.size() ? modules_[p.module] : py::none();
+            PyList_SET_ITEM(modules.ptr(), static_cast<Py_ssize_t>(i), m.release().ptr());
             PyObject* t = PyTuple_New(3);
             if (t == nullptr) return nullptr;
             PyObject* name = phase_names_[static_cast<size_t>(p.phase)].ptr();
@@ -326,7 +372,7 @@ class LiveTracker {
         for (int k = 0; k < otelprof::kPhaseCount; ++k) {
             if (s.with_total & (1u << k)) totals[phase_names_[static_cast<size_t>(k)]] = py::int_(s.totals[k]);
         }
-        py::object args[11] = {
+        py::object args[13] = {
             py::int_(s.number),
             py::int_(s.start),
             py::int_(s.end),
@@ -338,10 +384,12 @@ class LiveTracker {
             names_[s.name < names_.size() ? s.name : 0],
             py::int_(s.micro_batches),
             py::bool_(s.evaluation),
+            py::none(),  // window: the session sets it
+            std::move(modules),
         };
-        PyObject* argv[11];
-        for (int k = 0; k < 11; ++k) argv[k] = args[k].ptr();
-        return PyObject_Vectorcall(step_type_.ptr(), argv, 11, nullptr);
+        PyObject* argv[13];
+        for (int k = 0; k < 13; ++k) argv[k] = args[k].ptr();
+        return PyObject_Vectorcall(step_type_.ptr(), argv, 13, nullptr);
     }
 
     // The Python error now set stops the tracker (handed to on_error, then cleared).
@@ -356,14 +404,43 @@ class LiveTracker {
         fail_with(exc);
     }
 
-    uint32_t name_slot(const py::str& name) {
-        for (size_t k = 0; k < names_.size(); ++k) {
-            if (names_[k].equal(name)) return static_cast<uint32_t>(k);
+    static uint32_t name_slot(const py::str& name, std::vector<py::object>& names, std::vector<std::string>& utf) {
+        for (size_t k = 0; k < names.size(); ++k) {
+            if (names[k].equal(name)) return static_cast<uint32_t>(k);
         }
-        if (names_.size() >= kMaxNames) return static_cast<uint32_t>(kMaxNames - 1);
-        names_.push_back(name);
-        name_utf8_.push_back(utf8(name.ptr()));
-        return static_cast<uint32_t>(names_.size() - 1);
+        if (names.size() >= kMaxNames) return static_cast<uint32_t>(kMaxNames - 1);
+        names.push_back(name);
+        utf.push_back(utf8(name.ptr()));
+        return static_cast<uint32_t>(names.size() - 1);
+    }
+
+    static constexpr uint32_t kNoSlot = UINT32_MAX;
+    static constexpr uint32_t kUnwrap = UINT32_MAX - 1;  // an OptimizedModule: its _orig_mod's
+
+    // steps.module_name(module)'s slot, cached per type (a forward costs a scan of a few
+    // pointers); kNoSlot with a Python error set.
+    uint32_t module_slot(PyObject* module) {
+        PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(module));
+        uint32_t slot = kNoSlot;
+        for (const auto& [t, s] : module_types_) {
+            if (t.ptr() == type) slot = s;
+        }
+        if (slot == kNoSlot) {
+            PyObject* name = PyObject_GetAttrString(type, "__name__");
+            if (name == nullptr) return kNoSlot;
+            py::str str = py::reinterpret_steal<py::str>(name);
+            slot = str.equal(py::str("OptimizedModule")) ? kUnwrap : name_slot(str, modules_, module_utf8_);
+            if (module_types_.size() < kMaxNames) module_types_.emplace_back(py::reinterpret_borrow<py::object>(type), slot);
+        }
+        if (slot != kUnwrap) return slot;
+        PyObject* inner = PyObject_GetAttrString(module, "_orig_mod");
+        if (inner == nullptr) {
+            PyErr_Clear();  // not torch's: its own name
+            return name_slot(py::str("OptimizedModule"), modules_, module_utf8_);
+        }
+        const uint32_t s = Py_TYPE(inner) == Py_TYPE(module) ? 0 : module_slot(inner);
+        Py_DECREF(inner);
+        return s;
     }
 
     otelprof::StepTracker core_;
@@ -374,6 +451,10 @@ class LiveTracker {
     bool failed_ = false;
     std::shared_ptr<PyStepSink> sink_;
     py::object on_boundary_, parent_, context_var_, notify_;
+    std::string window_;  // the open step's profiling-window mark (set_window)
+    std::vector<py::object> modules_{py::none()};  // forward phases' module names; slot 0: none
+    std::vector<std::string> module_utf8_{std::string()};
+    std::vector<std::pair<py::object, uint32_t>> module_types_;  // type -> slot (or kUnwrap)
 };
 
 using Holder = std::shared_ptr<LiveTracker>;
@@ -399,7 +480,8 @@ PyObject* phase_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     try {
         if (Begin) {
             const bool keyed = P == Phase::kOptimizer && nargs > 0 && args[0] != Py_None;
-            t->begin(P, keyed ? static_cast<uint64_t>(reinterpret_cast<uintptr_t>(args[0])) : 0);
+            t->begin(P, keyed ? static_cast<uint64_t>(reinterpret_cast<uintptr_t>(args[0])) : 0,
+                     P == Phase::kForward && nargs > 0 ? args[0] : nullptr);
         } else {
             t->end(P);
         }
@@ -487,8 +569,10 @@ void bind_step_tracker(py::module_& m) {
         .def_property_readonly("eval_forwards", &LiveTracker::eval_forwards)
         .def(
             "phase_begin",
-            [](LiveTracker& t, const std::string& phase, uint64_t key) { t.begin(phase_of(phase), key); },
-            py::arg("phase"), py::arg("key") = 0)
+            [](LiveTracker& t, const std::string& phase, uint64_t key, py::object module) {
+                t.begin_named(phase_of(phase), key, module);
+            },
+            py::arg("phase"), py::arg("key") = 0, py::arg("module") = py::none())
         .def("phase_end", [](LiveTracker& t, const std::string& phase) { t.end(phase_of(phase)); })
         .def("set_batch", &LiveTracker::set_batch, py::arg("samples") = py::none(), py::arg("tokens") = py::none())
         .def("step", &LiveTracker::step, py::arg("number") = py::none(), py::arg("samples") = py::none(),

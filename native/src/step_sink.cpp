@@ -18,7 +18,8 @@ size_t StepHistogram::observe(double value) {
 }
 
 bool StepSink::add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
-                   const std::optional<SpanId>& parent_span) {
+                   const std::optional<SpanId>& parent_span, const std::string& window,
+                   const std::vector<std::string>* modules) {
     if (!step.evaluation) fold(step, parent_trace);  // an evaluation is a span, in no step metric
     const uint64_t ordinal = ordinal_;
     ordinal_ += 1 + step.phases.size();
@@ -38,9 +39,11 @@ bool StepSink::add(const TrackedStep& step, const std::string& name, const std::
     r.tokens = step.tokens;
     r.dropped_phases = step.dropped_phases;
     r.micro_batches = step.micro_batches;
+    r.window = window;
     r.phases.reserve(step.phases.size());
     for (const PhaseSpan& p : step.phases) {
-        r.phases.push_back({kPhaseNames[static_cast<int>(p.phase)], p.start, p.end});
+        const bool named = modules != nullptr && p.module && p.module < modules->size();
+        r.phases.push_back({kPhaseNames[static_cast<int>(p.phase)], p.start, p.end, named ? (*modules)[p.module] : ""});
     }
     queue_.push_back(std::move(r));
     return queue_.size() == batch_steps_;

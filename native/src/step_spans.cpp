@@ -63,6 +63,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
         if (step.tokens) attr(sp, kStepTokensKey, AttrValue::integer(*step.tokens));
         if (step.dropped_phases) attr(sp, kDroppedPhasesKey, AttrValue::integer(step.dropped_phases));
         if (step.micro_batches > 0) attr(sp, kStepMicroBatchesKey, AttrValue::integer(step.micro_batches));
+        if (!step.window.empty()) attr(sp, kStepWindowKey, AttrValue::str(step.window));
         const TraceId trace_id = sp.trace_id;
         const SpanId step_id = sp.span_id;
         add(std::move(sp));
@@ -78,6 +79,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
             child.end = phase.end;
             child.attrs.begin = static_cast<uint32_t>(built.attrs.size());
             attr(child, kPhaseKey, AttrValue::str(phase.name));
+            if (!phase.module.empty()) attr(child, kPhaseModuleKey, AttrValue::str(phase.module));
             add(std::move(child));
         }
     }

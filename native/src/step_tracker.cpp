@@ -41,7 +41,7 @@ int64_t StepTracker::eval_forwards() {
     return eval_forwards_;
 }
 
-void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad) {
+void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad, uint32_t module) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int p = index(phase);
     if (depth_[p] && phase == Phase::kData) {  // the last fetch never ended: forget it
@@ -57,7 +57,8 @@ void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad)
     if (!stack_.empty()) {
         const Phase top = stack_.back();  // pauses while this one runs inside it
         // an empty stretch since it resumed (between a closure's forward and backward) is none
-        if (!untimed_[index(top)] && now > phase_start_[index(top)]) interval(top, phase_start_[index(top)], now);
+        if (!untimed_[index(top)] && now > phase_start_[index(top)])
+            interval(top, phase_start_[index(top)], now, module_[index(top)]);
     } else if (decide(phase, key, grad, now)) {
         untimed_[p] = true;
         depth_[p] = 1;
@@ -73,6 +74,7 @@ void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad)
     stack_.push_back(phase);
     depth_[p] = 1;
     phase_start_[p] = now;
+    module_[p] = module;
     if (phase == Phase::kForward) {
         ++forwards_;
         if (!grad) ++nograd_;
@@ -121,7 +123,7 @@ bool StepTracker::phase_end_locked(Phase phase, int64_t now) {
         return true;
     }
     now = std::max(now, phase_start_[p]);  // threads read the clock before taking the lock
-    interval(phase, phase_start_[p], now);
+    interval(phase, phase_start_[p], now, module_[p]);
     if (!stack_.empty()) {
         phase_start_[index(stack_.back())] = now;  // the paused phase resumes
     } else if (phase == Phase::kOptimizer && current_) {
@@ -130,13 +132,13 @@ bool StepTracker::phase_end_locked(Phase phase, int64_t now) {
     return true;
 }
 
-void StepTracker::interval(Phase phase, int64_t start, int64_t end) {
+void StepTracker::interval(Phase phase, int64_t start, int64_t end, uint32_t module) {
     if (!current_) return;
     TrackedStep& step = *current_;
     step.totals[index(phase)] += end - start;
     step.with_total |= bit(phase);
     if (step.phases.size() < kMaxPhaseSpans) {
-        step.phases.push_back(PhaseSpan{phase, start, end});
+        step.phases.push_back(PhaseSpan{phase, start, end, module});
     } else {
         ++step.dropped_phases;
     }
@@ -226,6 +228,13 @@ void StepTracker::finish() {
     }
 }
 
+void StepTracker::resume(int64_t at, int64_t now) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stack_.empty() || now <= at) return;
+    const int p = index(stack_.back());
+    if (!untimed_[p] && phase_start_[p] == at) phase_start_[p] = now;
+}
+
 void StepTracker::take(TrackerOutbox& out) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!has_outbox_) return;
@@ -286,7 +295,7 @@ void StepTracker::split() {
     close(cut);
     open(cut);
     for (const PhaseSpan& s : moved) {
-        interval(s.phase, s.start, s.end);
+        interval(s.phase, s.start, s.end, s.module);
         if (s.phase == Phase::kForward) {
             ++forwards_;
         } else if (s.phase == Phase::kBackward) {

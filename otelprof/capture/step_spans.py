@@ -42,8 +42,8 @@ FLUSH_INTERVAL_S = 1.0
 
 
 #: What the encoders get per step: (name, number, start_ns, end_ns, ordinal, trace_id | None,
-#: parent_id | None, samples | None, tokens | None, dropped_phases, [(phase, start_ns, end_ns)],
-#: micro_batches).
+#: parent_id | None, samples | None, tokens | None, dropped_phases,
+#: [(phase, start_ns, end_ns, module | None)], micro_batches, window | None).
 StepRecord = tuple[
     str,
     int,
@@ -55,8 +55,9 @@ StepRecord = tuple[
     "int | None",
     "int | None",
     int,
-    list[tuple[str, int, int]],
+    list[tuple[str, int, int, "str | None"]],
     int,
+    "str | None",
 ]
 
 
@@ -253,7 +254,21 @@ class StepRecordEncoder:
 
     def spans(self, rec: StepRecord, order: int) -> list[Span]:
         """A step's span and its phase spans, as the span model has them."""
-        name, number, start_ns, end_ns, ordinal, trace_id, parent_id, samples, tokens, dropped, phases, batches = rec
+        (
+            name,
+            number,
+            start_ns,
+            end_ns,
+            ordinal,
+            trace_id,
+            parent_id,
+            samples,
+            tokens,
+            dropped,
+            phases,
+            batches,
+            window,
+        ) = rec
         attrs: Attrs = [("pytorch.step", number), ("otelprof.step.source", "live")]
         if samples is not None:
             attrs.append(("otelprof.step.samples", samples))
@@ -263,13 +278,18 @@ class StepRecordEncoder:
             attrs.append(("otelprof.step.dropped_phases", dropped))
         if batches > 0:
             attrs.append(("otelprof.step.micro_batches", batches))
+        if window:
+            attrs.append(("otelprof.step.window", window))
         if trace_id is None:
             trace_id = self.trace_ids(str(number))
         step_id = ids.span_id(self.span_base, ordinal)
         out = [Span(order, trace_id, step_id, parent_id or b"", name, start_ns, end_ns, attrs)]
-        for i, (phase, start, end) in enumerate(phases, 1):
+        for i, (phase, start, end, module) in enumerate(phases, 1):
             phase_id = ids.span_id(self.span_base, ordinal + i)
-            out.append(Span(order + i, trace_id, phase_id, step_id, phase, start, end, [("otelprof.phase", phase)]))
+            phase_attrs: Attrs = [("otelprof.phase", phase)]
+            if module:
+                phase_attrs.append(("otelprof.phase.module", module))
+            out.append(Span(order + i, trace_id, phase_id, step_id, phase, start, end, phase_attrs))
         return out
 
 
@@ -285,6 +305,7 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         step.samples,
         step.tokens,
         step.dropped_phases,
-        step.phases,
+        [(*p, step.phase_module(i)) for i, p in enumerate(step.phases)],
         step.micro_batches,
+        step.window,
     )

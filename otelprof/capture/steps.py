@@ -22,6 +22,10 @@ begins. **One step is one optimizer update**, whatever the loop:
 - Phases never overlap: a phase that begins inside another (the forward and backward an
   LBFGS or Lightning closure runs inside ``optimizer.step(closure)``) pauses it, so the optimizer
   phase is the optimizer's own time. Nested calls of one phase count once, by the outermost.
+- What runs at a boundary on the training thread (the step callback: the profiler's step, where
+  a window starts or stops) is no phase's time: the clock is read again after it and the phase
+  that began at the boundary starts then. Steps keep their boundaries (they tile), so that
+  stretch is phase-less time at the start of the next step (its cost is counted on its own).
 - A forward under ``torch.no_grad()`` / ``inference_mode`` after the step's update (or outside
   any step) is evaluation: it ends the updated step, is timed in no step, and is counted
   (``eval_forwards``, the ``otelprof_eval_forwards_total`` metric). Forward-only work a fetch
@@ -83,6 +87,12 @@ class Step:
     name: str = "train.step"
     micro_batches: int = 0  # DataLoader batches fetched in the step
     evaluation: bool = False  # begin_scope(evaluation=True): a span, in no step metric
+    window: str | None = None  # to a profiling window: "recorded", "warmup", "after" (windows.py)
+    phase_modules: list[str | None] = field(default_factory=list)  # per phase: a forward's root module
+
+    def phase_module(self, i: int) -> str | None:
+        """The class name of the root module phase ``i`` timed (forwards; None: unknown)."""
+        return self.phase_modules[i] if i < len(self.phase_modules) else None
 
     @property
     def duration_s(self) -> float:
@@ -91,6 +101,19 @@ class Step:
 
 def _now_ns() -> int:
     return time.time_ns()
+
+
+def module_name(module: Any) -> str | None:
+    """What a forward phase span names as its module: the root module's class name (a
+    torch.compile OptimizedModule: the compiled module's); None without a module."""
+    if module is None:
+        return None
+    name: str = type(module).__name__
+    if name == "OptimizedModule":
+        inner = getattr(module, "_orig_mod", None)
+        if inner is not None:
+            name = type(inner).__name__
+    return name
 
 
 def _ignore(_step: Step) -> None:
@@ -142,7 +165,7 @@ class StepTracker(TrackerHooks):
         on_step: Callable[[Step], None],
         first_step: int = 0,
         clock: Callable[[], int] = _now_ns,
-        on_first_open: Callable[[int], None] | None = None,
+        on_first_open: Callable[[int], object] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         grad_enabled: Callable[[], bool] | None = None,
         on_hint: Callable[[int], None] | None = None,
@@ -165,6 +188,7 @@ class StepTracker(TrackerHooks):
         self._depth = dict.fromkeys(PHASES, 0)
         self._phase_start = dict.fromkeys(PHASES, 0)
         self._untimed = dict.fromkeys(PHASES, False)  # an outermost call timed in no step
+        self._module: dict[str, str | None] = dict.fromkeys(PHASES)  # the running call's module
         self._opt_key = 0  # the optimizer of the running optimizer phase
         self._explicit = False  # the application calls step() / step_scope()
         self._dataloader = False  # a DataLoader iterator has been seen
@@ -176,6 +200,8 @@ class StepTracker(TrackerHooks):
         self.eval_forwards = 0  # forwards charged to no step (evaluation)
         self._next_samples: int | None = None
         self._next_tokens: int | None = None
+        self._at = 0  # when the event now running read the clock
+        self._delivered = False  # the event ran a callback (a closed step, the first opening, the hint)
         self._reset_step()
         self._reset_batches()
 
@@ -215,7 +241,10 @@ class StepTracker(TrackerHooks):
         return hook
 
     def _begin_hook(self, phase: str, target: Any = None) -> None:
-        self.phase_begin(phase, id(target) if phase == "optimizer" and target is not None else 0)
+        if phase == "forward":
+            self.phase_begin(phase, 0, module_name(target))
+        else:
+            self.phase_begin(phase, id(target) if phase == "optimizer" and target is not None else 0)
 
     def _guarded(self, event: Callable[..., None], *args: Any) -> None:
         if not self.failed:
@@ -226,44 +255,65 @@ class StepTracker(TrackerHooks):
 
     # --- phases -----------------------------------------------------------------------------
 
-    def phase_begin(self, phase: str, key: int = 0) -> None:
-        """``key`` tells optimizers apart (the hook passes the optimizer's identity)."""
+    def phase_begin(self, phase: str, key: int = 0, module: str | None = None) -> None:
+        """``key`` tells optimizers apart (the hook passes the optimizer's identity); ``module``
+        names a forward's root module (``module_name``)."""
         with self._lock:
-            if self._depth[phase] and phase == "data":  # the last fetch never ended: forget it
-                self._depth[phase] = 0
-                if phase in self._stack:
-                    self._stack.remove(phase)
-            if self._depth[phase]:
-                self._depth[phase] += 1  # a nested call (a submodule's forward): counted once
-                return
-            grad = phase != "forward" or self._grad_enabled is None or bool(self._grad_enabled())
-            now = self._clock()
-            if phase == "forward":
-                self._forward_seen()
-            if self._stack:
-                self._pause(now)
-            elif self._decide(phase, key, grad, now):
-                self._untimed[phase] = True
-                self._depth[phase] = 1
-                self.eval_forwards += 1
-                return
-            if self._current is None and self._stack:
-                self._untimed[phase] = True  # inside an untimed call
-            else:
-                if self._current is None:
-                    self._open(now)
-                self._untimed[phase] = False
-            self._stack.append(phase)
+            self._delivered = False
+            self._phase_begin(phase, key, module)
+            self._after_callbacks()
+
+    def _after_callbacks(self) -> None:
+        """The callbacks an event ran (a step boundary: the profiler's step, where a window
+        starts or stops) took the time since the event read its clock (``_at``): the phase
+        that began then restarts after them, so their cost is no phase's. The step keeps its
+        boundary (steps tile): that stretch is phase-less time at the start of the step."""
+        if not self._delivered:
+            return
+        self._delivered = False
+        now = self._clock()
+        if self._stack and now > self._at:
+            top = self._stack[-1]
+            if not self._untimed[top] and self._phase_start[top] == self._at:
+                self._phase_start[top] = now
+
+    def _phase_begin(self, phase: str, key: int, module: str | None) -> None:
+        if self._depth[phase] and phase == "data":  # the last fetch never ended: forget it
+            self._depth[phase] = 0
+            if phase in self._stack:
+                self._stack.remove(phase)
+        if self._depth[phase]:
+            self._depth[phase] += 1  # a nested call (a submodule's forward): counted once
+            return
+        grad = phase != "forward" or self._grad_enabled is None or bool(self._grad_enabled())
+        now = self._at = self._clock()
+        if phase == "forward":
+            self._forward_seen()
+        if self._stack:
+            self._pause(now)
+        elif self._decide(phase, key, grad, now):
+            self._untimed[phase] = True
             self._depth[phase] = 1
-            self._phase_start[phase] = now
-            if phase == "forward":
-                self._forwards += 1
-                if not grad:
-                    self._nograd += 1
-            elif phase == "backward":
-                self._backward = True
-            elif phase == "optimizer":
-                self._opt_key = key
+            self.eval_forwards += 1
+            return
+        if self._current is None and self._stack:
+            self._untimed[phase] = True  # inside an untimed call
+        else:
+            if self._current is None:
+                self._open(now)
+            self._untimed[phase] = False
+        self._stack.append(phase)
+        self._depth[phase] = 1
+        self._phase_start[phase] = now
+        self._module[phase] = module
+        if phase == "forward":
+            self._forwards += 1
+            if not grad:
+                self._nograd += 1
+        elif phase == "backward":
+            self._backward = True
+        elif phase == "optimizer":
+            self._opt_key = key
 
     def _decide(self, phase: str, key: int, grad: bool, now: int) -> bool:
         """The boundaries an outermost activity decides; True: an evaluation forward (untimed)."""
@@ -287,11 +337,13 @@ class StepTracker(TrackerHooks):
         an empty stretch since it resumed (between a closure's forward and backward) is none."""
         top = self._stack[-1]
         if not self._untimed[top] and now > self._phase_start[top]:
-            self._interval(top, self._phase_start[top], now)
+            self._interval(top, self._phase_start[top], now, self._module[top])
 
     def phase_end(self, phase: str, _target: Any = None) -> None:
         with self._lock:
+            self._delivered = False
             self._phase_end(phase)
+            self._after_callbacks()
 
     def _phase_end(self, phase: str) -> bool:
         """True when the outermost call of ``phase`` ended."""
@@ -301,21 +353,21 @@ class StepTracker(TrackerHooks):
         self._depth[phase] = depth = depth - 1
         if depth:
             return False
-        now = self._clock()
+        now = self._at = self._clock()
         if phase in self._stack:
             self._stack.remove(phase)
         if self._untimed[phase]:
             self._untimed[phase] = False
             return True
         now = max(now, self._phase_start[phase])
-        self._interval(phase, self._phase_start[phase], now)
+        self._interval(phase, self._phase_start[phase], now, self._module[phase])
         if self._stack:
             self._phase_start[self._stack[-1]] = now  # the paused phase resumes
         elif phase == "optimizer" and self._current is not None:
             self._optimizer_done(now)
         return True
 
-    def _interval(self, phase: str, start: int, end: int) -> None:
+    def _interval(self, phase: str, start: int, end: int, module: str | None = None) -> None:
         step = self._current
         if step is None:
             return
@@ -323,6 +375,7 @@ class StepTracker(TrackerHooks):
         totals[phase] = totals.get(phase, 0) + (end - start)
         if len(step.phases) < MAX_PHASE_SPANS:
             step.phases.append((phase, start, end))
+            step.phase_modules.append(module)
         else:
             step.dropped_phases += 1
 
@@ -346,6 +399,7 @@ class StepTracker(TrackerHooks):
         ):
             self._hinted = True
             if self._on_hint is not None:
+                self._delivered = True
                 self._on_hint(self._forwards_seen)
 
     def set_batch(self, samples: int | None = None, tokens: int | None = None) -> None:
@@ -409,7 +463,8 @@ class StepTracker(TrackerHooks):
         _check(micro_batches, "a micro-batch count")
         with self._lock:
             self._explicit = True
-            now = self._clock()
+            self._delivered = False
+            now = self._at = self._clock()
             if samples is not None:
                 self._set_samples = samples
             if micro_batches is not None:
@@ -420,11 +475,13 @@ class StepTracker(TrackerHooks):
                 self._open(now if self._boundary is None else self._boundary)
             self._close(now, number)
             self._boundary = now
+            self._after_callbacks()
 
     def begin_scope(self, name: str, evaluation: bool = False) -> None:
         with self._lock:
             self._explicit = True
-            now = self._clock()
+            self._delivered = False
+            now = self._at = self._clock()
             if self._current is not None:
                 if self._backward or self._optimized:
                     self._close(now)  # training since the last boundary is a step of its own
@@ -435,13 +492,16 @@ class StepTracker(TrackerHooks):
             self._current.name = name
             self._current.evaluation = evaluation
             self._scoped = True
+            self._after_callbacks()
 
     def end_scope(self) -> None:
         with self._lock:
             if self._current is not None:
-                now = self._clock()
+                self._delivered = False
+                now = self._at = self._clock()
                 self._close(now)
                 self._boundary = now
+                self._after_callbacks()
 
     def close(self) -> None:
         """After finish(): the callbacks go (a hook torch still holds must not keep the session
@@ -476,6 +536,7 @@ class StepTracker(TrackerHooks):
         self._current = Step(-1, now, now)  # numbered when it closes: discarded ones take none
         self._reset_step()
         if self._on_first_open is not None:
+            self._delivered = True
             first, self._on_first_open = self._on_first_open, None
             first(self._next_number)
 
@@ -491,18 +552,20 @@ class StepTracker(TrackerHooks):
         step = self._current
         assert step is not None
         cut = self._last_opt_end
-        moved = [p for p in step.phases if p[1] >= cut]
-        step.phases = [p for p in step.phases if p[1] < cut]
+        spans = list(zip(step.phases, step.phase_modules, strict=True))  # kept aligned
+        moved = [(p, m) for p, m in spans if p[1] >= cut]
+        step.phases = [p for p, _m in spans if p[1] < cut]
+        step.phase_modules = [m for p, m in spans if p[1] < cut]
         totals = step.phase_totals_ns
-        for phase, start, end in moved:
+        for (phase, start, end), _m in moved:
             totals[phase] -= end - start
         for phase in PHASES:
             if phase in totals and not step.dropped_phases and all(p != phase for p, _s, _e in step.phases):
                 del totals[phase]  # none of its intervals is left
         self._close(cut)
         self._open(cut)
-        for phase, start, end in moved:
-            self._interval(phase, start, end)
+        for (phase, start, end), module in moved:
+            self._interval(phase, start, end, module)
             if phase == "forward":
                 self._forwards += 1
             elif phase == "backward":
@@ -527,6 +590,7 @@ class StepTracker(TrackerHooks):
         self._reset_step()
         self._reset_batches()
         # phases still running (a forward that spans the boundary) continue into the next step
+        self._delivered = True
         self._on_step(step)
 
 
@@ -544,7 +608,7 @@ class NativeStepTracker(TrackerHooks):
         on_step: Callable[[Step], None],
         first_step: int = 0,
         clock: Callable[[], int] = _now_ns,
-        on_first_open: Callable[[int], None] | None = None,
+        on_first_open: Callable[[int], object] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         grad_enabled: Callable[[], bool] | None = None,
         on_hint: Callable[[int], None] | None = None,
@@ -561,7 +625,7 @@ class NativeStepTracker(TrackerHooks):
             on_hint,
         )
         self._native = native
-        self.phase_begin: Callable[..., None] = native.phase_begin
+        self.phase_begin: Callable[..., None] = native.phase_begin  # (phase, key, module name)
         self.phase_end: Callable[[str], None] = native.phase_end
         self.set_batch: Callable[..., None] = native.set_batch
         self.step: Callable[..., None] = native.step
@@ -587,7 +651,7 @@ class NativeStepTracker(TrackerHooks):
     def attach(
         self,
         sink: Any,
-        on_boundary: Callable[[int, float], None] | None = None,
+        on_boundary: Callable[[int, float], str | None] | None = None,
         parent: Callable[[], tuple[bytes, bytes] | None] | None = None,
         context_var: Any = None,
         notify: Callable[[], None] | None = None,
@@ -595,14 +659,16 @@ class NativeStepTracker(TrackerHooks):
         """Closed steps go to ``sink`` (``_native.StepSink``: metrics folded, spans queued, in
         C++) instead of ``on_step``; ``parent()`` gives the application's current span (looked
         up only when ``context_var``, OpenTelemetry's context variable, is not empty), and
-        ``on_boundary(number, seconds)`` runs per step for what Python still does there."""
+        ``on_boundary(number, seconds)`` runs per step for what Python still does there and
+        returns the next step's profiling-window mark (``Step.window``; ``on_first_open``'s
+        return value is the first step's)."""
         self._native.attach(sink, on_boundary, parent, context_var, notify)
 
 
 def step_tracker(
     on_step: Callable[[Step], None],
     clock: Callable[[], int] = _now_ns,
-    on_first_open: Callable[[int], None] | None = None,
+    on_first_open: Callable[[int], object] | None = None,
     on_error: Callable[[BaseException], None] | None = None,
     native: bool = True,
     grad_enabled: Callable[[], bool] | None = None,

@@ -173,19 +173,35 @@ class Windows:
 
     # --- called by the session at step boundaries (training thread) ------------------------
 
-    def begin(self, step_number: int) -> None:
-        """The first step begins: the profiler's step count starts at its number."""
+    def begin(self, step_number: int) -> str | None:
+        """The first step begins: the profiler's step count starts at its number. Returns the
+        step's mark (``mark()``)."""
         self._prof.step_num = step_number
         self._prof.start()
         self._started = True
+        return self.mark()
+
+    def mark(self) -> str | None:
+        """What the step now beginning is to the profiler, for its span's
+        ``otelprof.step.window``: "recorded" (in a window's trace), "warmup" (the profiler runs,
+        its events are discarded), "after" (the step right after a window: it pays the
+        window's stop), or None. These are the steps kept out of the anomaly median."""
+        from torch.profiler import ProfilerAction
+
+        action = self._prof.current_action
+        if action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            return "recorded"
+        if action == ProfilerAction.WARMUP:
+            return "warmup"
+        return "after" if self._after_window else None
 
     def boundary(
         self, step_seconds: float, live: Callable[[], LiveStep | None] | None = None, number: int | None = None
-    ) -> None:
+    ) -> str | None:
         """Step ``number`` ended and the next begins; ``live()`` gives the ended step's span ids
-        (asked only when the profiler recorded that step)."""
+        (asked only when the profiler recorded that step). Returns the next step's ``mark()``."""
         if not self._started:
-            return
+            return None
         from torch.profiler import ProfilerAction
 
         action = self._prof.current_action  # the ended step's
@@ -206,6 +222,7 @@ class Windows:
         if self._prof.current_action != action:  # Kineto started or stopped here: the window's cost
             self._overhead(time.perf_counter_ns() - start)
         self._after_window, self._saved = self._saved, False
+        return self.mark()
 
     def _overhead(self, ns: int) -> None:
         """Training-thread time of a window's start or stop (the step pays it; it is marked)."""

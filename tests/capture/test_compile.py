@@ -247,3 +247,5 @@ def test_a_model_compiled_later_is_timed_around_its_compiled_call(
     assert not [str(w.message) for w in recwarn]
     timed = ["forward", "backward", "optimizer"]
     assert [[p[0] for p in s.phases] for s in steps] == [timed] * 2 + [["backward", "optimizer"]] + [timed] * 2
+    # the forward phase names the model, eager or compiled (an OptimizedModule: the module it wraps)
+    assert [[m for m in s.phase_modules if m] for s in steps] == [["Sequential"]] * 2 + [[]] + [["Sequential"]] * 2

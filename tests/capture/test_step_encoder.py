@@ -89,10 +89,12 @@ step_records = st.lists(
                 st.sampled_from(["data", "forward", "backward", "optimizer"]),
                 st.integers(min_value=0, max_value=2**63 - 1),
                 st.integers(min_value=0, max_value=2**63 - 1),
+                st.one_of(st.none(), st.text(max_size=12)),  # a forward's module (lone surrogates included)
             ),
             max_size=6,
         ),
         st.integers(min_value=0, max_value=100),  # micro-batches (0: no attribute)
+        st.one_of(st.none(), st.sampled_from(["recorded", "warmup", "after"])),  # profiling-window mark
     ),
     max_size=30,
 )
@@ -124,9 +126,13 @@ def test_native_step_records_equal_the_official_classes(records: list, max_bytes
 def test_native_step_records_are_checked() -> None:
     native = pytest.importorskip("otelprof._native")
     enc = native.StepSpanEncoder(RESOURCE, "v", "step|r|", 7)
-    good = ("train.step", 1, 10, 20, 0, None, None, None, None, 0, [("data", 10, 12)], 4)
+    good = ("train.step", 1, 10, 20, 0, None, None, None, None, 0, [("forward", 10, 12, "GPT2LMHeadModel")], 4, "after")
     [request] = enc.encode([good], 1 << 20)
     assert b"otelprof.step.micro_batches" in request
+    assert b"otelprof.step.window" in request and b"after" in request
+    assert b"otelprof.phase.module" in request and b"GPT2LMHeadModel" in request
+    [unmarked] = enc.encode([(*good[:12], None)], 1 << 20)
+    assert b"otelprof.step.window" not in unmarked
     assert len(enc.encode([good], 1 << 20)) == 1
     with pytest.raises(TypeError):
         enc.encode([good[:5]], 1 << 20)

@@ -230,6 +230,14 @@ def test_two_optimizers_stepping_once_each_are_one_step(
     for step, phases in steps:
         _check_phases(step, phases)
         assert _names(phases).count("optimizer") == 2 and _names(phases).count("backward") == 2
+        # each forward phase names the root module it timed: gen, then disc three times
+        modules = [_module(p) for p in phases if p.name == "forward"]
+        assert modules == ["Linear", "Sequential", "Sequential", "Sequential"]
+        assert all(_module(p) is None for p in phases if p.name != "forward")
+
+
+def _module(phase: PbSpan) -> str | None:
+    return next((kv.value.string_value for kv in phase.attributes if kv.key == "otelprof.phase.module"), None)
 
 
 # --- evaluation between steps -----------------------------------------------------------------

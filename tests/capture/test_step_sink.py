@@ -28,6 +28,16 @@ PARENT = (b"\x11" * 16, b"\x22" * 8)
 OPTIMIZERS = [object(), object()]
 
 
+class Model:
+    pass
+
+
+#: Root modules forward hooks get (None: the explicit API's phase_begin).
+MODULES = [Model(), CollectorRegistry(), None]
+#: Profiling-window marks, as the session's boundary callback gives them for the next step.
+MARKS = [None, "recorded", "warmup", "after"]
+
+
 def _events() -> Any:
     """A loop's activity: hook events, batch sizes, clock ticks, scopes, and whether the
     application's span is current when the next step closes."""
@@ -39,6 +49,7 @@ def _events() -> Any:
             st.tuples(st.just("nested"), st.booleans()),
             st.tuples(st.just("scope"), st.tuples(st.sampled_from(["infer", "x\udcff"]), st.booleans())),
             st.tuples(st.just("begin_optimizer"), st.integers(0, 1)),
+            st.tuples(st.just("begin_forward"), st.integers(0, 2)),
             st.tuples(st.just("end_data"), st.none()),
             st.tuples(st.just("grad"), st.booleans()),
             st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 99), st.none() | st.integers(0, 9))),
@@ -53,6 +64,8 @@ def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: 
             grad[0] = arg
         elif kind == "begin_optimizer":
             tracker.begin_optimizer(OPTIMIZERS[arg], (), {})
+        elif kind == "begin_forward":
+            tracker.begin_forward(MODULES[arg], ())
         elif kind == "end_data":
             tracker.end_data()
         elif kind == "step":
@@ -74,7 +87,13 @@ def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: 
 
 def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
     now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
-    tracker: Any = step_tracker(lambda s: None, clock=lambda: now[0], native=True, grad_enabled=lambda: grad[0])
+    tracker: Any = step_tracker(
+        lambda s: None,
+        clock=lambda: now[0],
+        native=True,
+        grad_enabled=lambda: grad[0],
+        on_first_open=lambda n: "warmup",
+    )
     sink = native_sink()
     encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, version="1.0")
     registry = CollectorRegistry()
@@ -82,7 +101,12 @@ def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
     metrics.read_from(sink, encoder.trace_ids)
     metrics.count_eval(lambda: tracker.eval_forwards)
     boundaries: list[int] = []
-    tracker.attach(sink, lambda n, s: boundaries.append(n), lambda: PARENT if nested[0] else None)
+
+    def on_boundary(number: int, _seconds: float) -> str | None:
+        boundaries.append(number)
+        return MARKS[number % 4]  # the next step's mark
+
+    tracker.attach(sink, on_boundary, lambda: PARENT if nested[0] else None)
     _drive(tracker, events, now, nested, grad)
     return exposition(registry, True), sink.encode(encoder.native, max_bytes), boundaries
 
@@ -95,14 +119,16 @@ def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
     records = []
     ordinal = [0]
     numbers: list[int] = []  # the boundaries: an evaluation scope is none
+    mark: list[str | None] = ["warmup"]  # the first step's
 
     def on_step(step: Step) -> None:  # what Session._on_step and StepSpans do with a step
         ctx = StepContext(ordinal[0], step.number, encoder.trace_ids, PARENT if nested[0] else None)
         ordinal[0] += 1 + len(step.phases)
+        if not step.evaluation:  # an evaluation scope takes no mark and leaves the next step's
+            step.window, mark[0] = mark[0], MARKS[step.number % 4]
+            numbers.append(step.number)
         metrics.observe(step, ctx)
         records.append(record(step, ctx))
-        if not step.evaluation:
-            numbers.append(step.number)
 
     tracker: Any = step_tracker(on_step, clock=lambda: now[0], native=False, grad_enabled=lambda: grad[0])
     metrics.count_eval(lambda: tracker.eval_forwards)

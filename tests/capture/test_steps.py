@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -77,6 +78,45 @@ def test_dataloader_loop_steps_tile_from_fetch_to_fetch() -> None:
     assert _spans(loop.steps) == [(0, 0, 45), (1, 45, 90), (2, 90, 135)]
     assert loop.steps[0].phases == [("data", 0, 10), ("forward", 10, 20), ("backward", 20, 30), ("optimizer", 30, 40)]
     assert loop.steps[1].phase_totals_ns == {"data": 10, "forward": 10, "backward": 10, "optimizer": 10}
+
+
+def test_a_boundarys_callbacks_are_no_phases_time() -> None:
+    """A window's stop runs in the step callback at the boundary (the next fetch): the data
+    phase that opened there restarts after it; the step keeps its boundary (steps tile)."""
+    loop = Loop()
+
+    def slow_callback(step: Step) -> None:
+        loop.steps.append(step)
+        loop.now += 1000  # the profiler's stop
+
+    loop.tracker = step_tracker(slow_callback, clock=lambda: loop.now, native=Loop.native)
+    for _ in range(2):
+        loop.phase("data")
+        loop.phase("forward")
+        loop.phase("backward")
+        loop.phase("optimizer")
+    loop.phase("data")
+    first, second = loop.steps
+    assert (first.start_ns, first.end_ns) == (0, 40)
+    assert (second.start_ns, second.end_ns) == (40, 1080)  # tiles: begins at the boundary
+    assert second.phases[0] == ("data", 1040, 1050)  # not (40, 1050): the stop is in no phase
+    assert second.phase_totals_ns == {"data": 10, "forward": 10, "backward": 10, "optimizer": 10}
+
+
+def test_forward_phases_name_their_root_module() -> None:
+    loop = Loop()
+    loop.tracker.begin_data()
+    loop.tracker.data_end(4, None)
+    for module in (Encoder(), OptimizedModule()):
+        loop.tracker.begin_forward(module, ())
+        loop.now += 10
+        loop.tracker.end_forward(module, (), None)
+    loop.tracker.begin_optimizer(None, (), {})
+    loop.tracker.end_optimizer(None, (), {})
+    loop.tracker.begin_data()
+    [step] = loop.steps
+    assert [p[0] for p in step.phases] == ["data", "forward", "forward", "optimizer"]
+    assert step.phase_modules == [None, "Encoder", "Encoder", None]  # a compiled one: its module's
 
 
 def test_several_optimizers_in_one_iteration_are_one_step() -> None:
@@ -520,9 +560,23 @@ _SIZE = st.none() | st.integers(0, 64)
 _SIZES = st.tuples(_SIZE, st.none() | st.integers(0, 4096))
 #: Optimizers the hooks tell apart by identity (the same objects for both trackers).
 _OPTIMIZERS = [object(), object(), None]
+
+
+class Encoder:
+    pass
+
+
+class OptimizedModule:  # as torch.compile's wrapper: named after the module it wraps
+    def __init__(self) -> None:
+        self._orig_mod = Encoder()
+
+
+#: Root modules a forward hook gets (their class names go on the forward phases).
+_MODULES = [Encoder(), OptimizedModule(), None]
 #: What hooks report: with these alone the automatic rules decide every boundary.
 _AUTOMATIC = st.one_of(
     st.tuples(st.sampled_from(["begin", "end"]), st.sampled_from(PHASES)),
+    st.tuples(st.just("begin_forward"), st.integers(0, len(_MODULES) - 1)),
     st.tuples(st.just("begin_optimizer"), st.integers(0, len(_OPTIMIZERS) - 1)),
     st.tuples(st.sampled_from(["data_end", "set_batch"]), _SIZES),
     st.tuples(st.just("end_data"), st.none()),
@@ -537,19 +591,30 @@ _EXPLICIT = st.one_of(
 )
 
 
-def _replay(native: bool, events: list[tuple[str, Any]]) -> tuple[list[tuple[Any, ...]], list[int], list[int], int]:
+def _replay(
+    native: bool, events: list[tuple[str, Any]], callback_ns: int = 0
+) -> tuple[list[tuple[Any, ...]], list[int], list[int], int]:
+    """``callback_ns``: the time each callback takes (a profiling window's stop at a boundary)."""
     now = [1_000]
     grad = [True]
     out: list[Step] = []
     opened: list[int] = []
     hints: list[int] = []
+
+    def taking_time(append: Callable[[Any], None]) -> Callable[[Any], None]:
+        def callback(value: Any) -> None:
+            append(value)
+            now[0] += callback_ns
+
+        return callback
+
     tracker: Any = step_tracker(
-        out.append,
+        taking_time(out.append),
         clock=lambda: now[0],
-        on_first_open=opened.append,
+        on_first_open=taking_time(opened.append),
         native=native,
         grad_enabled=lambda: grad[0],
-        on_hint=hints.append,
+        on_hint=taking_time(hints.append),
     )
     for kind, arg in events:
         if kind == "tick":
@@ -560,6 +625,8 @@ def _replay(native: bool, events: list[tuple[str, Any]]) -> tuple[list[tuple[Any
             getattr(tracker, f"{kind}_{arg}")(None, ())
         elif kind == "begin_optimizer":
             tracker.begin_optimizer(_OPTIMIZERS[arg], (), {})
+        elif kind == "begin_forward":
+            tracker.begin_forward(_MODULES[arg], ())
         elif kind == "data_end":
             tracker.data_end(*arg)
         elif kind == "end_data":
@@ -587,6 +654,7 @@ def _replay(native: bool, events: list[tuple[str, Any]]) -> tuple[list[tuple[Any
             s.name,
             s.micro_batches,
             s.evaluation,
+            s.phase_modules,
         )
         for s in out
     ]
@@ -595,12 +663,12 @@ def _replay(native: bool, events: list[tuple[str, Any]]) -> tuple[list[tuple[Any
 
 @needs_native
 @settings(max_examples=400, deadline=None)
-@given(st.lists(_AUTOMATIC, max_size=120), st.lists(_AUTOMATIC | _EXPLICIT, max_size=60))
+@given(st.lists(_AUTOMATIC, max_size=120), st.lists(_AUTOMATIC | _EXPLICIT, max_size=60), st.sampled_from([0, 3]))
 def test_native_tracker_equals_the_python_reference(
-    automatic: list[tuple[str, Any]], mixed: list[tuple[str, Any]]
+    automatic: list[tuple[str, Any]], mixed: list[tuple[str, Any]], callback_ns: int
 ) -> None:
     events = automatic + mixed + [("finish", None)]
-    assert _replay(True, events) == _replay(False, events)
+    assert _replay(True, events, callback_ns) == _replay(False, events, callback_ns)
 
 
 @needs_native

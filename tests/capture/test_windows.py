@@ -236,16 +236,37 @@ def test_a_profiled_step_has_one_root_with_operators_under_their_phases(
         assert any(name.startswith("enumerate(DataLoader)") for name in under["data"])
 
 
+@pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])
 def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
-    receiver: HttpReceiver, tmp_path: Path
+    receiver: HttpReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: str
 ) -> None:
     """Kineto writes the window's trace on the conversion thread, not the training thread; the
-    warmup, recorded and following step are kept out of the slow-step median."""
+    warmup, recorded and following step are kept out of the slow-step median and marked on
+    their spans; Kineto's stop at the boundary after the window is in no phase of the next step."""
     import threading
 
+    from otelprof.capture.windows import Windows
+
+    if "otlp" in metrics:
+        pytest.importorskip("opentelemetry.sdk")
+    costs: list[int] = []  # each window start's and stop's training-thread time, in order
+    measured = Windows._overhead
+
+    def recording(self: Windows, ns: int) -> None:
+        costs.append(ns)
+        measured(self, ns)
+
+    monkeypatch.setattr(Windows, "_overhead", recording)
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
-    session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_REPEAT="1", OTELPROF_ANOMALY_FACTOR="1000")
+    env = {
+        **schedule,
+        "OTELPROF_PROFILE_REPEAT": "1",
+        "OTELPROF_ANOMALY_FACTOR": "1000",
+        "OTEL_METRICS_EXPORTER": metrics,
+    }
+    session = _instrument(receiver, tmp_path, **env)
     _train(steps=8)
+    assert (session.otlp_metrics is None) == (metrics == "prometheus")  # which path the steps took
     windows = session.windows  # made at the first step
     assert windows is not None
     anomaly = windows.anomaly
@@ -258,12 +279,31 @@ def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
     # Kineto's start (at steps 1|2, 2|3) and stop (4|5) on the training thread: counted, not hidden
     overhead = _window_metrics(session)["otelprof_profiling_window_overhead_seconds_total"][""]
     assert overhead == pytest.approx(windows.overhead_s) and overhead > 0
+    assert sum(costs) / 1e9 == pytest.approx(overhead)
+    stop = costs[-1]  # Kineto's stop at the 4|5 boundary (the fetch that begins step 5)
+    marks = {2: "warmup", 3: "recorded", 4: "recorded", 5: "after"}
     for n in range(8):  # phases never sum past their step, the one after the window included
         spans = _by_trace(receiver)[_tid(n)]
         [step] = [s for s in spans if s.name == "train.step"]
+        assert _attrs(step).get("otelprof.step.window") == marks.get(n), n
         phases = [s for s in spans if s.parent_span_id == step.span_id and not s.name.startswith("ProfilerStep#")]
         total = sum(s.end_time_unix_nano - s.start_time_unix_nano for s in phases)
         assert total <= step.end_time_unix_nano - step.start_time_unix_nano
+        for p in phases:
+            assert (
+                step.start_time_unix_nano <= p.start_time_unix_nano <= p.end_time_unix_nano <= step.end_time_unix_nano
+            )
+        if n == 5:  # the stop ran between the step's start (the boundary) and its data phase
+            [data] = [p for p in phases if p.name == "data"]
+            assert data.start_time_unix_nano - step.start_time_unix_nano >= stop
+
+
+def _attrs(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in span.attributes:
+        field = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, field) if field else None
+    return out
 
 
 @pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])

@@ -24,7 +24,8 @@ enum FixedKey : AttrKey {
     kCategoryKey, kThreadIdKey, kAggregatedCountKey, kAggregatedDurationKey, kDroppedSpansKey, kSyntheticKey,
     kStepKey, kRankKey, kSelfCpuKey, kSelfDeviceKey, kPeakAllocatedKey,
     // live step spans (step_spans.hpp)
-    kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kStepMicroBatchesKey, kFixedKeyCount
+    kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kStepMicroBatchesKey,
+    kStepWindowKey, kPhaseModuleKey, kFixedKeyCount
 };
 AttrKey arg_key(int arg_attribute);
 AttrKey memory_key(int memory_attribute);

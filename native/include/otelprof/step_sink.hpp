@@ -49,11 +49,13 @@ class StepSink {
   public:
     StepSink(size_t max_pending, size_t batch_steps) : max_pending_(max_pending), batch_steps_(batch_steps) {}
 
-    // A closed step, its name and the application span it nests under (if any): folded into the
-    // metrics, queued for its span (dropped and counted when max_pending wait). True when the
-    // queue has reached batch_steps (time to wake the encoder).
+    // A closed step, its name, the application span it nests under (if any) and what it was to
+    // a profiling window (StepRecord::window): folded into the metrics, queued for its span
+    // (dropped and counted when max_pending wait). True when the queue has reached batch_steps
+    // (time to wake the encoder). `modules`: the phases' module names by slot (PhaseSpan::module).
     bool add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
-             const std::optional<SpanId>& parent_span);
+             const std::optional<SpanId>& parent_span, const std::string& window = std::string(),
+             const std::vector<std::string>* modules = nullptr);
 
     // Read under the caller's lock (the GIL): copy it before making Python objects.
     const StepMetricsState& metrics() const { return metrics_; }

@@ -18,6 +18,7 @@ namespace otelprof {
 struct StepPhase {
     std::string name;  // data, forward, backward, optimizer
     int64_t start = 0, end = 0;
+    std::string module;  // a forward's root module class ("": unknown, no attribute)
 };
 
 struct StepRecord {
@@ -29,6 +30,7 @@ struct StepRecord {
     std::optional<int64_t> samples, tokens;
     int64_t dropped_phases = 0;
     int64_t micro_batches = 0;  // DataLoader batches in the step (0: none, no attribute)
+    std::string window;  // the step to a profiling window: recorded, warmup, after ("": none)
     std::vector<StepPhase> phases;
 };
 

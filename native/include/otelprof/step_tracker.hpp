@@ -27,6 +27,7 @@ constexpr int64_t kHintForwards = 10;
 struct PhaseSpan {
     Phase phase;
     int64_t start = 0, end = 0;
+    uint32_t module = 0;  // a forward's root module: the caller's name slot (0: unknown)
 };
 
 struct TrackedStep {
@@ -57,7 +58,8 @@ class StepTracker {
 
     // Every event takes the lock only for the state change (callers hold no other lock).
     // `key` tells optimizers apart; `grad`: a forward under grad mode (false: evaluation).
-    void phase_begin(Phase phase, int64_t now, uint64_t key = 0, bool grad = true);
+    // `module`: a forward's root module, as the caller's name slot (0: unknown).
+    void phase_begin(Phase phase, int64_t now, uint64_t key = 0, bool grad = true, uint32_t module = 0);
     void phase_end(Phase phase, int64_t now);
     // The end of a fetch: with a batch of these sizes (negative: unknown), or none (exhausted).
     void data_end(int64_t now, bool batch, int64_t samples, int64_t tokens);
@@ -67,6 +69,10 @@ class StepTracker {
     void begin_scope(uint32_t name, int64_t now, bool evaluation = false);
     void end_scope(int64_t now);
     void finish();
+    // The callbacks of the last event (at `at`: a closed step, the first opening) ran until
+    // `now`: the phase that began at `at` restarts at `now`, so their cost (the profiler's step,
+    // where a window starts or stops) is no phase's; the step keeps its boundary.
+    void resume(int64_t at, int64_t now);
     // Whether a forward now would need grad mode read (an outermost forward).
     bool forward_is_outermost();
     int64_t eval_forwards();
@@ -78,7 +84,7 @@ class StepTracker {
   private:
     bool phase_end_locked(Phase phase, int64_t now);
     bool decide(Phase phase, uint64_t key, bool grad, int64_t now);
-    void interval(Phase phase, int64_t start, int64_t end);
+    void interval(Phase phase, int64_t start, int64_t end, uint32_t module = 0);
     void optimizer_done(int64_t now);
     void forward_seen();
     void on_data_fetch(int64_t now);
@@ -97,6 +103,7 @@ class StepTracker {
     std::array<int, kPhaseCount> depth_{};
     std::array<int64_t, kPhaseCount> phase_start_{};
     std::array<bool, kPhaseCount> untimed_{};  // an outermost call timed in no step
+    std::array<uint32_t, kPhaseCount> module_{};  // the running call's module slot
     uint64_t opt_key_ = 0;
     bool explicit_ = false;    // the application calls step() / step_scope()
     bool dataloader_ = false;  // a DataLoader iterator has been seen
