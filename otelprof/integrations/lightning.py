@@ -10,7 +10,6 @@ id stays the environment's.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 from types import ModuleType
@@ -18,6 +17,7 @@ from typing import Any
 
 from ..capture.hooks import batch_size
 from . import _steps
+from ._patch import patch_trainer_init, unpatch_trainer_init
 
 _log = logging.getLogger(__name__)
 _classes: dict[str, type] = {}
@@ -126,25 +126,9 @@ def instrument_trainer(trainer: Any, package: str = "lightning.pytorch") -> Any:
 def patch(module: ModuleType) -> None:
     """``lightning.pytorch.trainer.trainer`` (or pytorch_lightning's): every Trainer built from
     now on is instrumented."""
-    trainer_class = module.Trainer
-    init = trainer_class.__init__
-    if getattr(init, "_otelprof", False):
-        return
     package = _package(module)
-
-    @functools.wraps(init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        try:
-            instrument_trainer(self, package)
-        except Exception:
-            _log.warning("otelprof could not add its callback to the Trainer", exc_info=True)
-
-    __init__._otelprof = True  # type: ignore[attr-defined]
-    trainer_class.__init__ = __init__
+    patch_trainer_init(module.Trainer, lambda trainer: instrument_trainer(trainer, package))
 
 
 def unpatch(module: ModuleType) -> None:
-    init = module.Trainer.__init__
-    if getattr(init, "_otelprof", False):
-        module.Trainer.__init__ = init.__wrapped__
+    unpatch_trainer_init(module.Trainer)

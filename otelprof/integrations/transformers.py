@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 
 from ..capture.hooks import batch_size
 from . import _steps
+from ._patch import patch_trainer_init, unpatch_trainer_init
 
 _log = logging.getLogger(__name__)
 
@@ -121,24 +122,8 @@ def instrument_trainer(trainer: Any) -> OtelprofCallback:
 
 def patch(module: ModuleType) -> None:
     """``transformers.trainer``: every Trainer built from now on is instrumented."""
-    trainer_class = module.Trainer
-    init = trainer_class.__init__
-    if getattr(init, "_otelprof", False):
-        return
-
-    @functools.wraps(init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        try:  # a subclass's override of training_step is what gets wrapped
-            instrument_trainer(self)
-        except Exception:
-            _log.warning("otelprof could not add its callback to the Trainer", exc_info=True)
-
-    __init__._otelprof = True  # type: ignore[attr-defined]
-    trainer_class.__init__ = __init__
+    patch_trainer_init(module.Trainer, instrument_trainer)  # a subclass's override of training_step is kept
 
 
 def unpatch(module: ModuleType) -> None:
-    init = module.Trainer.__init__
-    if getattr(init, "_otelprof", False):
-        module.Trainer.__init__ = init.__wrapped__
+    unpatch_trainer_init(module.Trainer)

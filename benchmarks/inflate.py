@@ -4,7 +4,7 @@ native conversion from the ``.json.gz`` path (native inflate, then Python's) aga
 of the same JSON from bytes, interleaved; then a gzip bomb (1 GiB of zeros in ~1 MB) against the
 default 4 GiB cap and a small cap, wall time and peak RSS each in a fresh child process.
 
-    python benchmarks/gzip.py [TRACE] [--repeat N] [--no-bomb]
+    python benchmarks/inflate.py [TRACE] [--repeat N] [--no-bomb]
 """
 
 from __future__ import annotations
