@@ -37,6 +37,17 @@ from ..converter import ConvertOptions, LiveStep, convert
 from .window_metrics import WindowMetrics, summarize
 
 _log = logging.getLogger(__name__)
+#: Cores at which a window's trace is saved off the training thread. Below, a background save
+#: competes with torch's own threads and costs the loop more than saving in place (2 cores,
+#: benchmarks/overhead.py: window ratio 1.065 saving in the background, 1.022 in place).
+SAVE_OFF_THREAD_MIN_CPUS = 8
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,7 @@ class Windows:
         self.anomaly = Anomaly(settings.anomaly_factor, settings.anomaly_cooldown_s)
         self._live: list[LiveStep] = []  # recorded steps of the window in progress
         self._saved = False  # a window's trace was handed over at this boundary
+        self.save_off_thread = _cpus() >= SAVE_OFF_THREAD_MIN_CPUS
         self._after_window = False  # the step now running follows a window's end
         self.marked_steps: deque[int] = deque(maxlen=64)  # step numbers kept out of the anomaly median
         self.save_threads: deque[str] = deque(maxlen=16)  # where each window's trace was saved
@@ -284,8 +296,10 @@ class Windows:
 
     def _ready(self, prof: Any) -> None:
         """On the training thread (Kineto has stopped): hand the results to the conversion
-        thread, which saves them. Only where torch merges more into the file (its CUPTI
-        monitor) or keeps no results object is the trace saved here."""
+        thread, which saves them, on a machine with cores to spare. With few cores, or where
+        torch merges more into the file (its CUPTI monitor) or keeps no results object, the
+        trace is saved here: in no phase (the trackers start the next phase after a boundary's
+        callbacks) and counted as the window's overhead."""
         trigger, self._demand_trigger = self._demand_trigger or "schedule", None
         live, self._live = tuple(self._live), []
         self._saved = True
@@ -293,7 +307,12 @@ class Windows:
         try:
             inner = getattr(prof, "profiler", None)
             source = getattr(inner, "kineto_results", None)
-            if inner is None or source is None or getattr(prof, "_use_cupti_monitor", False):
+            if (
+                not self.save_off_thread
+                or inner is None
+                or source is None
+                or getattr(prof, "_use_cupti_monitor", False)
+            ):
                 source = _temp_path()
                 prof.export_chrome_trace(str(source))
                 self.save_threads.append(threading.current_thread().name)
