@@ -61,6 +61,16 @@ number, fractions allowed) do not become spans of their own. Ignored at ``full``
 Default: ``10``.
 """
 
+OTELPROF_SPAN_BUDGET = "OTELPROF_SPAN_BUDGET"
+"""
+.. envvar:: OTELPROF_SPAN_BUDGET
+
+At ``default`` detail, the most spans one trace holds (a non-negative integer; ``0`` is no
+limit): past it, runs of repeated sibling spans are aggregated, then the least significant
+spans are dropped and named on their parent. Ignored at ``full`` detail.
+Default: ``1000``.
+"""
+
 OTELPROF_SPLIT_WORLD_SIZE = "OTELPROF_SPLIT_WORLD_SIZE"
 """
 .. envvar:: OTELPROF_SPLIT_WORLD_SIZE
@@ -75,6 +85,7 @@ __all__ = [
     "OTELPROF_MAX_REQUEST_BYTES",
     "OTELPROF_MIN_DURATION_US",
     "OTELPROF_RUN_ID",
+    "OTELPROF_SPAN_BUDGET",
     "OTELPROF_SPLIT_WORLD_SIZE",
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_SERVICE_NAME",

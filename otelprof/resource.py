@@ -21,6 +21,7 @@ from .converter._options import (
     DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MIN_DURATION_NS,
+    DEFAULT_SPAN_BUDGET,
     DEFAULT_SPLIT_WORLD_SIZE,
     Detail,
 )
@@ -33,6 +34,7 @@ from .environment_variables import (
     OTELPROF_MAX_REQUEST_BYTES,
     OTELPROF_MIN_DURATION_US,
     OTELPROF_RUN_ID,
+    OTELPROF_SPAN_BUDGET,
     OTELPROF_SPLIT_WORLD_SIZE,
 )
 
@@ -168,6 +170,7 @@ def options_from_env(environ: Mapping[str, str] = os.environ, **overrides: Any) 
         max_request_bytes=_max_request_bytes(environ),
         attribute_value_length_limit=_attribute_value_length_limit(environ),
         split_world_size=env_int(environ, OTELPROF_SPLIT_WORLD_SIZE, DEFAULT_SPLIT_WORLD_SIZE),
+        span_budget=env_int(environ, OTELPROF_SPAN_BUDGET, DEFAULT_SPAN_BUDGET),
         resource_attributes=resource_attributes_from_env(environ),
         scope_version=__version__,
     )

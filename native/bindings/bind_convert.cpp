@@ -31,6 +31,7 @@ otelprof::Options to_options(const py::dict& d) {
     o.min_duration_ns = get_or<int64_t>(d, "min_duration_ns", o.min_duration_ns);
     o.event_limit = get_or<int64_t>(d, "event_limit", o.event_limit);
     o.link_limit = get_or<int64_t>(d, "link_limit", o.link_limit);
+    o.span_budget = get_or<int64_t>(d, "span_budget", o.span_budget);
     o.split_world_size = get_or<int64_t>(d, "split_world_size", o.split_world_size);
     o.max_request_bytes = get_or<int64_t>(d, "max_request_bytes", o.max_request_bytes);
     o.attribute_value_length_limit = get_or<int64_t>(d, "attribute_value_length_limit", o.attribute_value_length_limit);

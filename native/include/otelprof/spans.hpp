@@ -112,6 +112,7 @@ struct Options {
     int64_t min_duration_ns = 10000;
     int64_t event_limit = 128;  // 0 = unlimited
     int64_t link_limit = 128;
+    int64_t span_budget = 1000;  // spans per trace at default detail; 0 = unlimited
     int64_t split_world_size = 4;
     int64_t max_request_bytes = 3 * 1024 * 1024;
     int64_t attribute_value_length_limit = 8192;  // characters of a string attribute; -1 = none
