@@ -9,7 +9,7 @@ the OTLP requests with the official classes, then prints per file:
 - traces, and spans per trace (largest, median);
 - children of each step root (largest), and of the largest trace's root;
 - kernels (device work with a launch: a ``correlation`` id) whose parent is a trace root;
-- links that touch a step span (from or to a root), and links in all.
+- fwdbwd links that touch a step span (from or to it), and links in all.
 
 These are the figures issue 15 asks for before and after; no target is asserted here.
 """
@@ -33,9 +33,13 @@ KINETO = ROOT.parent / "shared" / "traces" / "kineto"
 DEVICE = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 
 
+def _link_kind(link: Any) -> str:
+    return next((kv.value.string_value for kv in link.attributes if kv.key == "otelprof.link.kind"), "")
+
+
 def shape(path: Path, detail: str) -> dict[str, Any]:
     result = convert(path, detail=detail)
-    spans = []
+    spans: list[Any] = []
     for raw in result.requests:
         req = ExportTraceServiceRequest.FromString(raw)
         for rs in req.resource_spans:
@@ -53,8 +57,12 @@ def shape(path: Path, detail: str) -> dict[str, Any]:
         if cat in DEVICE and "pytorch.gpu.correlation_id" in a and sp.parent_span_id in roots:
             off_root += 1
     links_total = sum(len(sp.links) for sp in spans)
+    step_ids = set(step_roots)
     step_links = sum(
-        1 for sp in spans for link in sp.links if sp.span_id in step_roots or link.span_id in set(step_roots)
+        1
+        for sp in spans
+        for link in sp.links
+        if _link_kind(link) == "fwdbwd" and (sp.span_id in step_ids or link.span_id in step_ids)
     )
     largest = max(per_trace.values(), default=0)
     names = Counter(sp.name for sp in spans if sp.span_id in roots)

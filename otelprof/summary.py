@@ -128,7 +128,7 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     attrs = {kv.key: kv.value for kv in span.attributes}
-                    dropped += attrs["otelprof.dropped_spans"].int_value if "otelprof.dropped_spans" in attrs else 0
+                    dropped += attrs["otelprof.hidden_spans"].int_value if "otelprof.hidden_spans" in attrs else 0
                     category = attrs.get("pytorch.event.category")
                     key = (span.trace_id, span.span_id)
                     if category is None:

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -16,8 +17,8 @@ namespace {
 constexpr int kUnset = -2;
 
 // Counters returned with every conversion (same names and order as the reference's STAT_KEYS).
-enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, kStatCount };
-const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated"};
+enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, kStatCount };
+const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots"};
 
 // Characters kept of a span name (reference: SPAN_NAME_LENGTH_LIMIT).
 constexpr int64_t kSpanNameLengthLimit = 8192;
@@ -184,6 +185,10 @@ int memory_arg(std::string_view key) {
         if (kMemoryAttributes[a][0] == key) return a;
     return -1;
 }
+
+// Why an event is hidden (reference: volume.HIDDEN_*), and the counter each reason adds to.
+enum Hidden : uint8_t { kHiddenShort = 1, kHiddenPython, kHiddenBudget, kHiddenStepCopy, kHiddenWindowRoot };
+const StatKey kHiddenStat[] = {DROPPED_SHORT, DROPPED_SHORT, DROPPED_PYTHON, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS};
 
 }  // namespace
 
@@ -372,11 +377,42 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
 
     // --- volume control ------------------------------------------------------------------------
-    std::vector<char> keep(n);
-    for (int i = 0; i < n; ++i) {
-        const Event& e = ev[i];
-        keep[i] = full || e.device() || is_step(i) ||
-                  (e.kind != Kind::Python && (e.kind == Kind::TraceSpan || e.dur() >= opts.min_duration_ns));
+    // At default detail an op stays when its CPU time or the device time of what it launched
+    // passes the threshold, and the op that launched a kept kernel stays when nothing between the
+    // launch and the trace root would (reference: volume.keep_rule). The device copy of a step goes.
+    std::vector<char> keep(n, 1);
+    std::vector<uint8_t> reason(n, 0);  // why hidden, beyond kind or length (kHidden*)
+    std::vector<int64_t> launched;      // device time launched from each CPU-side subtree
+    if (!full) {
+        launched.assign(n, 0);
+        for (int d = 0; d < n; ++d)
+            if (is_device_time(ev[d].kind) && parent[d] >= 0) launched[parent[d]] += ev[d].dur();
+        for (auto it = sweep_order.rbegin(); it != sweep_order.rend(); ++it)  // children first
+            if (parent[*it] >= 0) launched[parent[*it]] += launched[*it];
+        const int64_t min_ns = opts.min_duration_ns;
+        for (int i = 0; i < n; ++i) {
+            const Event& e = ev[i];
+            keep[i] = e.device() || is_step(i) ||
+                      (e.kind != Kind::Python && (e.kind == Kind::TraceSpan || e.dur() >= min_ns ||
+                                                  (e.kind != Kind::Runtime && launched[i] >= min_ns)));
+        }
+        const std::vector<char> base = keep;
+        for (int d = 0; d < n; ++d) {
+            if (!is_device_time(ev[d].kind) || parent[d] < 0) continue;
+            int j = parent[d], op = -1;
+            while (j >= 0 && !(base[j] && ev[j].kind != Kind::Runtime)) {
+                const Kind k = ev[j].kind;
+                if (op < 0 && k != Kind::Runtime && k != Kind::Python && k != Kind::TraceSpan) op = j;
+                j = parent[j];
+            }
+            if (op >= 0 && (j < 0 || is_step(j) || ev[j].kind == Kind::TraceSpan)) keep[op] = 1;
+        }
+        for (int i = 0; i < n; ++i) {
+            if (ev[i].kind == Kind::GpuAnnotation && is_step(parent[i])) {
+                keep[i] = 0;
+                reason[i] = kHiddenStepCopy;
+            }
+        }
     }
     std::vector<int> nearest(n, kUnset);
     auto nearest_kept = [&](int i) -> int {
@@ -484,11 +520,16 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         return best;
     };
 
+    // Slot of the parent of a non-root event i (or of an aggregate that i leads).
+    auto parent_of = [&](int i) -> int {
+        int ps = parent_span(parent[i] >= 0 ? nearest_kept(parent[i]) : -1);
+        return ps >= 0 ? ps : level_target(owner[i]);
+    };
+    auto forget = [&] { std::fill(nearest.begin(), nearest.end(), kUnset); };
+
     // --- aggregation of runs of identical tiny siblings -----------------------------------------
     std::vector<char> aggregated(n, 0);
-    // aggregates, then kept events, built in place in the output; synthetic spans go after them
-    BigVector<Span>& by_order = out.spans;
-    by_order.reserve(static_cast<size_t>(n) + steps.size() + 1);
+    std::vector<std::vector<int>> aggs;  // members of each aggregate, the first leads; empty: dropped
     if (!full) {
         const Children children = children_in_order(parent, sweep_order);
         std::vector<int> run;
@@ -505,47 +546,262 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                     continue;
                 }
                 if (run.size() >= 2) {
-                    const Event& first = ev[run[0]];
-                    int64_t total = 0, end = first.end;
-                    for (int r : run) {
-                        aggregated[r] = 1;
-                        total += ev[r].dur();
-                        end = std::max(end, ev[r].end);
-                    }
-                    Span sp;
-                    sp.order = first.ordinal;
-                    sp.trace_id = trace_of(run[0]);
-                    sp.span_id = sid(first.ordinal);
-                    sp.parent_id = slot_id((split && is_step(p)) ? level_target(owner[p]) : p);
-                    if (live_step(p)) sp.parent_id = under_phase(p, run[0], end);
-                    sp.has_parent = true;
-                    sp.name = first.name;
-                    sp.start = first.start;
-                    sp.end = end;
-                    add(sp, kCategoryKey, AttrValue::str(first.cat));
-                    if (!first.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
-                    add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
-                    add(sp, kAggregatedDurationKey, AttrValue::integer(total));
-                    by_order.push_back(std::move(sp));
-                    stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
+                    for (int r : run) aggregated[r] = 1;
+                    aggs.push_back(run);
                 }
                 run.clear();
                 if (cand) run.push_back(c);
             }
         }
-        stats[AGGREGATE_SPANS] = static_cast<int64_t>(by_order.size());
     }
+
+    // --- the span budget per trace: aggregate repeated leaves, then drop the least significant ----
+    // (reference: volume.Budget)
+    if (const int64_t budget = opts.span_budget; budget > 0) {
+        auto is_root = [&](int i) { return is_step(i) || i == window_root_ev; };
+        std::map<TraceId, int64_t> roots;
+        std::map<TraceId, std::vector<int>> members, agg_of;
+        for (int i = 0; i < n; ++i) {
+            if (!keep[i]) continue;
+            if (is_root(i)) ++roots[trace_of(i)];
+            else members[trace_of(i)].push_back(i);
+        }
+        for (const Span& sp : synthetic) ++roots[sp.trace_id];
+        if (split)
+            for (int st : steps) ++roots[detail_trace[step_index[st]]];
+        for (size_t a = 0; a < aggs.size(); ++a) agg_of[trace_of(aggs[a][0])].push_back(static_cast<int>(a));
+        std::vector<char> has_child(n_slots, 0), member(n, 0);
+        std::vector<int> parents(n, -1), depth(n, -1);
+        for (auto& [tid, events] : members) {
+            std::vector<int>& trace_aggs = agg_of[tid];
+            const int64_t n_roots = roots[tid];
+            if (n_roots + static_cast<int64_t>(events.size() + trace_aggs.size()) <= budget) continue;
+            // leaves: runs of two or more consecutive siblings with one name and category
+            forget();
+            for (int i : events) {
+                parents[i] = parent_of(i);
+                if (parents[i] >= 0) has_child[static_cast<size_t>(parents[i])] = 1;
+            }
+            for (int a : trace_aggs) {
+                const int ps = parent_of(aggs[static_cast<size_t>(a)][0]);
+                if (ps >= 0) has_child[static_cast<size_t>(ps)] = 1;
+            }
+            std::vector<int> order = events;
+            std::sort(order.begin(), order.end(), [&](int a, int b) {
+                if (parents[a] != parents[b]) return parents[a] < parents[b];
+                return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
+            });
+            std::vector<int> run;
+            for (size_t idx = 0; idx <= order.size(); ++idx) {
+                const int c = idx < order.size() ? order[idx] : -1;
+                const bool leaf = c >= 0 && !has_child[static_cast<size_t>(c)];
+                if (leaf && !run.empty() && parents[c] == parents[run[0]] && ev[c].name_id == ev[run[0]].name_id &&
+                    ev[c].cat == ev[run[0]].cat) {
+                    run.push_back(c);
+                    continue;
+                }
+                if (run.size() >= 2) {
+                    for (int r : run) {
+                        keep[r] = 0;
+                        aggregated[r] = 1;
+                    }
+                    trace_aggs.push_back(static_cast<int>(aggs.size()));
+                    aggs.push_back(run);
+                }
+                run.clear();
+                if (leaf) run.push_back(c);
+            }
+            std::fill(has_child.begin(), has_child.end(), 0);
+            // then the least significant spans: (worth, -depth, -order)
+            forget();
+            std::vector<int> kept;
+            for (int i : events)
+                if (keep[i]) kept.push_back(i);
+            int64_t live_aggs = 0;
+            for (int a : trace_aggs) live_aggs += !aggs[static_cast<size_t>(a)].empty();
+            const int64_t excess = n_roots + static_cast<int64_t>(kept.size()) + live_aggs - budget;
+            if (excess <= 0) continue;
+            for (int i : kept) {
+                member[i] = 1;
+                parents[i] = parent_of(i);
+            }
+            auto depth_of = [&](int i) -> int {
+                std::vector<int> walk;
+                int j = i;
+                while (j >= 0 && depth[j] < 0) {
+                    walk.push_back(j);
+                    const int ps = parents[j];
+                    j = ps >= 0 && ps < n && member[ps] ? ps : -1;
+                }
+                int d = j < 0 ? 0 : depth[j];
+                for (auto it = walk.rbegin(); it != walk.rend(); ++it) depth[*it] = ++d;
+                return depth[i];
+            };
+            struct Cand {
+                int64_t worth;
+                int neg_depth;
+                int64_t neg_order;
+                int who;  // event, or -1 - aggregate
+            };
+            std::vector<Cand> cands;
+            for (int i : kept) {
+                const int64_t worth = ev[i].device() ? ev[i].dur() : std::max(ev[i].dur(), launched[i]);
+                cands.push_back(Cand{worth, -depth_of(i), -static_cast<int64_t>(ev[i].ordinal), i});
+            }
+            for (int a : trace_aggs) {
+                const std::vector<int>& run_a = aggs[static_cast<size_t>(a)];
+                if (run_a.empty()) continue;
+                const int ps = parent_of(run_a[0]);
+                const int d = 1 + (ps >= 0 && ps < n && member[ps] ? depth_of(ps) : 0);
+                int64_t worth = 0;
+                for (int r : run_a) worth += ev[r].dur();
+                cands.push_back(Cand{worth, -d, -static_cast<int64_t>(ev[run_a[0]].ordinal), -1 - a});
+            }
+            std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+                if (a.worth != b.worth) return a.worth < b.worth;
+                if (a.neg_depth != b.neg_depth) return a.neg_depth < b.neg_depth;
+                if (a.neg_order != b.neg_order) return a.neg_order < b.neg_order;
+                return a.who < b.who;
+            });
+            for (int64_t k = 0; k < excess; ++k) {
+                const int c = cands[static_cast<size_t>(k)].who;
+                if (c >= 0) {
+                    keep[c] = 0;
+                    reason[c] = kHiddenBudget;
+                } else {
+                    for (int r : aggs[static_cast<size_t>(-1 - c)]) {
+                        aggregated[r] = 0;
+                        reason[r] = kHiddenBudget;
+                    }
+                    aggs[static_cast<size_t>(-1 - c)].clear();
+                }
+            }
+            for (int i : kept) {
+                member[i] = 0;
+                depth[i] = -1;
+            }
+        }
+        forget();
+    }
+
+    // --- a window trace that would hold its root alone is not sent ------------------------------
+    if (!full && window_root_ev >= 0 && keep[window_root_ev]) {
+        bool alone = true;
+        for (int i = 0; i < n && alone; ++i) alone = !(keep[i] && owner[i] == -1 && i != window_root_ev);
+        for (const auto& run_a : aggs) alone = alone && (run_a.empty() || owner[run_a[0]] != -1);
+        if (alone) {
+            keep[window_root_ev] = 0;
+            reason[window_root_ev] = kHiddenWindowRoot;
+            window_root = -1;
+            forget();
+        }
+    }
+
+    // aggregates, then kept events, built in place in the output; synthetic spans go after them
+    BigVector<Span>& by_order = out.spans;
+    by_order.reserve(static_cast<size_t>(n) + steps.size() + 1);
+    for (const std::vector<int>& run : aggs) {
+        if (run.empty()) continue;
+        const Event& first = ev[run[0]];
+        int64_t total = 0, end = first.end;
+        for (int r : run) {
+            total += ev[r].dur();
+            end = std::max(end, ev[r].end);
+        }
+        Span sp;
+        sp.order = first.ordinal;
+        sp.trace_id = trace_of(run[0]);
+        sp.span_id = sid(first.ordinal);
+        const int ps = parent_of(run[0]);
+        sp.parent_id = slot_id(ps);
+        if (ps == owner[run[0]] && live_step(ps)) sp.parent_id = under_phase(ps, run[0], end);
+        sp.has_parent = true;
+        sp.name = first.name;
+        sp.start = first.start;
+        sp.end = end;
+        add(sp, kCategoryKey, AttrValue::str(first.cat));
+        if (!first.device() && !first.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
+        add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
+        add(sp, kAggregatedDurationKey, AttrValue::integer(total));
+        by_order.push_back(std::move(sp));
+        stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
+    }
+    stats[AGGREGATE_SPANS] = static_cast<int64_t>(by_order.size());
     const size_t n_aggregates = by_order.size();
 
-    std::vector<int64_t> dropped_count(n_slots, 0);
+    // --- what each parent says of the spans hidden under it (reference: volume.hidden_attributes)
+    std::vector<std::pair<int, int>> hidden;  // (target slot, event)
     for (int i = 0; i < n; ++i) {
         if (keep[i] || aggregated[i]) continue;
-        ++stats[ev[i].kind == Kind::Python ? DROPPED_PYTHON : DROPPED_SHORT];
+        const int why = reason[i] ? reason[i] : (ev[i].kind == Kind::Python ? kHiddenPython : kHiddenShort);
+        ++stats[kHiddenStat[why]];
+        if (why == kHiddenWindowRoot) continue;
         int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
         int target = parent_span(k);
         if (target < 0) target = level_target(owner[i]);
-        if (target >= 0) ++dropped_count[static_cast<size_t>(target)];
+        if (target >= 0) hidden.emplace_back(target, i);
     }
+    std::vector<int64_t> hidden_count(n_slots, 0);
+    std::vector<std::string_view> hidden_text(n_slots);
+    {
+        auto name_of = [&](int i) { return std::string_view(ev[i].name); };
+        std::sort(hidden.begin(), hidden.end(), [&](const auto& a, const auto& b) {
+            if (a.first != b.first) return a.first < b.first;
+            return name_of(a.second) < name_of(b.second);
+        });
+        std::string text;
+        std::vector<std::pair<int64_t, std::string_view>> counts;
+        for (size_t lo = 0; lo < hidden.size();) {
+            const int slot = hidden[lo].first;
+            size_t hi = lo;
+            unsigned why = 0;
+            counts.clear();
+            while (hi < hidden.size() && hidden[hi].first == slot) {
+                const int i = hidden[hi].second;
+                why |= 1u << (reason[i] ? reason[i] : (ev[i].kind == Kind::Python ? kHiddenPython : kHiddenShort));
+                if (counts.empty() || counts.back().second != name_of(i)) counts.emplace_back(0, name_of(i));
+                ++counts.back().first;
+                ++hi;
+            }
+            const size_t shown = std::min<size_t>(counts.size(), 3);
+            std::partial_sort(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(shown), counts.end(),
+                              [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+            const int64_t total = static_cast<int64_t>(hi - lo);
+            text = std::to_string(total) + " hidden (";
+            bool sep = false;
+            auto reason_text = [&](const std::string& t) {
+                if (sep) text += ", ";
+                text += t;
+                sep = true;
+            };
+            if (why >> kHiddenShort & 1) {
+                const int64_t m = opts.min_duration_ns;
+                reason_text(m % 1000 == 0 ? "shorter than " + std::to_string(m / 1000) + " \xc2\xb5s"
+                                          : "shorter than " + std::to_string(m) + " ns");
+            }
+            if (why >> kHiddenPython & 1) reason_text("python functions");
+            if (why >> kHiddenBudget & 1) reason_text("over the " + std::to_string(opts.span_budget) + "-span budget");
+            if (why >> kHiddenStepCopy & 1) reason_text("device copy of the step");
+            text += "): ";
+            int64_t listed = 0;
+            for (size_t k = 0; k < shown; ++k) {
+                if (k) text += ", ";
+                text += cut_chars(counts[k].second, 64);
+                text += " \xc3\x97" + std::to_string(counts[k].first);
+                listed += counts[k].first;
+            }
+            if (total > listed) text += " and " + std::to_string(total - listed) + " more";
+            hidden_count[static_cast<size_t>(slot)] = total;
+            hidden_text[static_cast<size_t>(slot)] = keep_str(text);
+            lo = hi;
+        }
+    }
+    auto add_hidden = [&](Span& sp, int slot) {
+        if (const int64_t c = hidden_count[static_cast<size_t>(slot)]) {
+            add(sp, kHiddenSpansKey, AttrValue::integer(c));
+            add(sp, kHiddenKey, AttrValue::str(hidden_text[static_cast<size_t>(slot)]));
+        }
+    };
 
     // --- key_averages tree: self CPU / device time ---------------------------------------------
     std::vector<char> in_a(n);
@@ -703,13 +959,13 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
     SparseLists<SpanLink> links(static_cast<size_t>(n));
     for (const auto& [fw, bw] : pairs) {
-        int fk = nearest_kept(fw), bk = nearest_kept(bw);
-        if (fk < 0 || bk < 0 || fk == bk) {
+        // a link joins the two ops it names: when either is not a span, it is dropped and counted
+        if (!keep[fw] || !keep[bw] || fw == bw) {
             ++stats[LINKS_DROPPED];
             continue;
         }
-        auto& bucket = links.at(static_cast<size_t>(bk));
-        SpanLink target{trace_of(fk), sid(ev[fk].ordinal), "fwdbwd"};
+        auto& bucket = links.at(static_cast<size_t>(bw));
+        SpanLink target{trace_of(fw), sid(ev[fw].ordinal), "fwdbwd"};
         bool dup = std::any_of(bucket.begin(), bucket.end(),
                                [&](const SpanLink& l) { return l.trace_id == target.trace_id && l.span_id == target.span_id; });
         if (dup) {
@@ -746,7 +1002,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     };
     for (Span& sp : synthetic) {  // the window root, when synthetic
         add(sp, kCategoryKey, AttrValue::str("otelprof"));
-        if (int64_t d = dropped_count[static_cast<size_t>(window_slot)]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
+        add_hidden(sp, window_slot);
         add(sp, kSyntheticKey, AttrValue::boolean(true));
         finish(sp, window_slot);
     }
@@ -761,7 +1017,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             add(sp, kCategoryKey, AttrValue::str("otelprof"));
             add(sp, kStepKey, AttrValue::integer(step_num[s]));
             if (rank) add(sp, kRankKey, AttrValue::integer(*rank));
-            if (int64_t d = dropped_count[static_cast<size_t>(detail_root(s))]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
+            add_hidden(sp, detail_root(s));
             add(sp, kSyntheticKey, AttrValue::boolean(true));
             sp.links.push_back(SpanLink{step_trace[step_index[s]], sid(ev[s].ordinal), "step"});
             finish(sp, detail_root(s));
@@ -821,7 +1077,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             int64_t peak = acc_peak[k] >= 0 ? acc_peak[k] : cpu_peak[k];
             if (peak >= 0) add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
         }
-        if (int64_t d = dropped_count[static_cast<size_t>(i)]) add(sp, kDroppedSpansKey, AttrValue::integer(d));
+        add_hidden(sp, i);
         int parent_slot = -1;
         if (!is_step(i) && i != window_root_ev) {
             int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;

@@ -107,7 +107,7 @@ static_assert(sizeof(kArgAttributes) / sizeof(kArgAttributes[0]) <= 64, "find_ar
 namespace {
 constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
     "pytorch.event.category", "thread.id", "otelprof.aggregated_count", "otelprof.aggregated_duration_ns",
-    "otelprof.dropped_spans", "otelprof.synthetic", "pytorch.step", "pytorch.distributed.rank",
+    "otelprof.hidden_spans", "otelprof.hidden", "otelprof.synthetic", "pytorch.step", "pytorch.distributed.rank",
     "pytorch.op.self_cpu_time_ns", "pytorch.op.self_device_time_ns", "pytorch.memory.peak_allocated_bytes",
     "otelprof.step.source", "otelprof.step.samples", "otelprof.step.tokens", "otelprof.step.dropped_phases",
     "otelprof.phase", "otelprof.step.micro_batches", "otelprof.step.window", "otelprof.phase.module",

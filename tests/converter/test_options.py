@@ -137,19 +137,25 @@ def test_default_detail_drops_python_and_short_spans(engine: str) -> None:
     result = convert(data, engine=engine, detail="default")
     kept = _by_name(decode(result))
     assert set(kept) == {"ProfilerStep#3", "aten::linear", "aten::addmm"}
-    assert kept["aten::linear"].attrs["otelprof.dropped_spans"] == 2  # the python frame and aten::t
-    assert kept["ProfilerStep#3"].attrs["otelprof.dropped_spans"] == 1  # helper.py
-    assert "otelprof.dropped_spans" not in kept["aten::addmm"].attrs
+    assert kept["aten::linear"].attrs["otelprof.hidden_spans"] == 2  # the python frame and aten::t
+    assert kept["aten::linear"].attrs["otelprof.hidden"] == (
+        "2 hidden (shorter than 10 µs, python functions): aten::t ×1, model.py(12): forward ×1"
+    )
+    assert kept["ProfilerStep#3"].attrs["otelprof.hidden_spans"] == 1  # helper.py
+    assert kept["ProfilerStep#3"].attrs["otelprof.hidden"] == "1 hidden (python functions): helper.py(3): f ×1"
+    assert "otelprof.hidden_spans" not in kept["aten::addmm"].attrs
     assert kept["aten::addmm"].parent_id == kept["aten::linear"].span_id
     assert (result.stats["dropped_python"], result.stats["dropped_short"]) == (2, 1)
     # with no minimum duration the short op stays; python frames still go
     kept0 = _by_name(decode(convert(data, engine=engine, detail="default", min_duration_ns=0)))
     assert set(kept0) == {"ProfilerStep#3", "aten::linear", "aten::t", "aten::addmm"}
-    assert kept0["aten::linear"].attrs["otelprof.dropped_spans"] == 1
+    assert kept0["aten::linear"].attrs["otelprof.hidden_spans"] == 1
     # a larger minimum drops more
     kept_big = _by_name(decode(convert(data, engine=engine, detail="default", min_duration_ns=50_000)))
     assert set(kept_big) == {"ProfilerStep#3", "aten::linear"}
-    assert kept_big["aten::linear"].attrs["otelprof.dropped_spans"] == 3
+    assert kept_big["aten::linear"].attrs["otelprof.hidden_spans"] == 3
+    hidden_big = kept_big["aten::linear"].attrs["otelprof.hidden"]
+    assert hidden_big.startswith("3 hidden (shorter than 50 µs, python functions): ")
 
 
 def test_default_detail_on_real_python_trace(engine: str) -> None:
@@ -160,9 +166,13 @@ def test_default_detail_on_real_python_trace(engine: str) -> None:
     d = decode(convert_cached(path, engine, detail="default"))
     assert not any(s.category == "python_function" for s in d.spans)
     assert d.result.stats["dropped_python"] == n_python
-    recorded = sum(s.attrs.get("otelprof.dropped_spans", 0) for s in d.spans)
-    assert recorded == d.result.stats["dropped_python"] + d.result.stats["dropped_short"]
-    assert sum(1 for s in d.spans if "otelprof.dropped_spans" in s.attrs) >= 2
+    recorded = sum(s.attrs.get("otelprof.hidden_spans", 0) for s in d.spans)
+    hidden = d.result.stats["dropped_python"] + d.result.stats["dropped_short"]
+    # what ran outside the step was hidden under the window root, and that root, alone in its
+    # trace, is not sent
+    assert d.result.stats["dropped_window_roots"] == 1
+    assert 0 < recorded <= hidden
+    assert sum(1 for s in d.spans if "otelprof.hidden_spans" in s.attrs) >= 2
     full = decode(convert_cached(path, engine, detail="full"))
     assert sum(1 for s in full.spans if s.category == "python_function") == n_python
     assert len(d.spans) < len(full.spans) / 5
@@ -190,7 +200,8 @@ def test_aggregation_of_tiny_identical_siblings(engine: str) -> None:
     assert agg.parent_id == zeros.span_id and agg.trace_id == zeros.trace_id
     assert agg.attrs["pytorch.event.category"] == "cpu_op" and agg.attrs["thread.id"] == 2
     assert (result.stats["aggregate_spans"], result.stats["aggregated_events"]) == (1, 5)
-    assert zeros.attrs["otelprof.dropped_spans"] == 3
+    assert zeros.attrs["otelprof.hidden_spans"] == 3
+    assert zeros.attrs["otelprof.hidden"] == "3 hidden (shorter than 10 µs): aten::view ×2, aten::fill_ ×1"
     assert {s.name for s in d.spans if not s.synthetic} == {"aten::zeros", "aten::empty"}
     # nothing is aggregated at full detail
     full = decode(convert(data, engine=engine, detail="full"))

@@ -263,7 +263,8 @@ def test_default_detail_reconciles(trace: Path, engine: str, raw: RawTrace) -> N
     st = d.result.stats
     complete = list(raw.complete())
     kept = st["spans"] - st["synthetic_spans"] - st["aggregate_spans"]
-    assert kept + st["dropped_python"] + st["dropped_short"] + st["aggregated_events"] == len(complete)
+    hidden = st["dropped_python"] + st["dropped_short"] + st["dropped_budget"] + st["dropped_step_copies"]
+    assert kept + hidden + st["dropped_window_roots"] + st["aggregated_events"] == len(complete)
     assert st["spans"] == len(d.spans)
     assert st["synthetic_spans"] == sum(1 for s in d.spans if s.synthetic)
     assert st["dropped_python"] == sum(1 for _, e in complete if e.get("cat") == "python_function")
@@ -276,20 +277,48 @@ def test_default_detail_reconciles(trace: Path, engine: str, raw: RawTrace) -> N
         assert (
             0 <= s.attrs["otelprof.aggregated_duration_ns"] <= (s.end - s.start) * s.attrs["otelprof.aggregated_count"]
         )
-    # short CPU-side spans are gone (steps and the Trace window are kept whatever their length)
+    # a short CPU-side span stays only when device work it launched is a span below it (steps and
+    # the Trace window stay whatever their length)
+    below: dict[bytes, list[Any]] = {}
+    for s in d.spans:
+        below.setdefault(s.parent_id, []).append(s)
+
+    def launches_below(span: Any) -> bool:
+        todo = list(below.get(span.span_id, []))
+        while todo:
+            c = todo.pop()
+            if c.device or c.attrs.get("pytorch.op.self_device_time_ns"):
+                return True
+            todo.extend(below.get(c.span_id, []))
+        return False
+
     for s in d.spans:
         if not s.device and not s.synthetic and "otelprof.aggregated_count" not in s.attrs:
-            assert s.end - s.start >= 10_000 or s.category == "Trace" or "pytorch.step" in s.attrs
-    dropped = st["dropped_python"] + st["dropped_short"]
-    recorded = sum(s.attrs.get("otelprof.dropped_spans", 0) for s in d.spans)
+            short = s.end - s.start < 10_000 and s.category != "Trace" and "pytorch.step" not in s.attrs
+            assert not short or launches_below(s), s.name
+    recorded = sum(s.attrs.get("otelprof.hidden_spans", 0) for s in d.spans)
     window_root = any(not s.parent_id and (s.category == "Trace" or s.name == "otelprof.window") for s in d.spans)
     if window_root:
-        assert recorded == dropped
+        assert recorded == hidden
     else:
-        assert recorded <= dropped
-    for s in d.spans:  # device spans are never dropped and keep their launch parent
+        assert recorded <= hidden
+    for s in d.spans:
+        if "otelprof.hidden" in s.attrs:  # a sentence a person reads, agreeing with the count
+            assert s.attrs["otelprof.hidden"].startswith(f"{s.attrs['otelprof.hidden_spans']} hidden (")
+    for s in d.spans:  # device spans keep their launch's trace
         if s.category in LAUNCHED_CATEGORIES and s.parent_id:
             assert d.by_id[s.parent_id].trace_id == s.trace_id
+    # the budget: no trace holds more than 1,000 spans
+    per_trace: dict[bytes, int] = {}
+    for s in d.spans:
+        per_trace[s.trace_id] = per_trace.get(s.trace_id, 0) + 1
+    assert max(per_trace.values(), default=0) <= 1000
+    # links join the two ops they name: never a step span, both ends sent, the sequence numbers equal
+    for s, link in _fwdbwd_links(d):
+        target = d.by_id[link.span_id]
+        assert "pytorch.step" not in s.attrs and "pytorch.step" not in target.attrs
+        seq = s.attrs.get("pytorch.op.sequence_number"), target.attrs.get("pytorch.op.sequence_number")
+        assert None in seq or seq[0] == seq[1]
 
 
 # --- (g) request size -------------------------------------------------------------------------

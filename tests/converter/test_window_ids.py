@@ -125,8 +125,10 @@ def _two_windows(tmp_path: Path) -> list[Path]:
 @pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
 def test_two_live_windows_of_one_rank(engine: str, tmp_path: Path) -> None:
     """Both windows' operators join the live step traces, and their window traces and span
-    ids stay apart (the "PyTorch Profiler (0)" roots had one id before)."""
-    results = {p.name: convert(p, engine=engine, run_id="live-run", rank=3) for p in _two_windows(tmp_path)}
+    ids stay apart (the "PyTorch Profiler (0)" roots had one id before). At full detail: at
+    default detail a window root alone in its trace is not sent (checked below)."""
+    windows = _two_windows(tmp_path)
+    results = {p.name: convert(p, engine=engine, run_id="live-run", rank=3, detail="full") for p in windows}
     owners = _owners(results)
     assert all(len(v) == 1 for v in owners.values())
     assert _assert_step_traces(results, "live-run") == 4
@@ -137,3 +139,8 @@ def test_two_live_windows_of_one_rank(engine: str, tmp_path: Path) -> None:
         if s.name.startswith("PyTorch Profiler") and not s.parent_span_id
     ]
     assert len(window_roots) == 2 and window_roots[0][0] != window_roots[1][0]
+    for p in windows:  # default detail: the lone window roots are not sent, and counted
+        result = convert(p, engine=engine, run_id="live-run", rank=3)
+        names = {s.name for s in all_spans_pb(result.requests)}
+        assert not any(name.startswith("PyTorch Profiler") for name in names)
+        assert result.stats["dropped_window_roots"] == 1

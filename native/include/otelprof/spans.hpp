@@ -21,7 +21,7 @@ using SpanId = std::array<uint8_t, 8>;
 // kArgAttributes (arg_key), then those of kMemoryAttributes (memory_key). See key_name.
 using AttrKey = uint16_t;
 enum FixedKey : AttrKey {
-    kCategoryKey, kThreadIdKey, kAggregatedCountKey, kAggregatedDurationKey, kDroppedSpansKey, kSyntheticKey,
+    kCategoryKey, kThreadIdKey, kAggregatedCountKey, kAggregatedDurationKey, kHiddenSpansKey, kHiddenKey, kSyntheticKey,
     kStepKey, kRankKey, kSelfCpuKey, kSelfDeviceKey, kPeakAllocatedKey,
     // live step spans (step_spans.hpp)
     kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kStepMicroBatchesKey,

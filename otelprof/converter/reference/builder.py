@@ -14,7 +14,7 @@ from typing import Any
 
 from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions, LiveStep
 from .._text import clean
-from . import ids, tree
+from . import ids, tree, volume
 from .jsonload import as_double, as_int64, render
 from .reader import Event, Trace
 from .schema import (
@@ -141,13 +141,16 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     unset = -2
 
     # --- volume control: which events stay spans ----------------------------------------
-    keep = [
-        full
-        or e.device
-        or i in step_num
-        or (e.kind != Kind.PYTHON and (e.kind == Kind.TRACE or e.dur >= opts.min_duration_ns))
-        for i, e in enumerate(ev)
-    ]
+    # At default detail an op stays when its CPU time or the device time of what it launched
+    # passes the threshold, and the op that launched a kept kernel stays when nothing between
+    # the launch and the trace root would (volume.py). The device copy of a step marker goes.
+    keep = [True] * n if full else volume.keep_rule(ev, parent, step_num, opts.min_duration_ns)
+    reason = [0] * n  # why an event is hidden when that is not its kind or length (volume.HIDDEN_*)
+    if not full:
+        for i, e in enumerate(ev):
+            if e.kind == Kind.GPU_ANNOTATION and parent[i] in step_num:
+                keep[i] = False
+                reason[i] = volume.HIDDEN_STEP_COPY
     nearest: list[int] = [unset] * n
 
     def nearest_kept(i: int) -> int:
@@ -233,9 +236,14 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             return sid(ev[k].ordinal)
         return b""
 
+    def parent_of(i: int) -> bytes:
+        """Span id of the parent of a non-root event ``i`` (or of an aggregate led by ``i``)."""
+        k = nearest_kept(parent[i]) if parent[i] >= 0 else -1
+        return parent_span(k) or level_target(owner[i])
+
     # --- aggregation of runs of identical tiny siblings (default detail) ------------------
     aggregated = [False] * n
-    agg_spans: list[Span] = []
+    aggs: list[list[int]] = []  # members of each aggregate span, first member leads
     if not full:
         for p in range(n):
             if not keep[p] or ev[p].device:
@@ -247,44 +255,81 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
                     run.append(c)
                     continue
                 if len(run) >= 2:
-                    first = ev[run[0]]
                     for r in run:
                         aggregated[r] = True
-                    attrs: Attrs = [("pytorch.event.category", first.cat)]
-                    if isinstance(first.tid, int):
-                        attrs.append(("thread.id", first.tid))
-                    attrs.append(("otelprof.aggregated_count", len(run)))
-                    attrs.append(("otelprof.aggregated_duration_ns", sum(ev[r].dur for r in run)))
-                    pid_ = level_target(owner[p]) if (split and p in step_num) else sid(ev[p].ordinal)
-                    if p in live_of:
-                        pid_ = under_phase(p, run[0], max(ev[r].end for r in run))
-                    agg_spans.append(
-                        Span(
-                            first.ordinal,
-                            trace_of(run[0]),
-                            sid(first.ordinal),
-                            pid_,
-                            first.name,
-                            first.start,
-                            max(ev[r].end for r in run),
-                            attrs,
-                        )
-                    )
-                    stats["aggregated_events"] += len(run)
+                    aggs.append(run)
                 run = [c] if cand else []
-        stats["aggregate_spans"] = len(agg_spans)
 
-    dropped_count: dict[bytes, int] = {}
+    # --- the span budget per trace (default detail): aggregate repeated leaves, then drop the
+    # least significant spans (volume.py)
+    budget = opts.trace_span_budget
+    if budget:
+        roots: dict[bytes, int] = {}
+        for i in range(n):
+            if keep[i] and (i in step_num or i == window_root_ev):
+                roots[trace_of(i)] = roots.get(trace_of(i), 0) + 1
+        for sp in synthetic:
+            roots[sp.trace_id] = roots.get(sp.trace_id, 0) + 1
+        for s in steps if split else ():
+            roots[detail_trace[s]] = roots.get(detail_trace[s], 0) + 1
+        trim = volume.Budget(ev, keep, aggregated, aggs, reason, budget, volume.significance(ev, parent))
+        trim.apply(
+            roots,
+            lambda i: i in step_num or i == window_root_ev,
+            trace_of,
+            parent_of,
+            lambda i: sid(ev[i].ordinal),
+            lambda: nearest.__setitem__(slice(None), [unset] * n),
+        )
+        nearest[:] = [unset] * n
+
+    # --- a window trace that would hold its root alone is not sent (default detail)
+    if not full and window_root_ev >= 0 and keep[window_root_ev]:
+        alone = not any(keep[i] and owner[i] == -1 and i != window_root_ev for i in range(n))
+        if alone and not any(owner[a[0]] == -1 for a in aggs if a):
+            keep[window_root_ev] = False
+            reason[window_root_ev] = volume.HIDDEN_WINDOW_ROOT
+            window_root_id = b""
+            nearest[:] = [unset] * n
+
+    agg_spans: list[Span] = []
+    for run in aggs:
+        if not run:  # dropped by the budget
+            continue
+        first = ev[run[0]]
+        end = max(ev[r].end for r in run)
+        attrs: Attrs = [("pytorch.event.category", first.cat)]
+        if not first.device and isinstance(first.tid, int):
+            attrs.append(("thread.id", first.tid))
+        attrs.append(("otelprof.aggregated_count", len(run)))
+        attrs.append(("otelprof.aggregated_duration_ns", sum(ev[r].dur for r in run)))
+        pid_ = parent_of(run[0])
+        if owner[run[0]] in live_of and pid_ == sid(ev[owner[run[0]]].ordinal):
+            pid_ = under_phase(owner[run[0]], run[0], end)
+        agg_spans.append(
+            Span(first.ordinal, trace_of(run[0]), sid(first.ordinal), pid_, first.name, first.start, end, attrs)
+        )
+        stats["aggregated_events"] += len(run)
+    stats["aggregate_spans"] = len(agg_spans)
+
+    hidden: dict[bytes, list[int]] = {}
     for i, e in enumerate(ev):
         if keep[i] or aggregated[i]:
             continue
-        stats["dropped_python" if e.kind == Kind.PYTHON else "dropped_short"] += 1
+        why = reason[i] or (volume.HIDDEN_PYTHON if e.kind == Kind.PYTHON else volume.HIDDEN_SHORT)
+        stats[volume.HIDDEN_STAT[why]] += 1
+        if why == volume.HIDDEN_WINDOW_ROOT:
+            continue
         k = nearest_kept(parent[i]) if parent[i] >= 0 else -1
         target = parent_span(k) if k >= 0 else b""
         if not target:
             target = level_target(owner[i])
         if target:
-            dropped_count[target] = dropped_count.get(target, 0) + 1
+            hidden.setdefault(target, []).append(i)
+    hidden_attrs = {
+        target: volume.hidden_attributes(ev, members, reason, opts.min_duration_ns, budget)
+        for target, members in hidden.items()
+    }
 
     times = tree.self_times(ev, parent)
     in_a, a_parent, a_children, child_dur, self_dev = (
@@ -324,12 +369,12 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     links: dict[bytes, list[tuple[bytes, bytes]]] = {}
     pairs = tree.fwdbwd_pairs(ev, fwd_flows, nesting, n_mem)
     for fw, bw in pairs:
-        fk, bk = nearest_kept(fw), nearest_kept(bw)
-        if fk < 0 or bk < 0 or fk == bk:
+        # a link joins the two ops it names: when either is not a span, it is dropped and counted
+        if not keep[fw] or not keep[bw] or fw == bw:
             stats["links_dropped"] += 1
             continue
-        bucket = links.setdefault(sid(ev[bk].ordinal), [])
-        link_target = (trace_of(fk), sid(ev[fk].ordinal))
+        bucket = links.setdefault(sid(ev[bw].ordinal), [])
+        link_target = (trace_of(fw), sid(ev[fw].ordinal))
         if link_target in bucket:
             stats["links_dropped"] += 1
             continue
@@ -351,8 +396,8 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             )
         )
     for sp in synthetic:  # "otelprof.synthetic" stays last
-        if sp.span_id in dropped_count:
-            sp.attrs.insert(len(sp.attrs) - 1, ("otelprof.dropped_spans", dropped_count[sp.span_id]))
+        if sp.span_id in hidden_attrs:
+            sp.attrs[len(sp.attrs) - 1 : len(sp.attrs) - 1] = hidden_attrs[sp.span_id]
     by_order: list[Span] = list(agg_spans)
     for i, e in enumerate(ev):
         if not keep[i]:
@@ -371,8 +416,8 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             if peak >= 0:
                 attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
         my_id = sid(e.ordinal)
-        if my_id in dropped_count:
-            attrs.append(("otelprof.dropped_spans", dropped_count[my_id]))
+        if my_id in hidden_attrs:
+            attrs.extend(hidden_attrs[my_id])
         if i in step_num or i == window_root_ev:
             pid_ = live_of[i].span_id if i in live_of else b""
         elif parent[i] >= 0 and (k := nearest_kept(parent[i])) >= 0:
@@ -444,7 +489,7 @@ STAT_KEYS = (
     "events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events",
     "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python",
     "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests",
-    "values_truncated",
+    "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots",
 )  # fmt: skip
 
 
