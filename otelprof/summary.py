@@ -118,6 +118,7 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
     (counted in a note). Spans that are not profiler events (step spans) are left out."""
     spans: dict[_Key, _Span] = {}
     alias: dict[_Key, _Key] = {}  # detail root -> its step span
+    iteration_roots: set[_Key] = set()
     not_profiler = aggregated = dropped = 0
     for name, data in requests:
         try:
@@ -137,6 +138,8 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
                     if "otelprof.aggregated_count" in attrs:
                         aggregated += attrs["otelprof.aggregated_count"].int_value
                         continue
+                    if "otelprof.synthetic" in attrs and "otelprof.iteration" in attrs:
+                        iteration_roots.add(key)
                     if "otelprof.synthetic" in attrs and "pytorch.step" in attrs:
                         for link in span.links:
                             kinds = [kv.value.string_value for kv in link.attributes if kv.key == "otelprof.link.kind"]
@@ -158,7 +161,7 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
                         dims.string_value if dims is not None and group_by_input_shapes else "",
                     )
         summary.sources.append(name)
-    summary.add(_rows_from_spans(spans, alias))
+    summary.add(_rows_from_spans(spans, alias, iteration_roots))
     summary.engines.add("spans")
     if aggregated or dropped:
         summary.notes.append(
@@ -169,11 +172,12 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
         summary.notes.append(f"{not_profiler} spans that are not profiler events (e.g. step spans) are not counted")
 
 
-def _rows_from_spans(spans: dict[_Key, _Span], alias: dict[_Key, _Key]) -> list[OpStats]:
+def _rows_from_spans(spans: dict[_Key, _Span], alias: dict[_Key, _Key], iteration_roots: set[_Key]) -> list[OpStats]:
     """The converter's ``_aggregate_ops`` over the span tree: the key_averages tree is the spans
     with a self CPU time (their nearest such ancestor is the parent); a child with its parent's
     name that is the parent's only child merges into it (torch's ``_remove_dup_nodes``)."""
     in_a = {k for k, s in spans.items() if s.self_cpu_ns is not None and s.name not in FILTERED_NAMES}
+    orphans: list[_Key] = []  # under an iteration root: their event parent may be in the window
 
     def a_parent(key: _Key) -> _Key | None:
         thread = spans[key].thread
@@ -185,11 +189,14 @@ def _rows_from_spans(spans: dict[_Key, _Span], alias: dict[_Key, _Key]) -> list[
                 return None  # nesting is per thread: a step span also parents other threads' ops
             if p in in_a:
                 return p
+            if p in iteration_roots:
+                orphans.append(key)
+                return None
             p = span.parent
         return None
 
     parent = {k: a_parent(k) for k in in_a}
-    _enclose_steps(spans, in_a, parent)
+    _enclose_steps(spans, in_a, parent, orphans)
     n_children: dict[_Key, int] = {}
     for p in parent.values():
         if p is not None:
@@ -237,10 +244,13 @@ def _enclose_steps(
     spans: dict[_Key, _Span],
     in_a: set[_Key],
     parent: dict[_Key, _Key | None],
+    orphans: list[_Key],
 ) -> None:
     """Step spans are trace roots, but in the event tree they nest in what runs around them on
-    their thread (python frames of the training loop, with_stack): the innermost such span."""
+    their thread (python frames of the training loop, with_stack): the innermost such span. So
+    do the spans hanging off an iteration root (``orphans``), in a span of another trace."""
     steps = [k for k in in_a if not spans[k].parent[1] and spans[k].name.startswith(STEP_PREFIX)]
+    steps += orphans
     if not steps:
         return
     shortest = min(spans[k].end_ns - spans[k].start_ns for k in steps)
@@ -258,7 +268,10 @@ def _enclose_steps(
         around = [
             k
             for k in candidates
-            if spans[k].thread == step.thread and spans[k].start_ns <= step.start_ns and spans[k].end_ns >= step.end_ns
+            if spans[k].thread == step.thread
+            and spans[k].start_ns <= step.start_ns
+            and spans[k].end_ns >= step.end_ns
+            and k[0] != key[0]  # not in its own trace (there it would be its parent)
         ]
         if around:
             parent[key] = max(around, key=lambda k: (spans[k].start_ns, -spans[k].end_ns))

@@ -32,6 +32,7 @@ BERT_H100 = "h100__gaunernst_bert-small"  # with_stack: python frames around the
 DLRM_RANK0 = "dlrm_kineto__worker0"  # world size 8: operators in per-rank detail traces
 AMD_MI250 = "amd_trace__mi250"
 CPU_ONLY = "cpu_only__rank-34"
+MI300 = "mi300__ddp_resnet18"  # no steps: iteration traces, python frames around them in the window
 
 
 def _summary_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
@@ -187,7 +188,7 @@ def _spool(folder: Path, requests: list[bytes]) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("name", [ALEXNET, BERT_H100, DLRM_RANK0, AMD_MI250])
+@pytest.mark.parametrize("name", [ALEXNET, BERT_H100, DLRM_RANK0, AMD_MI250, MI300])
 @pytest.mark.parametrize("shapes", [[], ["--group-by-input-shape"]], ids=["", "by-shape"])
 def test_spool_at_full_detail_equals_the_trace(
     name: str, shapes: list[str], kineto_trace: FindTrace, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -17,8 +17,8 @@ namespace {
 constexpr int kUnset = -2;
 
 // Counters returned with every conversion (same names and order as the reference's STAT_KEYS).
-enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, kStatCount };
-const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots"};
+enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, ITERATIONS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, kStatCount };
+const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "iterations", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots"};
 
 // Characters kept of a span name (reference: SPAN_NAME_LENGTH_LIMIT).
 constexpr int64_t kSpanNameLengthLimit = 8192;
@@ -275,7 +275,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         step_starts.push_back(ev[steps[k]].start);
     }
     stats[STEPS] = static_cast<int64_t>(steps.size());
-    auto is_step = [&](int i) { return i >= 0 && step_num[i] >= 0; };
+    auto is_step = [&](int i) { return i >= 0 && i < n && step_num[i] >= 0; };
     auto step_at = [&](int64_t t) -> int {
         auto it = std::upper_bound(step_starts.begin(), step_starts.end(), t);
         if (it == step_starts.begin()) return -1;
@@ -428,6 +428,114 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         return result;
     };
 
+    // --- iterations (a window without steps) -----------------------------------------------------
+    // Iteration k's owner is its root's slot (see slots below): it_base + k, k 0-based.
+    const int it_base = n + static_cast<int>(steps.size()) + 1;
+    std::vector<int64_t> it_lo, it_hi;
+    const char* it_source = nullptr;
+    if (steps.empty() && n) {
+        constexpr std::string_view kOptPrefix = "Optimizer.step#", kOptSuffix = ".step";
+        std::vector<char> marked(n, 0);
+        for (int i = 0; i < n; ++i) {
+            const std::string_view name = ev[i].name;
+            marked[i] = !ev[i].device() && name.size() > kOptPrefix.size() + kOptSuffix.size() &&
+                        name.substr(0, kOptPrefix.size()) == kOptPrefix &&
+                        name.substr(name.size() - kOptSuffix.size()) == kOptSuffix;
+        }
+        std::vector<int> marks;
+        for (int i = 0; i < n; ++i) {
+            if (!marked[i]) continue;
+            int j = parent[i];
+            while (j >= 0 && !marked[j]) j = parent[j];
+            if (j < 0) marks.push_back(i);  // not nested in another
+        }
+        std::sort(marks.begin(), marks.end(), [&](int a, int b) {
+            return ev[a].end != ev[b].end ? ev[a].end < ev[b].end : ev[a].ordinal < ev[b].ordinal;
+        });
+        std::vector<int> chunk_of;  // span_budget: chunk of each top-level CPU event, or -1
+        const int64_t budget = opts.span_budget;
+        int64_t n_keep = 0;
+        for (int i = 0; i < n; ++i) n_keep += keep[i];
+        if (!marks.empty()) {
+            it_source = "optimizer_step";
+            int64_t lo = INT64_MAX;
+            for (const Event& e : ev)
+                if (!e.device()) lo = std::min(lo, e.start);
+            for (int m : marks) {
+                it_lo.push_back(it_hi.empty() ? lo : it_hi.back());
+                it_hi.push_back(ev[m].end);
+            }
+        } else if (budget > 0 && n_keep > budget) {
+            std::vector<int> top(n, -1);  // top-level ancestor (device work through its launch)
+            for (int i = 0; i < n; ++i) {
+                chain.clear();
+                int j = i;
+                while (top[j] < 0) {
+                    if (parent[j] < 0) {
+                        top[j] = j;
+                        break;
+                    }
+                    chain.push_back(j);
+                    j = parent[j];
+                }
+                for (int c : chain) top[c] = top[j];
+            }
+            std::vector<int64_t> size(n, 0);
+            for (int i = 0; i < n; ++i) size[top[i]] += keep[i];
+            std::vector<int> tops;
+            for (int i = 0; i < n; ++i)
+                if (parent[i] < 0 && !ev[i].device() && ev[i].kind != Kind::TraceSpan) tops.push_back(i);
+            std::sort(tops.begin(), tops.end(), [&](int a, int b) {
+                return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
+            });
+            chunk_of.assign(n, -1);
+            int64_t held = 0;
+            for (int i : tops) {
+                if (it_lo.empty() || (held && held + size[i] > budget)) {
+                    it_lo.push_back(ev[i].start);
+                    it_hi.push_back(ev[i].end);
+                    held = 0;
+                }
+                held += size[i];
+                chunk_of[i] = static_cast<int>(it_lo.size()) - 1;
+            }
+            if (!it_lo.empty()) it_source = "span_budget";
+        }
+        auto own_at = [&](int i) -> int {
+            if (!chunk_of.empty()) return chunk_of[i] >= 0 ? it_base + chunk_of[i] : -1;
+            const Event& e = ev[i];
+            const size_t k = static_cast<size_t>(std::upper_bound(it_hi.begin(), it_hi.end(), e.start) - it_hi.begin());
+            if (e.kind == Kind::TraceSpan || e.start < it_lo[0] || k == it_hi.size() || e.end > it_hi[k]) return -1;
+            return it_base + static_cast<int>(k);
+        };
+        if (it_source) {
+            // the iteration of the parent, or when the parent is in none (or there is none), own_at
+            std::fill(owner.begin(), owner.end(), kUnset);
+            for (int i = 0; i < n; ++i) {
+                chain.clear();
+                int j = i;
+                while (owner[j] == kUnset) {
+                    chain.push_back(j);
+                    j = parent[j];
+                    if (j < 0) break;
+                }
+                for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+                    const int p = parent[*it];
+                    const int o = p >= 0 ? owner[p] : -1;
+                    owner[*it] = o >= 0 ? o : own_at(*it);
+                }
+            }
+            for (int i = 0; i < n; ++i) {
+                if (owner[i] < it_base) continue;
+                const size_t k = static_cast<size_t>(owner[i] - it_base);
+                it_lo[k] = std::min(it_lo[k], ev[i].start);
+                it_hi[k] = std::max(it_hi[k], ev[i].end);
+            }
+        }
+    }
+    const int n_iter = static_cast<int>(it_lo.size());
+    stats[ITERATIONS] = n_iter;
+
     // --- trace ids, roots ------------------------------------------------------------------------
     const uint32_t n_total = trace.total;
     // by step index (step_index), as are the step peaks below
@@ -452,9 +560,13 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
     auto live_step = [&](int s) -> const LiveStep* { return any_live && is_step(s) ? live_of[step_index[s]] : nullptr; };
     const TraceId window_trace = make_trace_id("window|" + run_id + "|" + rank_s + "|" + out.window_id);
+    std::vector<TraceId> iteration_trace;
+    for (int k = 0; k < n_iter; ++k)
+        iteration_trace.push_back(make_trace_id("iteration|" + run_id + "|" + rank_s + "|" + out.window_id + "|" + std::to_string(k + 1)));
     auto trace_of = [&](int i) -> const TraceId& {
         int o = owner[i];
         if (o < 0) return window_trace;
+        if (o >= it_base) return iteration_trace[static_cast<size_t>(o - it_base)];
         return (i == o || !split) ? step_trace[step_index[o]] : detail_trace[step_index[o]];
     };
 
@@ -472,11 +584,20 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         win_max = std::max(win_max, ev[i].end);
         if (ev[i].kind == Kind::TraceSpan && (window_root_ev < 0 || ev[i].ordinal < ev[window_root_ev].ordinal)) window_root_ev = i;
     }
+    if (n_iter && !has_window) {  // iteration roots link to the window root: it spans the events
+        has_window = true;
+        win_min = ev[0].start;
+        win_max = ev[0].end;
+        for (const Event& e : ev) {
+            win_min = std::min(win_min, e.start);
+            win_max = std::max(win_max, e.end);
+        }
+    }
     // Spans that can receive children, drops, memory events or links are "slots": event i is
-    // slot i, step k's detail root slot n + k, the synthetic window root slot n + steps.size();
-    // slot n + j has span id sid(n_total + j). -1 means "none".
+    // slot i, step k's detail root slot n + k, the synthetic window root slot n + steps.size(),
+    // iteration k's root slot it_base + k; slot n + j has span id sid(n_total + j). -1 means "none".
     const int window_slot = n + static_cast<int>(steps.size());
-    const size_t n_slots = static_cast<size_t>(window_slot) + 1;
+    const size_t n_slots = static_cast<size_t>(it_base + n_iter);
     auto slot_id = [&](int slot) { return slot < n ? sid(ev[slot].ordinal) : sid(n_total + static_cast<uint64_t>(slot - n)); };
     int window_root = -1;
     std::vector<Span> synthetic;
@@ -498,6 +619,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     auto detail_root = [&](int s) { return n + step_index[s]; };
     auto level_target = [&](int o) -> int {
         if (o < 0) return window_root;
+        if (o >= it_base) return o;
         return split ? detail_root(o) : o;
     };
     auto parent_span = [&](int k) -> int { return k >= 0 && !(split && is_step(k)) ? k : -1; };
@@ -522,7 +644,9 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
 
     // Slot of the parent of a non-root event i (or of an aggregate that i leads).
     auto parent_of = [&](int i) -> int {
-        int ps = parent_span(parent[i] >= 0 ? nearest_kept(parent[i]) : -1);
+        int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
+        if (k >= 0 && owner[k] != owner[i]) k = -1;  // a parent in the window, i in an iteration
+        int ps = parent_span(k);
         return ps >= 0 ? ps : level_target(owner[i]);
     };
     auto forget = [&] { std::fill(nearest.begin(), nearest.end(), kUnset); };
@@ -541,7 +665,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             for (size_t idx = 0; idx <= n_kids; ++idx) {
                 int c = idx < n_kids ? kids[idx] : -1;
                 bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
-                if (cand && !run.empty() && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
+                const bool same = cand && !run.empty() && owner[c] == owner[run[0]];  // one trace per run
+                if (same && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
                     run.push_back(c);
                     continue;
                 }
@@ -566,7 +691,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             if (is_root(i)) ++roots[trace_of(i)];
             else members[trace_of(i)].push_back(i);
         }
-        for (const Span& sp : synthetic) ++roots[sp.trace_id];
+        for (const Span& sp : synthetic) ++roots[sp.trace_id];  // the synthetic window root
+        for (const TraceId& it : iteration_trace) ++roots[it];
         if (split)
             for (int st : steps) ++roots[detail_trace[step_index[st]]];
         for (size_t a = 0; a < aggs.size(); ++a) agg_of[trace_of(aggs[a][0])].push_back(static_cast<int>(a));
@@ -685,7 +811,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     }
 
     // --- a window trace that would hold its root alone is not sent ------------------------------
-    if (!full && window_root_ev >= 0 && keep[window_root_ev]) {
+    if (!full && n_iter == 0 && window_root_ev >= 0 && keep[window_root_ev]) {
         bool alone = true;
         for (int i = 0; i < n && alone; ++i) alone = !(keep[i] && owner[i] == -1 && i != window_root_ev);
         for (const auto& run_a : aggs) alone = alone && (run_a.empty() || owner[run_a[0]] != -1);
@@ -736,9 +862,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         const int why = reason[i] ? reason[i] : (ev[i].kind == Kind::Python ? kHiddenPython : kHiddenShort);
         ++stats[kHiddenStat[why]];
         if (why == kHiddenWindowRoot) continue;
-        int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
-        int target = parent_span(k);
-        if (target < 0) target = level_target(owner[i]);
+        const int target = parent_of(i);
         if (target >= 0) hidden.emplace_back(target, i);
     }
     std::vector<int64_t> hidden_count(n_slots, 0);
@@ -1006,6 +1130,22 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         add(sp, kSyntheticKey, AttrValue::boolean(true));
         finish(sp, window_slot);
     }
+    for (int k = 0; k < n_iter; ++k) {
+        Span sp;
+        sp.trace_id = iteration_trace[static_cast<size_t>(k)];
+        sp.span_id = slot_id(it_base + k);
+        sp.name = keep_str("Iteration#" + std::to_string(k + 1));
+        sp.start = it_lo[static_cast<size_t>(k)];
+        sp.end = it_hi[static_cast<size_t>(k)];
+        add(sp, kCategoryKey, AttrValue::str("otelprof"));
+        add(sp, kIterationKey, AttrValue::integer(k + 1));
+        add(sp, kIterationSourceKey, AttrValue::str(it_source));
+        add_hidden(sp, it_base + k);
+        add(sp, kSyntheticKey, AttrValue::boolean(true));
+        sp.links.push_back(SpanLink{window_trace, slot_id(window_root), "window"});
+        finish(sp, it_base + k);
+        synthetic.push_back(std::move(sp));
+    }
     if (split) {
         for (int s : steps) {
             Span sp;
@@ -1081,6 +1221,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         int parent_slot = -1;
         if (!is_step(i) && i != window_root_ev) {
             int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
+            if (k >= 0 && owner[k] != owner[i]) k = -1;  // a parent in the window, i in an iteration
             parent_slot = parent_span(k);
             if (parent_slot < 0) parent_slot = level_target(owner[i]);
         }
@@ -1133,6 +1274,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             slot_of.emplace(step_trace[step_index[s]], n_slots++);
             if (split) slot_of.emplace(detail_trace[step_index[s]], n_slots++);
         }
+        for (const TraceId& t : iteration_trace) slot_of.emplace(t, n_slots++);
         slot_of.emplace(window_trace, n_slots++);
         std::vector<std::vector<uint32_t>> by_slot(n_slots);
         const TraceId* last_trace = nullptr;

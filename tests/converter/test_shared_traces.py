@@ -461,7 +461,10 @@ def test_steps(raw: RawTrace, full: Decoded) -> None:
     if steps and len(full.spans) > 100:
         assert inside > 0
     # CPU spans that belong to no step go to one window trace whose root is the Trace event
-    others = {s.trace_id for s in full.spans} - step_traces
+    # (without steps, iterations take theirs: tests/converter/test_iterations.py)
+    iteration_traces = {s.trace_id for s in full.spans if "otelprof.iteration" in s.attrs}
+    assert not (steps and iteration_traces)
+    others = {s.trace_id for s in full.spans} - step_traces - iteration_traces
     if split:
         others -= {
             lk.trace_id for s in full.spans for lk in s.links if lk.attrs.get("otelprof.link.kind") == "rank_detail"

@@ -28,6 +28,7 @@ from .schema import (
 )
 
 _STEP_RE = re.compile(r"ProfilerStep#([0-9]{1,18})\Z")
+_OPTIMIZER_STEP = ("Optimizer.step#", ".step")  # Optimizer.step#<Name>.step, <Name> not empty
 AttrValue = str | int | float | bool
 Attrs = list[tuple[str, AttrValue]]
 
@@ -166,6 +167,86 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             nearest[c] = result
         return result
 
+    # --- iterations (a window without steps) ----------------------------------------------
+    # Iteration k's owner code is it_base + k (0-based), the native core's slot of its root.
+    it_base = n + len(steps) + 1
+    it_lo: list[int] = []
+    it_hi: list[int] = []
+    it_source = ""
+    if not steps and n:
+        marked = {
+            i
+            for i, e in enumerate(ev)
+            if not e.device
+            and len(e.name) > len(_OPTIMIZER_STEP[0]) + len(_OPTIMIZER_STEP[1])
+            and e.name.startswith(_OPTIMIZER_STEP[0])
+            and e.name.endswith(_OPTIMIZER_STEP[1])
+        }
+
+        def outermost(i: int) -> bool:
+            j = parent[i]
+            while j >= 0:
+                if j in marked:
+                    return False
+                j = parent[j]
+            return True
+
+        marks = sorted((i for i in marked if outermost(i)), key=lambda i: (ev[i].end, ev[i].ordinal))
+        chunk_of: dict[int, int] = {}
+        budget = opts.trace_span_budget
+        if marks:
+            it_source = "optimizer_step"
+            it_hi = [ev[m].end for m in marks]
+            it_lo = [min(e.start for e in ev if not e.device), *it_hi[:-1]]
+        elif budget and sum(keep) > budget:
+            top = [-1] * n  # top-level ancestor (device work through its launch)
+            for i in range(n):
+                chain = []
+                j = i
+                while top[j] < 0:
+                    if parent[j] < 0:
+                        top[j] = j
+                        break
+                    chain.append(j)
+                    j = parent[j]
+                for c in chain:
+                    top[c] = top[j]
+            size = [0] * n
+            for i in range(n):
+                size[top[i]] += keep[i]
+            tops = sorted(
+                (i for i in range(n) if parent[i] < 0 and not ev[i].device and ev[i].kind != Kind.TRACE),
+                key=lambda i: (ev[i].start, ev[i].ordinal),
+            )
+            held = 0
+            for i in tops:
+                if not it_lo or (held and held + size[i] > budget):
+                    it_lo.append(ev[i].start)
+                    it_hi.append(ev[i].end)
+                    held = 0
+                held += size[i]
+                chunk_of[i] = len(it_lo) - 1
+            it_source = "span_budget" if it_lo else ""
+
+        def own_at(i: int) -> int:
+            if it_source == "span_budget":
+                return it_base + chunk_of[i] if i in chunk_of else -1
+            e = ev[i]
+            k = bisect_right(it_hi, e.start)
+            if e.kind == Kind.TRACE or e.start < it_lo[0] or k == len(it_hi) or e.end > it_hi[k]:
+                return -1
+            return it_base + k
+
+        if it_source:
+            owner = tree.iteration_owners(ev, parent, own_at)
+            for i, e in enumerate(ev):
+                if owner[i] >= it_base:
+                    k = owner[i] - it_base
+                    it_lo[k] = min(it_lo[k], e.start)
+                    it_hi[k] = max(it_hi[k], e.end)
+    n_iter = len(it_lo)
+    stats["iterations"] = n_iter
+
     # --- trace ids, roots ----------------------------------------------------------------
     n_total = trace.total
     step_trace = {s: ids.trace_id(f"step|{run_id}|{step_num[s]}") for s in steps}
@@ -177,11 +258,14 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         step_trace[s] = ls.trace_id
     detail_trace = {s: ids.trace_id(f"detail|{run_id}|{rank_s}|{step_num[s]}") for s in steps} if split else {}
     window_trace = ids.trace_id(f"window|{run_id}|{rank_s}|{window}")
+    iteration_trace = [ids.trace_id(f"iteration|{run_id}|{rank_s}|{window}|{k + 1}") for k in range(n_iter)]
 
     def trace_of(i: int) -> bytes:
         o = owner[i]
         if o < 0:
             return window_trace
+        if o >= it_base:
+            return iteration_trace[o - it_base]
         return step_trace[o] if (i == o or not split) else detail_trace[o]
 
     def sid(ordinal: int) -> bytes:
@@ -194,12 +278,14 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     window_root_id = b""
     synthetic: list[Span] = []
     detail_root_id = {s: sid(n_total + step_index[s]) for s in steps} if split else {}
-    if window_members:
+    iteration_root_id = [sid(n_total + len(steps) + 1 + k) for k in range(n_iter)]
+    if window_members or n_iter:  # iteration roots link to the window root
         if window_root_ev >= 0:
             window_root_id = sid(ev[window_root_ev].ordinal)
         else:
             ordinal = n_total + len(steps)
             window_root_id = sid(ordinal)
+            spread = window_members or range(n)
             synthetic.append(
                 Span(
                     -1,
@@ -207,16 +293,37 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
                     window_root_id,
                     b"",
                     "otelprof.window",
-                    min(ev[i].start for i in window_members),
-                    max(ev[i].end for i in window_members),
+                    min(ev[i].start for i in spread),
+                    max(ev[i].end for i in spread),
                     [("pytorch.event.category", "otelprof"), ("otelprof.synthetic", True)],
                 )
             )
+    for k in range(n_iter):
+        synthetic.append(
+            Span(
+                -1,
+                iteration_trace[k],
+                iteration_root_id[k],
+                b"",
+                f"Iteration#{k + 1}",
+                it_lo[k],
+                it_hi[k],
+                [
+                    ("pytorch.event.category", "otelprof"),
+                    ("otelprof.iteration", k + 1),
+                    ("otelprof.iteration.source", it_source),
+                    ("otelprof.synthetic", True),
+                ],
+                links=[(window_trace, window_root_id, [("otelprof.link.kind", "window")])],
+            )
+        )
 
     def level_target(o: int) -> bytes:
         """Span id that takes what belongs to step ``o`` as a whole (or the window if -1)."""
         if o < 0:
             return window_root_id
+        if o >= it_base:
+            return iteration_root_id[o - it_base]
         return detail_root_id[o] if split else sid(ev[o].ordinal)
 
     def under_phase(s: int, i: int, end: int) -> bytes:
@@ -239,6 +346,8 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     def parent_of(i: int) -> bytes:
         """Span id of the parent of a non-root event ``i`` (or of an aggregate led by ``i``)."""
         k = nearest_kept(parent[i]) if parent[i] >= 0 else -1
+        if k >= 0 and owner[k] != owner[i]:  # a parent in the window, i in an iteration
+            k = -1
         return parent_span(k) or level_target(owner[i])
 
     # --- aggregation of runs of identical tiny siblings (default detail) ------------------
@@ -251,7 +360,8 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             run: list[int] = []
             for c in children[p] + [-1]:
                 cand = c >= 0 and not keep[c] and ev[c].kind != Kind.PYTHON
-                if cand and run and ev[c].name == ev[run[0]].name and ev[c].cat == ev[run[0]].cat:
+                same = cand and bool(run) and owner[c] == owner[run[0]]  # one trace per run
+                if same and ev[c].name == ev[run[0]].name and ev[c].cat == ev[run[0]].cat:
                     run.append(c)
                     continue
                 if len(run) >= 2:
@@ -284,7 +394,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         nearest[:] = [unset] * n
 
     # --- a window trace that would hold its root alone is not sent (default detail)
-    if not full and window_root_ev >= 0 and keep[window_root_ev]:
+    if not full and not n_iter and window_root_ev >= 0 and keep[window_root_ev]:
         alone = not any(keep[i] and owner[i] == -1 and i != window_root_ev for i in range(n))
         if alone and not any(owner[a[0]] == -1 for a in aggs if a):
             keep[window_root_ev] = False
@@ -320,10 +430,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         stats[volume.HIDDEN_STAT[why]] += 1
         if why == volume.HIDDEN_WINDOW_ROOT:
             continue
-        k = nearest_kept(parent[i]) if parent[i] >= 0 else -1
-        target = parent_span(k) if k >= 0 else b""
-        if not target:
-            target = level_target(owner[i])
+        target = parent_of(i)
         if target:
             hidden.setdefault(target, []).append(i)
     hidden_attrs = {
@@ -420,7 +527,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             attrs.extend(hidden_attrs[my_id])
         if i in step_num or i == window_root_ev:
             pid_ = live_of[i].span_id if i in live_of else b""
-        elif parent[i] >= 0 and (k := nearest_kept(parent[i])) >= 0:
+        elif parent[i] >= 0 and (k := nearest_kept(parent[i])) >= 0 and owner[k] == owner[i]:
             pid_ = parent_span(k) or level_target(owner[i])
         else:
             pid_ = level_target(owner[i])
@@ -446,7 +553,9 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             sp.links = sp.links[:link_limit]
     stats["links"] = sum(1 for sp in synthetic + by_order for link in sp.links if link[2][0][1] == "fwdbwd")
 
-    ordered = _order_by_trace(synthetic, by_order, steps, ev, step_trace, detail_trace, window_trace, split)
+    ordered = _order_by_trace(
+        synthetic, by_order, steps, ev, step_trace, detail_trace, iteration_trace, window_trace, split
+    )
     stats["values_truncated"] = _cut_strings(ordered, opts.attribute_value_length_limit)
     stats["spans"] = len(ordered)
     stats["synthetic_spans"] = len(synthetic)
@@ -487,7 +596,7 @@ def _detail_root_attrs(step: int, rank: int | None) -> Attrs:
 
 STAT_KEYS = (
     "events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events",
-    "steps", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python",
+    "steps", "iterations", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python",
     "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests",
     "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots",
 )  # fmt: skip
@@ -500,10 +609,12 @@ def _order_by_trace(
     ev: list[Event],
     step_trace: dict[int, bytes],
     detail_trace: dict[int, bytes],
+    iteration_trace: list[bytes],
     window_trace: bytes,
     split: bool,
 ) -> list[Span]:
-    """Traces in step order then the window; in each, the root first then event order."""
+    """Traces in step order, then iteration order, then the window; in each, the root first
+    then event order."""
     by_trace: dict[bytes, list[Span]] = {}
     for sp in synthetic + spans:
         by_trace.setdefault(sp.trace_id, []).append(sp)
@@ -513,6 +624,7 @@ def _order_by_trace(
         trace_order.append(step_trace[s])
         if split:
             trace_order.append(detail_trace[s])
+    trace_order.extend(iteration_trace)
     trace_order.append(window_trace)
     seen: set[bytes] = set()
     for tid in trace_order:

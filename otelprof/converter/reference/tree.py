@@ -125,6 +125,27 @@ def owners(ev: list[Event], parent: list[int], step_num: dict[int, int], step_at
     return owner
 
 
+def iteration_owners(ev: list[Event], parent: list[int], own_at: Callable[[int], int]) -> list[int]:
+    """The iteration each event belongs to (-1 = the window), for a window without steps: the
+    iteration of its parent, or, when its parent is in none (or it has no parent), ``own_at``."""
+    unset = -2
+    owner = [unset] * len(ev)
+    chain: list[int] = []
+    for i in range(len(ev)):
+        chain.clear()
+        j = i
+        while owner[j] == unset:
+            chain.append(j)
+            j = parent[j]
+            if j < 0:
+                break
+        for c in reversed(chain):
+            p = parent[c]
+            o = owner[p] if p >= 0 else -1
+            owner[c] = o if o >= 0 else own_at(c)
+    return owner
+
+
 @dataclass
 class SelfTimes:
     in_a: list[bool]  # part of the key_averages tree
