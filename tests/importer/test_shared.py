@@ -119,7 +119,12 @@ def test_full_detail_matches_the_raw_trace(fragment: str, tmp_path: Path) -> Non
         name = next((n for (pid, c), n in launches.items() if c == corr), None)
         if name is None:
             continue
-        kernel = next(g for g in spans if g.span.name == e["name"] and g.attr("pytorch.gpu.correlation_id") == corr)
+        kernel = next(
+            g
+            for g in spans
+            if (g.attr("pytorch.gpu.kernel_name") or g.span.name) == e["name"]
+            and g.attr("pytorch.gpu.correlation_id") == corr
+        )
         parent = by_id[kernel.span.parent_span_id]
         assert parent.category in RUNTIME and parent.span.name == name
         assert parent.attr("pytorch.gpu.correlation_id") == corr
