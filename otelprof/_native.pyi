@@ -23,6 +23,12 @@ def schema() -> dict[str, list[tuple[str, ...]]]:
 def category_kind(category: str) -> int:
     """The Kind a Kineto category maps to (same numbering as reference.schema.Kind)."""
 
+def fold_kernel_name(name: str) -> str:
+    """A kernel's span name (reference.names.fold_kernel_name), for consistency tests."""
+
+def device_name(device_type: int, device_id: int | None) -> str | None:
+    """``cpu``, ``cuda:0``, … (reference.names.device_name), for consistency tests."""
+
 StepRecordTuple = tuple[
     str, int, int, int, int, bytes | None, bytes | None, int | None, int | None, int, list[tuple[str, int, int]]
 ]

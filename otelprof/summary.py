@@ -149,8 +149,9 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
                     self_device = attrs.get("pytorch.op.self_device_time_ns")
                     dims = attrs.get("pytorch.op.input_dims")
                     thread = attrs.get("thread.id")
+                    kernel_name = attrs.get("pytorch.gpu.kernel_name")  # the event's name, when folded
                     spans[key] = _Span(
-                        span.name,
+                        span.name if kernel_name is None else kernel_name.string_value,
                         CATEGORY_KIND.get(category.string_value, Kind.OTHER),
                         (span.trace_id, span.parent_span_id),
                         span.start_time_unix_nano,

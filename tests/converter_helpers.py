@@ -211,6 +211,11 @@ class DSpan:
         return "otelprof.synthetic" in self.attrs
 
     @property
+    def event_name(self) -> str:
+        """The event's own name: a kernel's is in ``pytorch.gpu.kernel_name`` when it was folded."""
+        return str(self.attrs.get("pytorch.gpu.kernel_name", self.name))
+
+    @property
     def device(self) -> bool:
         return self.category in DEVICE_CATEGORIES
 

@@ -1,9 +1,12 @@
 // Glue only: Python objects <-> otelprof::Options / ConvertOutput. The GIL is released while converting.
+#include <optional>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "otelprof/convert.hpp"
 #include "otelprof/json.hpp"
+#include "otelprof/names.hpp"
 #include "otelprof/schema.hpp"
 
 namespace py = pybind11;
@@ -116,6 +119,12 @@ py::dict schema() {
 
 int category_kind(const std::string& cat) { return static_cast<int>(otelprof::category_kind(cat)); }
 
+py::object device_name(int64_t device_type, std::optional<int64_t> device_id) {
+    std::string name = otelprof::device_name(device_type, device_id.has_value(), device_id.value_or(0));
+    if (name.empty()) return py::none();
+    return py::str(name);
+}
+
 }  // namespace
 
 void bind_convert(py::module_& m) {
@@ -124,4 +133,8 @@ void bind_convert(py::module_& m) {
           "Convert Kineto JSON bytes into (requests, op rows, stats, phases, window id). Raises TraceError (ValueError).");
     m.def("schema", &schema, "The category and argument tables, for consistency tests.");
     m.def("category_kind", &category_kind, py::arg("category"));
+    m.def("fold_kernel_name", [](const std::string& name) { return otelprof::fold_kernel_name(name); }, py::arg("name"),
+          "A kernel's span name (reference/names.py: fold_kernel_name), for consistency tests.");
+    m.def("device_name", &device_name, py::arg("device_type"), py::arg("device_id"),
+          "cpu, cuda:0, ... (reference/names.py: device_name), for consistency tests.");
 }

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "otelprof/ids.hpp"
+#include "otelprof/names.hpp"
 
 namespace otelprof {
 
@@ -957,6 +958,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     SparseLists<SpanEvent> span_events(n_slots);
     std::vector<int64_t> cpu_peak(steps.size(), -1), acc_peak(steps.size(), -1);
     static const int total_allocated = memory_arg("Total Allocated"), device_type = memory_arg("Device Type");
+    static const int device_id = memory_arg("Device Id"), addr = memory_arg("Addr");
     std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
     const std::vector<int> memory_attribute = key_table(doc, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
     for (int k = 0; k < n_mem; ++k) {
@@ -983,13 +985,25 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             continue;
         }
         SpanEvent event{m.ts, m.ordinal, AttrRange{static_cast<uint32_t>(pool.size()), 0}};
-        for (int a = 0; a < kMemoryAttributeCount; ++a) {
-            int64_t v;
-            if (!as_int64(member(a), v)) continue;
-            AttrValue attr = AttrValue::integer(v);
-            attr.key = memory_key(a);
+        auto push = [&](AttrKey key, AttrValue attr) {
+            attr.key = key;
             pool.push_back(attr);
             ++event.attrs.count;
+        };
+        for (int a = 0; a < kMemoryAttributeCount; ++a) {
+            int64_t v;
+            const bool has = as_int64(member(a), v);
+            if (a == addr) {  // the device by name before the address, the address in hex (reference: _memory_attributes)
+                int64_t dtype, did;
+                if (as_int64(member(device_type), dtype)) {
+                    const bool has_id = as_int64(member(device_id), did);
+                    if (std::string dev = device_name(dtype, has_id, has_id ? did : 0); !dev.empty())
+                        push(kMemoryDeviceKey, AttrValue::str(keep_str(dev)));
+                }
+                if (has) push(memory_key(a), AttrValue::str(keep_str(hex_address(v))));
+                continue;
+            }
+            if (has) push(memory_key(a), AttrValue::integer(v));
         }
         span_events.at(static_cast<size_t>(target)).push_back(event);
     }
@@ -1165,6 +1179,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
     }
     std::string rendered;
+    std::vector<std::string_view> kernel_names(names.size());  // folded kernel names by name id
     const std::vector<int> arg_attribute = key_table(doc, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; });
     std::vector<const JNode*> found_storage(static_cast<size_t>(kArgAttributeCount));
     const JNode** found = found_storage.data();
@@ -1175,6 +1190,15 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         sp.order = e.ordinal;
         add(sp, kCategoryKey, AttrValue::str(e.cat));
         if (!e.device() && !e.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
+        std::string_view name = e.name;
+        if (e.kind == Kind::Kernel) {  // folded once per name (reference: fold_kernel_name)
+            std::string_view& folded = kernel_names[e.name_id];
+            if (!folded.data()) folded = keep_str(fold_kernel_name(e.name));
+            if (folded != e.name) {
+                name = folded;
+                add(sp, kKernelNameKey, AttrValue::str(e.name));
+            }
+        }
         if (e.args) {
             // one pass over the args; the table decides order and aliases (first key present wins)
             std::string_view last_attr;
@@ -1235,7 +1259,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             sp.parent_id = ls->span_id;
             sp.has_parent = true;
         }
-        sp.name = e.name;
+        sp.name = name;
         sp.start = e.start;
         sp.end = e.end;
         if (auto* found = links.find(static_cast<size_t>(i))) sp.links = std::move(*found);

@@ -112,6 +112,7 @@ constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
     "otelprof.step.source", "otelprof.step.samples", "otelprof.step.tokens", "otelprof.step.dropped_phases",
     "otelprof.phase", "otelprof.step.micro_batches", "otelprof.step.window", "otelprof.phase.module",
     "otelprof.iteration", "otelprof.iteration.source",
+    "pytorch.gpu.kernel_name", "pytorch.memory.device",
 };
 }  // namespace
 

@@ -11,12 +11,18 @@ distributed run must share one, and unrelated files must not. Without ``--run-id
   rank with another is a run of its own, so unrelated files never share a step trace (span
   ids never collide anyway: the converter mixes each file's window id into them).
 
-The run id is readable: ``<folder>/<name with numbers as #>`` for a set, ``<folder>/<name>``
-for a lone file (Composer's ``<run>/torch_traces`` folder keeps the run name).
+The run id reads ``<folder>/<stem>[@<first step>]#<digest>``: the folder's name (Composer's
+``<run>/torch_traces``: the run's name), the file name without its suffix, rank/worker numbers,
+numbers that differ between the run's files and stand-alone numbers (``node1_rank-2.17000….pt.trace.json``
+-> ``node1``; no stem when nothing is left), the first step for a window grouped by it, and 8 hex
+digits of SHA-256 over what used to be the id (folder, file name or name pattern, step group)
+so runs with the same readable part stay apart. It depends on names only, never on where the
+folder lies or on file times: the same files give the same ids.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -46,6 +52,14 @@ _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*\{')
 _DIST_RANK = re.compile(rb'"rank"\s*:\s*([0-9]{1,9})\b')
 _STEP = re.compile(rb'"ProfilerStep#([0-9]{1,18})"')
 _DIGITS = re.compile(r"[0-9]+")
+_DIGITS_SPLIT = re.compile(r"([0-9]+)")
+_ALL_SUFFIXES = sorted({*_TORCH_SUFFIXES, *_KINETO_SUFFIXES, *_NSYS_SUFFIXES, *_NVPROF_SUFFIXES}, key=len, reverse=True)
+#: a rank or worker number with the separators before it (``_rank-3``, ``.worker0``)
+_RANK_TOKEN = re.compile(r"[-_.]*(?:rank|worker)[-_]?(?:#|[0-9]+)(?![0-9])", re.IGNORECASE)
+#: a number that differs between a run's files, with the separators before it
+_VARYING = re.compile(r"[-_.]*#")
+#: a number that is no part of a word (``_1``, ``.1700000000001``), with the separators before it
+_NUMBER = re.compile(r"[-_.]*(?<![A-Za-z0-9])[0-9]+(?![A-Za-z0-9])")
 
 _log = logging.getLogger(__name__)
 
@@ -203,6 +217,45 @@ def _folder_label(path: Path) -> str:
     return parent.name or "/"
 
 
+def _stem(names: Sequence[str]) -> str:
+    """The readable part of a run's file names: suffixes, rank/worker numbers, numbers that
+    differ between the files and stand-alone numbers dropped (``node1_rank-2.1700000000001.pt.trace.json``
+    and ``node1_rank-3.…`` -> ``node1``; ``bench_1.json.gz`` -> ``bench``)."""
+    stems = [_strip_suffix(n) for n in names]
+    parts = [_DIGITS_SPLIT.split(s) for s in stems]
+    first = parts[0]
+    if all(len(p) == len(first) for p in parts):  # one pattern: digit runs at odd positions
+        stem = "".join(
+            "#" if k % 2 and any(p[k] != first[k] for p in parts) else piece for k, piece in enumerate(first)
+        )
+    else:
+        stem = _DIGITS.sub("#", stems[0])
+    stem = _RANK_TOKEN.sub("", stem)
+    stem = _VARYING.sub("", stem)
+    stem = _NUMBER.sub("", stem)
+    return stem.strip("-_.")
+
+
+def _strip_suffix(name: str) -> str:
+    for suffix in _ALL_SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _run_label(folder: str, names: Sequence[str], step: int | None, unique: str) -> str:
+    """``<folder>/<stem>[@<first step>]#<8 hex digits>``: the readable part, then a digest of
+    ``unique`` (folder, file name or name pattern, step group) that keeps runs apart whose
+    readable parts are equal."""
+    if folder.endswith("/torch_traces"):  # Composer: the run's name
+        folder = folder[: -len("/torch_traces")]
+    stem = _stem(names)
+    label = f"{folder}/{stem}" if stem else folder
+    if step is not None:
+        label += f"@{step}"
+    return f"{label}#{hashlib.sha256(unique.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+
+
 def _first_step(found: _Found) -> int | None:
     if found.kind != KINETO:
         return None
@@ -221,12 +274,14 @@ def _assign_runs(items: list[_Found]) -> list[Source]:
     out: dict[Path, Source] = {}
     for (_kind, _folder, pattern), members in sets.items():
         folder = _folder_label(members[0].path)
+        names = [f.path.name for f in members]
         if len(members) == 1:
             f = members[0]
-            out[f.path] = _source(f, f"{folder}/{f.path.name}")
+            out[f.path] = _source(f, _run_label(folder, names, None, f"{folder}/{f.path.name}"))
             continue
-        label = f"{folder}/{pattern}"
+        unique = f"{folder}/{pattern}"
         if _distinct_ranks(members):
+            label = _run_label(folder, names, None, unique)
             for f in members:
                 out[f.path] = _source(f, label)
             continue
@@ -234,9 +289,13 @@ def _assign_runs(items: list[_Found]) -> list[Source]:
         for f in members:
             by_step[_first_step(f)].append(f)
         for step, group in by_step.items():
+            shared = step is not None and _distinct_ranks(group)
             for f in group:
-                shared = step is not None and _distinct_ranks(group)
-                out[f.path] = _source(f, f"{label}@{step}" if shared else f"{folder}/{f.path.name}")
+                if shared:
+                    run = _run_label(folder, names, step, f"{unique}@{step}")
+                else:
+                    run = _run_label(folder, [f.path.name], None, f"{folder}/{f.path.name}")
+                out[f.path] = _source(f, run)
     return [replace(out[f.path]) for f in items]
 
 

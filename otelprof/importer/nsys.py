@@ -29,6 +29,7 @@ from ..converter._text import clean
 from ..converter.reference import ids
 from ..converter.reference.builder import Attrs, Span, resource_attributes
 from ..converter.reference.encoder import encode
+from ..converter.reference.names import fold_kernel_name
 from . import nvtx_markup
 from .nvtx_markup import OpMarkup
 
@@ -269,6 +270,8 @@ def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions) -> Conve
             name, category, extra = _device_fields(table, r, strings)
             corr = _int(r["correlationId"])
             attrs = [("pytorch.event.category", category)]
+            if category == "kernel":
+                name = kernel_span_name(name, attrs)
             if corr is not None:
                 attrs.append(("pytorch.gpu.correlation_id", corr))
             for key, col in (("device", "deviceId"), ("stream", "streamId"), ("context", "contextId")):
@@ -381,6 +384,15 @@ def _link_backward(cpu: list[_Item]) -> int:
         else:
             last_forward[op.sequence_number] = item
     return made
+
+
+def kernel_span_name(name: str, attrs: Attrs) -> str:
+    """A kernel's span name, folded as the converter folds Kineto's (``fold_kernel_name``); the
+    full name is appended to ``attrs`` as ``pytorch.gpu.kernel_name`` when the two differ."""
+    folded = fold_kernel_name(name)
+    if folded != name:
+        attrs.append(("pytorch.gpu.kernel_name", name))
+    return folded
 
 
 def _device_fields(table: str, r: dict[str, object], strings: dict[int, str]) -> tuple[str, str, Attrs]:

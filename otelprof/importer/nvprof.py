@@ -22,7 +22,17 @@ from typing import Any
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
 from ..converter._text import clean
 from ..converter.reference.builder import Attrs
-from .nsys import STAT_KEYS, _Db, _device_fields, _Item, _Process, _resource, build_requests, nvtx_item
+from .nsys import (
+    STAT_KEYS,
+    _Db,
+    _device_fields,
+    _Item,
+    _Process,
+    _resource,
+    build_requests,
+    kernel_span_name,
+    nvtx_item,
+)
 
 _RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 _DRIVER = "CUPTI_ACTIVITY_KIND_DRIVER"
@@ -179,9 +189,9 @@ def convert(db: _Db, path: Path, opts: ConvertOptions) -> ConvertResult:
                 stats["ignored_events"] += 1
                 continue
             name, category, extra = _device_fields(_nsys_table(table), _as_nsys_row(r), strings)
-            if category == "kernel":
-                name = demangle(name)
             attrs = [("pytorch.event.category", category)]
+            if category == "kernel":
+                name = kernel_span_name(demangle(name), attrs)
             if corr is not None:
                 attrs.append(("pytorch.gpu.correlation_id", corr))
             for key, col in (("device", "deviceId"), ("stream", "streamId"), ("context", "contextId")):

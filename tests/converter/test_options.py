@@ -350,8 +350,13 @@ def test_memory_events_on_innermost_op(engine: str) -> None:
     assert empty.events[1].attrs == {
         "pytorch.memory.bytes": 4096, "pytorch.memory.total_allocated_bytes": 9_000,
         "pytorch.memory.total_reserved_bytes": 18_000, "pytorch.memory.device_type": 1,
-        "pytorch.memory.device_id": 0, "pytorch.memory.addr": 4096,
+        "pytorch.memory.device_id": 0, "pytorch.memory.device": "cuda:0", "pytorch.memory.addr": "0x1000",
     }  # fmt: skip
+    assert list(empty.events[1].attrs)[-2:] == ["pytorch.memory.device", "pytorch.memory.addr"]
+    assert (zero.events[0].attrs["pytorch.memory.device"], zero.events[0].attrs["pytorch.memory.device_id"]) == (
+        "cpu",
+        -1,
+    )
     assert [ev.time for ev in step.events] == [500_000]
     assert step.attrs["pytorch.memory.peak_allocated_bytes"] == 9_000  # accelerator peak wins over CPU
     default = _by_name(decode(convert(data, engine=engine, detail="default")))
@@ -381,6 +386,14 @@ def test_memory_events_on_real_trace(engine: str) -> None:
     assert len(events) == len(mem) - d.result.stats["memory_events_dropped"]
     assert all(ev.name == "pytorch.memory" and "pytorch.memory.bytes" in ev.attrs for ev in events)
     assert sorted(ev.attrs["pytorch.memory.bytes"] for ev in events) == sorted(m["args"]["Bytes"] for m in mem)
+    names = {0: "cpu", 1: "cuda"}
+    assert sorted((ev.attrs["pytorch.memory.addr"], ev.attrs["pytorch.memory.device"]) for ev in events) == sorted(
+        (
+            hex(m["args"]["Addr"]),
+            names[m["args"]["Device Type"]] + (f":{m['args']['Device Id']}" if m["args"]["Device Type"] else ""),
+        )
+        for m in mem
+    )
     ops_with_memory = [s for s in d.spans if s.events and s.category == "cpu_op"]
     assert ops_with_memory
     for s in d.spans:

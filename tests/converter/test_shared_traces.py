@@ -37,6 +37,8 @@ from converter_helpers import (
 )
 
 from otelprof.converter import convert
+from otelprof.converter.reference.names import fold_kernel_name
+from otelprof.converter.reference.schema import CATEGORY_KIND, Kind
 
 if not KINETO_TRACES:  # pragma: no cover - the shared folder is part of the workspace
     pytest.skip("no shared Kineto traces found", allow_module_level=True)
@@ -97,7 +99,10 @@ def test_one_span_per_complete_event(raw: RawTrace, full: Decoded) -> None:
         span = full.span_of_event(ordinal)
         assert span is not None, f"event {ordinal} ({e.get('name')}) has no span"
         assert not span.synthetic
-        assert span.name == e.get("name", "")
+        assert span.event_name == e.get("name", "")
+        kernel = CATEGORY_KIND.get(e.get("cat", "")) == Kind.KERNEL
+        assert span.name == (fold_kernel_name(span.event_name) if kernel else span.event_name)
+        assert ("pytorch.gpu.kernel_name" in span.attrs) == (span.name != span.event_name)
         assert span.category == e.get("cat", "")
     for s in full.spans:
         if s.synthetic:
@@ -529,6 +534,8 @@ _HASH_SCRIPT = """
 import hashlib, json, sys
 sys.path[:] = json.loads(sys.argv[4])  # import otelprof exactly as the parent did
 from otelprof.converter import convert
+from otelprof.converter.reference.names import fold_kernel_name
+from otelprof.converter.reference.schema import CATEGORY_KIND, Kind
 r = convert(sys.argv[1], engine=sys.argv[2], detail=sys.argv[3])
 assert r.engine == sys.argv[2]
 h = hashlib.sha256()

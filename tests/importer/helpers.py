@@ -20,6 +20,14 @@ KINETO = SHARED / "kineto"
 NSYS = SHARED / "nsys"
 
 
+def run_id_of(path: Path) -> str:
+    """The run id ``otelprof import`` gives a file imported on its own (discover.py)."""
+    from otelprof.importer import find_sources
+
+    (source,) = find_sources([path])
+    return source.run_id
+
+
 def shared(fragment: str, folder: Path = KINETO) -> Path:
     matches = [p for p in sorted(folder.glob("*")) if fragment in p.name]
     if len(matches) != 1:

@@ -13,7 +13,7 @@ from export.receivers import HttpReceiver, http_receiver
 
 from otelprof.converter import convert
 
-from .helpers import NSYS, decode, ids, import_env, received, run_import, shared
+from .helpers import NSYS, decode, ids, import_env, received, run_id_of, run_import, shared
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_good_files_around_a_bad_one_arrive_complete(
     got = ids(received(rec.requests))
     want = []
     for path in (good, shared("cpu_only")):
-        want += ids(decode(convert(path, run_id=f"kineto/{path.name}").requests))
+        want += ids(decode(convert(path, run_id=run_id_of(path)).requests))
     assert sorted(got) == sorted(want)
 
 

@@ -50,9 +50,9 @@ def test_composer_folder_two_windows_two_ranks(tmp_path: Path) -> None:
         _renumbered(src, folder / f"rank{rank}.651.pt.trace.json.gz", 100)
         _renumbered(src, folder / f"rank{rank}.751.pt.trace.json.gz", 200)
     sources = find_sources([tmp_path / "bert-run-7"])
-    assert {s.run_id for s in sources} == {
-        f"bert-run-7/torch_traces/rank#.#.pt.trace.json.gz@{step}" for step in (551, 651, 751)
-    }
+    run_ids = {s.run_id for s in sources}
+    assert len(run_ids) == 3
+    assert {run_id.split("#")[0] for run_id in run_ids} == {f"bert-run-7@{step}" for step in (551, 651, 751)}
     spans = _import(tmp_path, tmp_path / "bert-run-7")
     assert max(Counter(ids(spans)).values()) == 1, "span ids collide across windows"
     steps = _steps(spans)
@@ -76,6 +76,7 @@ def test_tensorboard_log_dir_with_ranks_in_file_names(tmp_path: Path) -> None:
         ("node1_rank-2.1700000000001.pt.trace.json.gz", KINETO, 2),
         ("node1_rank-3.1700000000002.pt.trace.json.gz", KINETO, 3),
     ]
+    assert len({s.run_id for s in sources}) == 1 and sources[0].run_id.startswith("resnet/node1#")
     spans = _import(tmp_path, tmp_path / "tb")
     assert {g.resource["pytorch.distributed.rank"] for g in spans} == {2, 3}
     steps = _steps(spans)
@@ -88,7 +89,11 @@ def test_same_rank_twice_without_steps_become_separate_runs(tmp_path: Path) -> N
     for i in (1, 2):
         shutil.copy(src, tmp_path / f"bench_{i}.json.gz")
     sources = find_sources([tmp_path])
-    assert [s.run_id for s in sources] == [f"{tmp_path.name}/bench_1.json.gz", f"{tmp_path.name}/bench_2.json.gz"]
+    first, second = (s.run_id for s in sources)
+    assert (
+        first != second and first.startswith(f"{tmp_path.name}/bench#") and second.startswith(f"{tmp_path.name}/bench#")
+    )
+    assert [s.run_id for s in find_sources([tmp_path])] == [first, second]  # stable
     spans = _import(tmp_path, tmp_path)
     assert max(Counter(ids(spans)).values()) == 1
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from otelprof.converter import ConvertOptions
+from otelprof.converter.reference.names import fold_kernel_name
 from otelprof.importer.nsys import convert_nsys
 
 from .helpers import NSYS, Got, decode, shared
@@ -88,10 +89,11 @@ def test_times_are_epoch_nanoseconds_of_the_session() -> None:
     ).fetchone()
     kernel = next(g for g in spans if g.category == "kernel" and g.attr("pytorch.gpu.correlation_id") == corr)
     assert (kernel.span.name, kernel.span.start_time_unix_nano, kernel.span.end_time_unix_nano) == (
-        name,
+        fold_kernel_name(name),
         base + start,
         base + end,
     )
+    assert kernel.attr("pytorch.gpu.kernel_name") == (name if fold_kernel_name(name) != name else None)
     assert kernel.attr("pytorch.gpu.device") == 0
     assert kernel.resource["hw.gpu.model"] == "NVIDIA A100-SXM4-80GB"
     assert kernel.resource["host.name"] == "nid008553"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from otelprof.converter import ConvertOptions
+from otelprof.converter.reference.names import fold_kernel_name
 from otelprof.importer import find_sources
 from otelprof.importer.nsys import convert_nsys
 from otelprof.importer.nvprof import demangle
@@ -60,7 +61,8 @@ def test_ops_calls_and_kernels_become_one_process_trace(
         assert (call.attr("pytorch.gpu.cbid"), call.attr("pytorch.gpu.correlation_id")) == (c.cbid, c.correlation)
         if c.kind == "kernel":
             assert call.span.name == "cudaLaunchKernel"
-            assert (device.category, device.span.name) == ("kernel", kernel_name)
+            assert (device.category, device.span.name) == ("kernel", fold_kernel_name(kernel_name))
+            assert device.attr("pytorch.gpu.kernel_name") == (kernel_name if "(" in kernel_name else None)
             assert (device.attr("pytorch.gpu.grid"), device.attr("pytorch.gpu.block")) == ("[2,1,1]", "[256,1,1]")
             assert by_id[call.span.parent_span_id].span.name in {"aten::addmm", "aten::mm", "ThresholdBackward"}
         else:

@@ -15,6 +15,7 @@ from export.receivers import HttpReceiver, Reply, free_port, http_receiver, wait
 
 from otelprof.converter import convert
 from otelprof.export.spool import Spool
+from otelprof.importer import find_sources
 
 from .helpers import SHARED, decode, ids, import_env, received, run_import, shared
 
@@ -69,9 +70,10 @@ def test_sigint_then_resume_sends_every_span_exactly_once(tmp_path: Path) -> Non
     counts = Counter(got)
     assert max(counts.values()) == 1, "a span was sent twice"
     want = []
+    run_ids = {s.path: s.run_id for s in find_sources(files)}
+    assert run_ids[files[0]] == run_ids[files[1]] != run_ids[files[2]]  # the two ranks are one run
     for path in files:
-        run_id = "kineto/hta__tests__data__trace_filter__sampled_rank-#.json.gz" if "rank-" in path.name else None
-        want += ids(decode(convert(path, run_id=run_id or f"kineto/{path.name}", max_request_bytes=8192).requests))
+        want += ids(decode(convert(path, run_id=run_ids[path], max_request_bytes=8192).requests))
     assert set(counts) == set(want) and len(want) == len(got)
 
 
@@ -111,6 +113,7 @@ def test_unreachable_endpoint_spools_and_the_ledger_counts_it_delivered(
     err = capsys.readouterr().err
     assert "1 requests spooled to" in err and "no OTLP endpoint" not in err
     spooled = [data for _record, data in Spool(tmp_path / "spool")]
-    assert ids(decode(spooled)) == ids(decode(convert(trace, run_id=f"kineto/{trace.name}").requests))
+    (source,) = find_sources([trace])
+    assert ids(decode(spooled)) == ids(decode(convert(trace, run_id=source.run_id).requests))
     (entry,) = json.loads(ledger.read_text())["files"].values()
     assert entry["sent"] == entry["requests"] == 1

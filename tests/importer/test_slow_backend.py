@@ -18,7 +18,7 @@ from export.receivers import HttpReceiver, Reply, grpc_receiver, http_receiver
 from otelprof.converter import convert
 from otelprof.import_cli import HTTP_IMPORT_REQUEST_BYTES, IMPORT_TIMEOUT_S, import_exporter_config
 
-from .helpers import SHARED, decode, ids, import_env, received, run_import, shared
+from .helpers import SHARED, decode, ids, import_env, received, run_id_of, run_import, shared
 
 pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared traces not found at {SHARED}")
 
@@ -48,7 +48,7 @@ def test_import_over_http_sends_smaller_requests(protocol: str, tmp_path: Path) 
     assert len(sizes) > 1
     if protocol == "http/protobuf":
         assert max(sizes) <= 1024 * 1024 and len(sizes) > 3  # the 3 MiB default made 3
-    want = decode(convert(trace, run_id=f"kineto/{trace.name}").requests)
+    want = decode(convert(trace, run_id=run_id_of(trace)).requests)
     assert ids(got) == ids(want)
     assert [g.span.name for g in got] == [g.span.name for g in want]
 
@@ -68,7 +68,7 @@ def test_a_request_that_times_out_after_the_backend_stored_it_arrives_twice_with
         assert run_import(trace, "--ledger", ledger, "-q") == 0
         got = received(rec.requests)
         assert len(rec.requests) == 2 and rec.requests[0] == rec.requests[1]
-    want = ids(decode(convert(trace, run_id=f"kineto/{trace.name}").requests))
+    want = ids(decode(convert(trace, run_id=run_id_of(trace)).requests))
     assert ids(got) == want + want  # sent twice ...
     assert sorted(set(ids(got))) == sorted(want)  # ... one span each once deduplicated by id
     (entry,) = json.loads(ledger.read_text())["files"].values()

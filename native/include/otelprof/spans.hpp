@@ -27,7 +27,9 @@ enum FixedKey : AttrKey {
     kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kStepMicroBatchesKey,
     kStepWindowKey, kPhaseModuleKey,
     // iteration roots (a window without steps)
-    kIterationKey, kIterationSourceKey, kFixedKeyCount
+    kIterationKey, kIterationSourceKey,
+    // readable names (names.hpp)
+    kKernelNameKey, kMemoryDeviceKey, kFixedKeyCount
 };
 AttrKey arg_key(int arg_attribute);
 AttrKey memory_key(int memory_attribute);

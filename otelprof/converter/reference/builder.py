@@ -16,6 +16,7 @@ from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions, LiveStep
 from .._text import clean
 from . import ids, tree, volume
 from .jsonload import as_double, as_int64, render
+from .names import device_name, fold_kernel_name, hex_address
 from .reader import Event, Trace
 from .schema import (
     ARG_ATTRIBUTES,
@@ -90,6 +91,25 @@ def _arg_attributes(args: dict[str, Any]) -> Attrs:
             continue
         done.add(attr)
         out.append((attr, converted))
+    return out
+
+
+def _memory_attributes(args: dict[str, Any]) -> Attrs:
+    """A memory event's attributes: the table's integers, the device by name
+    (``pytorch.memory.device``) before the address, the address in hex."""
+    out: Attrs = []
+    for arg_key, attr in MEMORY_ATTRIBUTES:
+        v = as_int64(args.get(arg_key))
+        if attr != "pytorch.memory.addr":
+            if v is not None:
+                out.append((attr, v))
+            continue
+        dtype = as_int64(args.get("Device Type"))
+        device = device_name(dtype, as_int64(args.get("Device Id"))) if dtype is not None else None
+        if device is not None:
+            out.append(("pytorch.memory.device", device))
+        if v is not None:
+            out.append((attr, hex_address(v)))
     return out
 
 
@@ -451,9 +471,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     span_events: dict[bytes, list[tuple[int, int, Attrs]]] = {}
     peaks: dict[int, tuple[int, int]] = {}
     for k, mem in enumerate(trace.memory):
-        mem_attrs: Attrs = [
-            (attr, v) for arg_key, attr in MEMORY_ATTRIBUTES if (v := as_int64(mem.args.get(arg_key))) is not None
-        ]
+        mem_attrs = _memory_attributes(mem.args)
         s = step_at(mem.ts)
         total = as_int64(mem.args.get("Total Allocated"))
         if s >= 0 and total is not None:
@@ -512,6 +530,9 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         attrs = [("pytorch.event.category", e.cat)]
         if not e.device and isinstance(e.tid, int):
             attrs.append(("thread.id", e.tid))
+        name = fold_kernel_name(e.name) if e.kind == Kind.KERNEL else e.name
+        if name != e.name:
+            attrs.append(("pytorch.gpu.kernel_name", e.name))
         attrs.extend(_arg_attributes(e.args))
         if in_a[i]:
             attrs.append(("pytorch.op.self_cpu_time_ns", e.dur - child_dur[i]))
@@ -533,7 +554,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             pid_ = level_target(owner[i])
         if live_of and owner[i] in live_of and pid_ == sid(ev[owner[i]].ordinal):
             pid_ = under_phase(owner[i], i, e.end)
-        span = Span(e.ordinal, trace_of(i), my_id, pid_, e.name, e.start, e.end, attrs)
+        span = Span(e.ordinal, trace_of(i), my_id, pid_, name, e.start, e.end, attrs)
         span.links = [(t, s_, [("otelprof.link.kind", "fwdbwd")]) for t, s_ in links.get(my_id, [])]
         if split and i in step_num:
             span.links.append((detail_trace[i], detail_root_id[i], [("otelprof.link.kind", "rank_detail")]))
