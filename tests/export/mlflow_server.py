@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,12 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from .receivers import free_port
-
 #: Bounds the server's start (about 7 s on two busy cores); the log is shown when it runs out.
 SERVER_START_TIMEOUT_S = 120.0
 #: The client in the test process reports usage too unless told not to.
 NO_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+
+
+def free_port() -> int:
+    """A port nothing listens on now (this module stays free of grpc: tests/conftest.py imports it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM to the server's process group (``mlflow server`` and its uvicorn child), then
     SIGKILL to whatever is left after a grace period."""
     pgid = proc.pid  # start_new_session: the server leads its own group
@@ -128,4 +134,4 @@ def running_server(root: Path) -> Iterator[MlflowServer]:
         yield MlflowServer(url, log)
     finally:
         monkeypatch.undo()
-        _stop(proc)
+        stop(proc)

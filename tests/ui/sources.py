@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from converter_helpers import shared_trace
+from converter_helpers import shared_trace as shared_trace
 
 from otelprof.converter import ConvertOptions
 from otelprof.converter._options import DEFAULT_SPAN_BUDGET

@@ -241,7 +241,7 @@ def launches_without_enclosing_op(path: Path) -> frozenset[int]:
         if e.get("cat") not in RUNTIME_CATEGORIES or not isinstance(args, dict):
             continue
         correlation = args.get("correlation")
-        if correlation not in kernels:
+        if correlation is None or correlation not in kernels:
             continue
         ts = float(e["ts"])
         end = ts + float(e.get("dur", 0))
