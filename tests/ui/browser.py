@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from stack.tools import apt_install, in_ci
 
 #: Debian's browser, and a font so span names render as text, not boxes.
 PACKAGES = ("chromium", "fonts-liberation")
-#: Where a screenshot is copied to stay after the run (else under pytest's base temp).
+#: Where a screenshot is copied to stay after the run (else the system temp folder).
 SCREENSHOT_DIR_VARIABLE = "OTELPROF_UI_SCREENSHOTS"
 _lock = threading.Lock()
 _tried = False
@@ -41,9 +42,11 @@ def chromium() -> str:
     return path
 
 
-def screenshot_dir(basetemp: Path) -> Path:
-    """``$OTELPROF_UI_SCREENSHOTS``, else ``otelprof-ui-screenshots`` under pytest's base temp."""
+def screenshot_dir() -> Path:
+    """``$OTELPROF_UI_SCREENSHOTS``, else ``otelprof-ui-screenshots`` in the system's temp folder
+    (not under pytest's base temp: pytest deletes all but its last three, so any other pytest run
+    on the machine would take the screenshot away)."""
     configured = os.environ.get(SCREENSHOT_DIR_VARIABLE, "").strip()
-    folder = Path(configured) if configured else basetemp / "otelprof-ui-screenshots"
+    folder = Path(configured) if configured else Path(tempfile.gettempdir()) / "otelprof-ui-screenshots"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
