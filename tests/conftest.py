@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from export.mlflow_server import MlflowServer, running_server
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 KINETO_DIR = SHARED_TRACES / "kineto"
+MLFLOW_MISSING = "mlflow is not installed (it is in the 'test' extra: pip install -e '.[test]')"
 
 
 def _kineto_traces() -> list[Path]:
@@ -54,3 +56,12 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         if name.startswith(("OTEL_", "OTELPROF_")):
             monkeypatch.delenv(name)
     return monkeypatch
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A real ``mlflow server`` on 127.0.0.1, started once for every test that asks for it
+    (``tests/export/test_mlflow.py``, ``tests/ui/``); skipped when MLflow is not installed."""
+    pytest.importorskip("mlflow", reason=MLFLOW_MISSING)
+    with running_server(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server

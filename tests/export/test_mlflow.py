@@ -1,10 +1,11 @@
 """End to end against a real MLflow tracking server, a third-party OTLP/HTTP backend.
 
-A module-scoped fixture starts ``mlflow server`` on 127.0.0.1 (SQLite store, one worker, no
-job execution). Spans converted from shared GPU traces are sent with otelprof's own exporter
-code, configured only through ``OTEL_EXPORTER_OTLP_TRACES_*`` variables, and read back through
-MLflow's own client. Every span is compared field by field with the decoded request that was
-sent (official opentelemetry-proto classes).
+A session-scoped fixture (``tests/export/mlflow_server.py``) starts ``mlflow server`` on
+127.0.0.1 (SQLite store, one worker, no job execution). Spans converted from shared GPU traces
+are sent with otelprof's own exporter code, configured only through
+``OTEL_EXPORTER_OTLP_TRACES_*`` variables, and read back through MLflow's own client. Every span
+is compared field by field with the decoded request that was sent (official opentelemetry-proto
+classes).
 
 What MLflow (3.14 and later) does with OTLP spans, as these tests pin down:
 
@@ -24,19 +25,10 @@ What MLflow (3.14 and later) does with OTLP spans, as these tests pin down:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,127 +46,20 @@ from otelprof.export.http import send
 from otelprof.export.result import ExportResult
 from otelprof.resource import options_from_env
 
-from .receivers import free_port
+from .mlflow_server import MlflowServer
 
 pytest.importorskip("mlflow", reason="mlflow is not installed (it is in the 'test' extra: pip install -e '.[test]')")
 
 from mlflow import MlflowClient
 from mlflow.entities import Span, Trace
 
-#: Bounds the server's start (about 7 s on two busy cores); the log is shown when it runs out.
-SERVER_START_TIMEOUT_S = 120.0
 SERVICE_NAME = "otelprof-e2e"
 HEADER = "x-mlflow-experiment-id"
 #: MLflow does not store these resource attributes as trace tags (nor ``mlflow.*``).
 SKIPPED_RESOURCE_PREFIXES = ("telemetry.sdk.", "mlflow.")
 STATUS_NAMES = {Status.STATUS_CODE_UNSET: "UNSET", Status.STATUS_CODE_OK: "OK", Status.STATUS_CODE_ERROR: "ERROR"}
 
-
-# --- the server ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MlflowServer:
-    url: str
-    log: Path
-
-    @property
-    def traces_url(self) -> str:
-        return f"{self.url}/v1/traces"
-
-
-def _log_tail(log: Path, lines: int = 80) -> str:
-    try:
-        text = log.read_text(errors="replace")
-    except OSError as exc:
-        return f"(no server log: {exc})"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while True:
-        code = proc.poll()
-        if code is not None:
-            pytest.fail(f"mlflow server exited with status {code} before it was ready; its log:\n{_log_tail(log)}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass  # not listening yet
-        if time.monotonic() > deadline:
-            pytest.fail(f"mlflow server not ready after {SERVER_START_TIMEOUT_S:.0f} s; its log:\n{_log_tail(log)}")
-        time.sleep(0.25)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a member exists
-        return True
-    return True
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the server's process group (``mlflow server`` and its uvicorn child), then
-    SIGKILL to whatever is left after a grace period."""
-    pgid = proc.pid  # start_new_session: the server leads its own group
-    if _group_alive(pgid):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.2)
-    if _group_alive(pgid):
-        os.killpg(pgid, signal.SIGKILL)
-    proc.wait()
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    root = tmp_path_factory.mktemp("mlflow")
-    url = f"http://127.0.0.1:{free_port()}"
-    log = root / "server.log"
-    no_telemetry = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
-    env = {**os.environ, **no_telemetry, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        url.rsplit(":", 1)[1],
-        "--workers",
-        "1",
-        "--backend-store-uri",
-        f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination",
-        str(root / "artifacts"),
-    ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command,
-            cwd=root,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    monkeypatch = pytest.MonkeyPatch()
-    try:
-        for name, value in no_telemetry.items():  # the client in this process reports usage too
-            monkeypatch.setenv(name, value)
-        _wait_ready(proc, url, log)
-        yield MlflowServer(url, log)
-    finally:
-        monkeypatch.undo()
-        _stop(proc)
+# --- the server (started once per session: ``mlflow_server`` in tests/conftest.py) ----------
 
 
 @pytest.fixture(scope="module")

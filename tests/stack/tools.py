@@ -1,6 +1,7 @@
 """Debian's Prometheus tools for the stack tests: found on PATH, or installed with apt-get when
 running in CI (CI=true, root, Debian): `prometheus`, `promtool` (package prometheus) and
-`amtool` (package prometheus-alertmanager)."""
+`amtool` (package prometheus-alertmanager). ``apt_install`` also serves ``tests/ui``
+(chromium)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,11 +20,11 @@ _lock = threading.Lock()
 _tried = False
 
 
-def _in_ci() -> bool:
+def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def _apt_install() -> str:
+def apt_install(packages: Sequence[str] = PACKAGES) -> str:
     """Installs the packages without starting their services; returns apt's output tail."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     # a policy-rc.d that says "no" keeps postinst from starting prometheus on :9090 (the test
@@ -35,7 +37,7 @@ def _apt_install() -> str:
         out = []
         for cmd in (
             ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
         ):
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
             out.append(done.stdout[-2000:] + done.stderr[-2000:])
@@ -54,13 +56,13 @@ def require(tool: str) -> str:
     path = shutil.which(tool)
     if path:
         return path
-    if not _in_ci():
+    if not in_ci():
         pytest.skip(f"{tool} not found: apt-get install {' '.join(PACKAGES)} (CI=true installs it)")
     with _lock:
         log = ""
         if not _tried and shutil.which("apt-get") and os.geteuid() == 0:
             _tried = True
-            log = _apt_install()
+            log = apt_install()
         path = shutil.which(tool)
     if not path:
         pytest.fail(f"{tool} is needed in CI and could not be installed with apt-get:\n{log}")

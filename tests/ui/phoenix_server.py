@@ -1,0 +1,181 @@
+"""A real Arize Phoenix server for ``tests/ui/test_phoenix_ui.py``.
+
+Phoenix brings its own web stack (FastAPI, SQLAlchemy, strawberry, ...), so it is installed with
+pip into a virtual environment of its own, never into the test environment, and run there as a
+subprocess: ``python -m phoenix.server.main serve`` on 127.0.0.1 with free HTTP and gRPC ports,
+a temporary working dir (``PHOENIX_WORKING_DIR``, its SQLite database) and telemetry off. It
+takes OTLP/HTTP at ``/v1/traces`` and serves spans at ``GET /v1/projects/{project}/spans``.
+
+The environment is built once and kept (``$OTELPROF_PHOENIX_VENV``, else
+``/tmp/otelprof-test-cache/arize-phoenix-<version>-py<major.minor>``): built beside its final
+path and renamed into place when pip succeeded, so a broken install is never taken for a cached
+one. Where pip cannot install it or the server does not start, the tests are skipped with the
+reason (pip's or the server's last lines)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from export.mlflow_server import free_port, stop
+
+VERSION = "20.26.1"
+PIP_TIMEOUT_S = 900
+START_TIMEOUT_S = 120.0
+
+
+def venv_dir() -> Path:
+    configured = os.environ.get("OTELPROF_PHOENIX_VENV", "").strip()
+    if configured:
+        return Path(configured)
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return Path("/tmp/otelprof-test-cache") / f"arize-phoenix-{VERSION}-py{python}"
+
+
+def _python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def _installed(venv: Path) -> bool:
+    if not _python(venv).exists():
+        return False
+    probe = [
+        str(_python(venv)),
+        "-c",
+        "import phoenix.server.main, importlib.metadata as m; print(m.version('arize-phoenix'))",
+    ]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=120, check=False)
+    return done.returncode == 0 and done.stdout.strip() == VERSION
+
+
+def ensure_installed() -> Path:
+    """The Phoenix environment's python, installed on first use; skips with pip's reason."""
+    venv = venv_dir()
+    if _installed(venv):
+        return _python(venv)
+    building = venv.with_name(f"{venv.name}.building-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    steps = (
+        [sys.executable, "-m", "venv", str(building)],
+        [
+            str(_python(building)),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            f"arize-phoenix=={VERSION}",
+        ],
+    )
+    for command in steps:
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False
+            )
+        except subprocess.TimeoutExpired:
+            shutil.rmtree(building, ignore_errors=True)
+            pytest.skip(f"arize-phoenix=={VERSION} did not install within {PIP_TIMEOUT_S} s")
+        if done.returncode != 0:
+            shutil.rmtree(building, ignore_errors=True)
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+            pytest.skip(f"arize-phoenix=={VERSION} cannot be installed here ({' '.join(command[:4])}...):\n{tail}")
+    shutil.rmtree(venv, ignore_errors=True)
+    building.rename(venv)  # a venv's python finds its packages relative to pyvenv.cfg: it moves
+    print(f"\ninstalled arize-phoenix {VERSION} into {venv} in {time.monotonic() - started:.0f} s")
+    return _python(venv)
+
+
+@dataclass(frozen=True)
+class PhoenixServer:
+    url: str
+    log: Path
+
+    @property
+    def traces_url(self) -> str:
+        return f"{self.url}/v1/traces"
+
+    def get(self, path: str, **query: Any) -> Any:
+        url = f"{self.url}{path}?{urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})}"
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return json.load(response)
+
+    def spans(self, project: str) -> list[dict[str, Any]]:
+        """Every span of the project, all pages (``GET /v1/projects/{project}/spans``)."""
+        spans: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            try:
+                page = self.get(f"/v1/projects/{urllib.parse.quote(project)}/spans", limit=1000, cursor=cursor)
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:  # no span of the project stored yet
+                    return spans
+                raise
+            spans += page["data"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return spans
+
+
+def _log_tail(log: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no server log: {exc})"
+
+
+@contextlib.contextmanager
+def running_server(python: Path, root: Path) -> Iterator[PhoenixServer]:
+    port, grpc_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = root / "phoenix.log"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PHOENIX_", "OTEL_"))},
+        "PHOENIX_WORKING_DIR": str(root),
+        "PHOENIX_HOST": "127.0.0.1",
+        "PHOENIX_PORT": str(port),
+        "PHOENIX_GRPC_PORT": str(grpc_port),
+        "PHOENIX_TELEMETRY_ENABLED": "false",
+        "DO_NOT_TRACK": "true",
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(python), "-m", "phoenix.server.main", "serve"],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.skip(f"phoenix exited with status {proc.returncode} at start; its log:\n{_log_tail(log)}")
+            try:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (OSError, urllib.error.URLError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.skip(f"phoenix not ready after {START_TIMEOUT_S:.0f} s; its log:\n{_log_tail(log)}")
+            time.sleep(0.5)
+        yield PhoenixServer(url, log)
+    finally:
+        stop(proc)
