@@ -111,6 +111,7 @@ constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
     "pytorch.op.self_cpu_time_ns", "pytorch.op.self_device_time_ns", "pytorch.memory.peak_allocated_bytes",
     "otelprof.step.source", "otelprof.step.samples", "otelprof.step.tokens", "otelprof.step.dropped_phases",
     "otelprof.phase", "otelprof.step.micro_batches", "otelprof.step.window", "otelprof.phase.module",
+    "otelprof.window.trigger", "input.value", "input.mime_type", "output.value", "output.mime_type",
 };
 }  // namespace
 

@@ -25,7 +25,9 @@ enum FixedKey : AttrKey {
     kStepKey, kRankKey, kSelfCpuKey, kSelfDeviceKey, kPeakAllocatedKey,
     // live step spans (step_spans.hpp)
     kStepSourceKey, kStepSamplesKey, kStepTokensKey, kDroppedPhasesKey, kPhaseKey, kStepMicroBatchesKey,
-    kStepWindowKey, kPhaseModuleKey, kFixedKeyCount
+    kStepWindowKey, kPhaseModuleKey,
+    // what a trace list shows (OpenInference's input/output; MLflow's request/response previews)
+    kWindowTriggerKey, kInputValueKey, kInputMimeTypeKey, kOutputValueKey, kOutputMimeTypeKey, kFixedKeyCount
 };
 AttrKey arg_key(int arg_attribute);
 AttrKey memory_key(int memory_attribute);
