@@ -8,16 +8,6 @@
 
 namespace otelprof {
 
-// Nanoseconds as milliseconds with three decimals, truncated (step_spans.py millis).
-static void append_millis(std::string& out, int64_t ns) {
-    if (ns < 0) ns = 0;
-    out += std::to_string(ns / 1000000);
-    out += '.';
-    const std::string frac = std::to_string(ns % 1000000 / 1000);
-    out.append(3 - frac.size(), '0');
-    out += frac;
-}
-
 StepSpanEncoder::StepSpanEncoder(std::vector<std::pair<std::string, ResourceValue>> resource, std::string scope_version,
                                  std::string trace_prefix, uint64_t span_base)
     : resource_(std::move(resource)),
@@ -84,7 +74,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
                 attr(sp, kWindowTriggerKey, AttrValue::str(mark.substr(colon + 1)));
         }
         {
-            // what a trace list shows (step_spans.py trace_list_attrs)
+            // what a trace list shows (step_spans.py trace_list_attrs; append_millis: spans.hpp)
             std::string& in = built.strings.emplace_back("{\"step\": " + std::to_string(step.number));
             if (step.samples) in += ", \"samples\": " + std::to_string(*step.samples);
             if (step.tokens) in += ", \"tokens\": " + std::to_string(*step.tokens);

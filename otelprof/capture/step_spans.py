@@ -22,7 +22,7 @@ from typing import Any
 
 from .._version import __version__
 from ..converter.reference import ids
-from ..converter.reference.builder import Attrs, Span
+from ..converter.reference.builder import Attrs, Span, millis
 from ..converter.reference.ids import TraceIds
 from ..export.exporter import Exporter
 from .identity import Identity
@@ -299,13 +299,6 @@ class StepRecordEncoder:
 
 
 _INT64_MAX = 2**63 - 1
-
-
-def millis(ns: int) -> str:
-    """Nanoseconds as milliseconds with three decimals, by integer arithmetic (truncated), so
-    the native encoder writes the same text."""
-    ns = max(0, ns)
-    return f"{ns // 1_000_000}.{ns % 1_000_000 // 1000:03d}"
 
 
 def trace_list_attrs(

@@ -189,8 +189,8 @@ def test_a_closure_optimizer_phase_is_its_own_time(receiver: HttpReceiver, tmp_p
         optimizer = [p for p in phases if _phase(p) == "optimizer"]
         envelope = optimizer[-1].end_time_unix_nano - optimizer[0].start_time_unix_nano
         own = sum(p.end_time_unix_nano - p.start_time_unix_nano for p in optimizer)
-        closure = [p for p in phases[1:] if _phase(p) != "optimizer"]
-        closure_time = sum(p.end_time_unix_nano - p.start_time_unix_nano for p in closure)
+        in_closure = [p for p in phases[1:] if _phase(p) != "optimizer"]
+        closure_time = sum(p.end_time_unix_nano - p.start_time_unix_nano for p in in_closure)
         assert own + closure_time <= envelope
 
 
