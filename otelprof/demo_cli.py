@@ -24,8 +24,10 @@ from .converter.reference import ids
 
 DEFAULT_DIR = "otelprof-demo"
 SUMMARY = "summary.json"
-#: A window early in a short run (a user's own OTELPROF_PROFILE_* settings win).
+#: A window early in a short run (a user's own OTELPROF_PROFILE_* settings win): steps 6-8, the
+#: schedule's one window, so no separate early window.
 DEMO_SCHEDULE = {
+    "OTELPROF_PROFILE_EARLY": "0",
     "OTELPROF_PROFILE_SKIP_FIRST": "5",
     "OTELPROF_PROFILE_WAIT": "0",
     "OTELPROF_PROFILE_WARMUP": "1",

@@ -311,6 +311,18 @@ OTELPROF_PROFILE_REPEAT = "OTELPROF_PROFILE_REPEAT"
 Scheduled windows in all (``repeat``); ``0`` repeats for the whole run. Default: ``0``.
 """
 
+OTELPROF_PROFILE_EARLY = "OTELPROF_PROFILE_EARLY"
+"""
+.. envvar:: OTELPROF_PROFILE_EARLY
+
+One early window before the schedule's first: its warmup step is this many steps after the
+run's first step, and it records :envvar:`OTELPROF_PROFILE_ACTIVE` steps, so a short run still
+gets operator spans. ``0`` turns it off; it is also left out when it would not end before the
+schedule's first window begins (``skip_first + wait``). Default: ``10`` (steps numbered from 0:
+step 10 warms the profiler up, steps 11 and 12 are recorded; the schedule's first window then
+records steps 511 and 512).
+"""
+
 OTELPROF_PROFILE_OPTIONS = "OTELPROF_PROFILE_OPTIONS"
 """
 .. envvar:: OTELPROF_PROFILE_OPTIONS

@@ -1240,6 +1240,15 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             const int k = step_index[i];
             int64_t peak = acc_peak[k] >= 0 ? acc_peak[k] : cpu_peak[k];
             if (peak >= 0) add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
+            // what a trace list shows (reference/builder.py step_list_attrs)
+            rendered = "{\"step\": " + std::to_string(step_num[i]) + '}';
+            add(sp, kInputValueKey, AttrValue::str(keep_str(rendered)));
+            add(sp, kInputMimeTypeKey, AttrValue::str("application/json"));
+            rendered = "{\"step_ms\": ";
+            append_millis(rendered, e.end - e.start);
+            rendered += '}';
+            add(sp, kOutputValueKey, AttrValue::str(keep_str(rendered)));
+            add(sp, kOutputMimeTypeKey, AttrValue::str("application/json"));
         }
         add_hidden(sp, i);
         int parent_slot = -1;

@@ -1,5 +1,7 @@
 #include "otelprof/step_spans.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <string_view>
 
 #include "otelprof/ids.hpp"
@@ -28,7 +30,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
     for (const StepRecord& step : steps) span_count += 1 + step.phases.size();
     built.spans.reserve(span_count);
     built.order.reserve(span_count);
-    built.attrs.reserve(span_count * 2 + steps.size() * 4);
+    built.attrs.reserve(span_count * 2 + steps.size() * 9);
     auto attr = [&](Span& sp, AttrKey key, AttrValue v) {
         v.key = key;
         built.attrs.push_back(v);
@@ -63,7 +65,43 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
         if (step.tokens) attr(sp, kStepTokensKey, AttrValue::integer(*step.tokens));
         if (step.dropped_phases) attr(sp, kDroppedPhasesKey, AttrValue::integer(step.dropped_phases));
         if (step.micro_batches > 0) attr(sp, kStepMicroBatchesKey, AttrValue::integer(step.micro_batches));
-        if (!step.window.empty()) attr(sp, kStepWindowKey, AttrValue::str(step.window));
+        if (!step.window.empty()) {
+            // Windows.mark(): "recorded:early" is the mark, then the window's trigger
+            const std::string_view mark(step.window);
+            const size_t colon = mark.find(':');
+            attr(sp, kStepWindowKey, AttrValue::str(mark.substr(0, colon)));
+            if (colon != std::string_view::npos && colon + 1 < mark.size())
+                attr(sp, kWindowTriggerKey, AttrValue::str(mark.substr(colon + 1)));
+        }
+        {
+            // what a trace list shows (step_spans.py trace_list_attrs; append_millis: spans.hpp)
+            std::string& in = built.strings.emplace_back("{\"step\": " + std::to_string(step.number));
+            if (step.samples) in += ", \"samples\": " + std::to_string(*step.samples);
+            if (step.tokens) in += ", \"tokens\": " + std::to_string(*step.tokens);
+            in += '}';
+            std::vector<std::pair<std::string_view, int64_t>> totals;  // first-seen order
+            for (const StepPhase& phase : step.phases) {
+                const int64_t d = std::max<int64_t>(0, phase.end - phase.start);
+                auto it = std::find_if(totals.begin(), totals.end(), [&](const auto& t) { return t.first == phase.name; });
+                if (it == totals.end()) totals.emplace_back(phase.name, d);
+                else it->second = it->second > INT64_MAX - d ? INT64_MAX : it->second + d;  // saturates
+            }
+            std::string& out = built.strings.emplace_back("{");
+            for (const auto& [phase, ns] : totals) {
+                out += '"';
+                out += phase;
+                out += "_ms\": ";
+                append_millis(out, ns);
+                out += ", ";
+            }
+            out += "\"step_ms\": ";
+            append_millis(out, step.end - step.start);
+            out += '}';
+            attr(sp, kInputValueKey, AttrValue::str(in));
+            attr(sp, kInputMimeTypeKey, AttrValue::str("application/json"));
+            attr(sp, kOutputValueKey, AttrValue::str(out));
+            attr(sp, kOutputMimeTypeKey, AttrValue::str("application/json"));
+        }
         const TraceId trace_id = sp.trace_id;
         const SpanId step_id = sp.span_id;
         add(std::move(sp));
@@ -74,7 +112,9 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
             child.span_id = make_span_id(span_base_, ++ordinal);
             child.parent_id = step_id;
             child.has_parent = true;
-            child.name = phase.name;
+            // "forward GPT2LMHeadModel": the phase, then its module's class name when known
+            child.name = phase.module.empty() ? std::string_view(phase.name)
+                                              : std::string_view(built.strings.emplace_back(phase.name + ' ' + phase.module));
             child.start = phase.start;
             child.end = phase.end;
             child.attrs.begin = static_cast<uint32_t>(built.attrs.size());

@@ -22,7 +22,7 @@ from typing import Any
 
 from .._version import __version__
 from ..converter.reference import ids
-from ..converter.reference.builder import Attrs, Span
+from ..converter.reference.builder import Attrs, Span, millis
 from ..converter.reference.ids import TraceIds
 from ..export.exporter import Exporter
 from .identity import Identity
@@ -279,7 +279,11 @@ class StepRecordEncoder:
         if batches > 0:
             attrs.append(("otelprof.step.micro_batches", batches))
         if window:
-            attrs.append(("otelprof.step.window", window))
+            mark, _, trigger = window.partition(":")  # Windows.mark(): "recorded:early"
+            attrs.append(("otelprof.step.window", mark))
+            if trigger:
+                attrs.append(("otelprof.window.trigger", trigger))
+        attrs.extend(trace_list_attrs(number, samples, tokens, start_ns, end_ns, phases))
         if trace_id is None:
             trace_id = self.trace_ids(str(number))
         step_id = ids.span_id(self.span_base, ordinal)
@@ -289,8 +293,41 @@ class StepRecordEncoder:
             phase_attrs: Attrs = [("otelprof.phase", phase)]
             if module:
                 phase_attrs.append(("otelprof.phase.module", module))
-            out.append(Span(order + i, trace_id, phase_id, step_id, phase, start, end, phase_attrs))
+            span_name = f"{phase} {module}" if module else phase  # "forward GPT2LMHeadModel"
+            out.append(Span(order + i, trace_id, phase_id, step_id, span_name, start, end, phase_attrs))
         return out
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def trace_list_attrs(
+    number: int,
+    samples: int | None,
+    tokens: int | None,
+    start_ns: int,
+    end_ns: int,
+    phases: list[tuple[str, int, int, str | None]],
+) -> Attrs:
+    """What a trace list shows of a step (OpenInference's ``input.value`` / ``output.value``,
+    which Phoenix lists and MLflow turns into a trace's request and response previews):
+    ``{"step": 12, "samples": 32}`` and the phases' total milliseconds in first-seen order,
+    then the step's: ``{"data_ms": 1.204, "forward_ms": 40.118, ..., "step_ms": 97.310}``."""
+    inputs = f'{{"step": {number}'
+    if samples is not None:
+        inputs += f', "samples": {samples}'
+    if tokens is not None:
+        inputs += f', "tokens": {tokens}'
+    totals: dict[str, int] = {}
+    for phase, start, end, _module in phases:
+        totals[phase] = min(_INT64_MAX, totals.get(phase, 0) + max(0, end - start))  # the native sum saturates
+    outputs = "".join(f'"{phase}_ms": {millis(ns)}, ' for phase, ns in totals.items())
+    return [
+        ("input.value", inputs + "}"),
+        ("input.mime_type", "application/json"),
+        ("output.value", f'{{{outputs}"step_ms": {millis(end_ns - start_ns)}}}'),
+        ("output.mime_type", "application/json"),
+    ]
 
 
 def record(step: Step, ctx: StepContext) -> StepRecord:

@@ -87,7 +87,7 @@ class Step:
     name: str = "train.step"
     micro_batches: int = 0  # DataLoader batches fetched in the step
     evaluation: bool = False  # begin_scope(evaluation=True): a span, in no step metric
-    window: str | None = None  # to a profiling window: "recorded", "warmup", "after" (windows.py)
+    window: str | None = None  # to a profiling window: "recorded", "warmup" (with ":trigger"), "after" (windows.py)
     phase_modules: list[str | None] = field(default_factory=list)  # per phase: a forward's root module
 
     def phase_module(self, i: int) -> str | None:

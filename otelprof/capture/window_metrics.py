@@ -22,7 +22,7 @@ from ..converter import OpStats
 TOP_N = 10
 #: Kernel names are C++ template instantiations hundreds of characters long.
 MAX_NAME_CHARS = 120
-TRIGGERS = ("schedule", "on_demand", "anomaly")
+TRIGGERS = ("early", "schedule", "on_demand", "anomaly")
 _STEP_ROW = "ProfilerStep*"
 
 

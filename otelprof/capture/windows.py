@@ -2,8 +2,11 @@
 
 One ``torch.profiler.profile`` lives for the whole run with a schedule callable; Kineto runs only
 in warmup and active steps, so the steps in between cost one ``prof.step()`` call. The
-schedule is torch's own (skip_first, wait, warmup, active, repeat), and an on-demand request
-(signal or trigger file) or a slow step overrides it for the next window.
+schedule is torch's own (skip_first, wait, warmup, active, repeat) with one early window first
+(``early`` steps into the run, so a short run still records operators), and an on-demand
+request (signal, trigger file, ``POST /profile``) or a slow step overrides it for the next
+window. The window's trigger (``early``, ``schedule``, ``on_demand``, ``anomaly``) goes with its
+steps' mark onto their ``train.step`` spans (``otelprof.window.trigger``).
 
 When a window ends, torch stops Kineto on the training thread (unavoidable: the profiler is
 that thread's) and calls ``on_trace_ready``, which hands the results to a background thread:
@@ -58,6 +61,7 @@ class WindowSettings:
     warmup: int = 1
     active: int = 2
     repeat: int = 0  # 0: forever
+    early: int = 10  # one window whose warmup is this many steps into the run (0: none)
     record_shapes: bool = False
     profile_memory: bool = False
     with_stack: bool = False
@@ -151,6 +155,9 @@ class Windows:
         )
         self._demand_start: int | None = None  # first warmup step of an on-demand window
         self._demand_trigger: str | None = None  # "on_demand" or "anomaly", until its trace is saved
+        self._early_start: int | None = None  # the early window's warmup step (begin() sets it)
+        self._next_trigger = "schedule"  # the trigger of the action _action returned last
+        self._trigger = "schedule"  # the trigger of the step now running (when it is a window's)
         self._demand_steps = settings.on_demand_steps
         self.anomaly = Anomaly(settings.anomaly_factor, settings.anomaly_cooldown_s)
         self._live: list[LiveStep] = []  # recorded steps of the window in progress
@@ -189,6 +196,8 @@ class Windows:
         """The first step begins: the profiler's step count starts at its number. Returns the
         step's mark (``mark()``)."""
         self._prof.step_num = step_number
+        if self.settings.early > 0 and self._early_fits():
+            self._early_start = step_number + self.settings.early
         self._prof.start()
         self._started = True
         return self.mark()
@@ -197,14 +206,16 @@ class Windows:
         """What the step now beginning is to the profiler, for its span's
         ``otelprof.step.window``: "recorded" (in a window's trace), "warmup" (the profiler runs,
         its events are discarded), "after" (the step right after a window: it pays the
-        window's stop), or None. These are the steps kept out of the anomaly median."""
+        window's stop), or None. These are the steps kept out of the anomaly median. A window's
+        steps ("warmup", "recorded") carry its trigger after a colon (``"recorded:early"``):
+        the span encoders split it into ``otelprof.step.window`` and ``otelprof.window.trigger``."""
         from torch.profiler import ProfilerAction
 
         action = self._prof.current_action
         if action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
-            return "recorded"
+            return "recorded:" + self._trigger
         if action == ProfilerAction.WARMUP:
-            return "warmup"
+            return "warmup:" + self._trigger
         return "after" if self._after_window else None
 
     def boundary(
@@ -231,6 +242,7 @@ class Windows:
         self._saved = False
         start = time.perf_counter_ns()
         self._prof.step()
+        self._trigger = self._next_trigger
         if self._prof.current_action != action:  # Kineto started or stopped here: the window's cost
             self._overhead(time.perf_counter_ns() - start)
         self._after_window, self._saved = self._saved, False
@@ -257,21 +269,44 @@ class Windows:
 
     # --- schedule ------------------------------------------------------------------------------
 
-    def _action(self, step: int) -> Any:
-        from torch.profiler import ProfilerAction
+    def _early_fits(self) -> bool:
+        """The early window ends before the schedule's first one begins (else that one is early
+        enough and the early window is left out)."""
+        s = self.settings
+        return s.early + s.warmup + s.active <= s.skip_first + s.wait
 
+    def _action(self, step: int) -> Any:
+        """torch's schedule for ``step``, overridden by an on-demand window, else the early one.
+        Notes the trigger of the action it returns (``_next_trigger``)."""
         start = self._demand_start
         if start is not None and step >= start:
-            offset = step - start
-            warmup, active = self.settings.warmup, self._demand_steps
-            if offset < warmup:
-                return ProfilerAction.WARMUP
-            if offset < warmup + active - 1:
-                return ProfilerAction.RECORD
-            if offset == warmup + active - 1:
-                return ProfilerAction.RECORD_AND_SAVE
+            action = self._window_action(step - start, self._demand_steps)
+            if action is not None:
+                self._next_trigger = self._demand_trigger or "on_demand"
+                return action
             self._demand_start = None
+        early = self._early_start
+        if early is not None and step >= early:
+            action = self._window_action(step - early, self.settings.active)
+            if action is not None:
+                self._next_trigger = "early"
+                return action
+            self._early_start = None
+        self._next_trigger = "schedule"
         return self._base(step)
+
+    def _window_action(self, offset: int, active: int) -> Any:
+        """The action of a window's step ``offset`` steps after its first (None: past its end)."""
+        from torch.profiler import ProfilerAction
+
+        warmup = self.settings.warmup
+        if offset < warmup:
+            return ProfilerAction.WARMUP
+        if offset < warmup + active - 1:
+            return ProfilerAction.RECORD
+        if offset == warmup + active - 1:
+            return ProfilerAction.RECORD_AND_SAVE
+        return None
 
     def _check_triggers(self, step_seconds: float, marked: bool) -> None:
         from torch.profiler import ProfilerAction
@@ -290,6 +325,9 @@ class Windows:
         self._demand_start = self._prof.step_num + 1
         self._demand_steps = requested or self.settings.on_demand_steps
         self._demand_trigger = "anomaly" if anomaly else "on_demand"
+        early = self._early_start
+        if early is not None and self._demand_start < early + self.settings.warmup + self.settings.active:
+            self._early_start = None  # this window comes first: it is the run's early one
         _log.info("otelprof: profiling steps from %d on demand", self._demand_start + self.settings.warmup)
 
     # --- traces ------------------------------------------------------------------------------
@@ -300,7 +338,8 @@ class Windows:
         torch merges more into the file (its CUPTI monitor) or keeps no results object, the
         trace is saved here: in no phase (the trackers start the next phase after a boundary's
         callbacks) and counted as the window's overhead."""
-        trigger, self._demand_trigger = self._demand_trigger or "schedule", None
+        # in the profiler's step() (the ended step's trigger) or stop() (the current step's)
+        trigger, self._demand_trigger = self._trigger, None
         live, self._live = tuple(self._live), []
         self._saved = True
         source: Any = None

@@ -81,7 +81,8 @@ def test_steps_and_phases_arrive_as_spans(session: otelprof.instrumentation.Sess
         assert step.trace_id == ids.trace_id(f"step|test-run|{n}")  # the converter's rule
         assert step.parent_span_id == b""
         children = [s for s in spans if s.parent_span_id == step.span_id]
-        assert [c.name for c in children] == ["data", "forward", "backward", "optimizer"]
+        # a forward phase's name adds its root module's class (otelprof.phase.module)
+        assert [c.name for c in children] == ["data", "forward Sequential", "backward", "optimizer"]
         for child in children:
             assert child.trace_id == step.trace_id
             assert step.start_time_unix_nano <= child.start_time_unix_nano <= child.end_time_unix_nano
@@ -204,6 +205,6 @@ def test_steps_nest_under_the_applications_current_span(
     ctx = request.get_span_context()
     assert nested.trace_id == ctx.trace_id.to_bytes(16, "big")
     assert nested.parent_span_id == ctx.span_id.to_bytes(8, "big")
-    assert [c.name for c in spans if c.parent_span_id == nested.span_id] == ["forward"]
+    assert [c.name for c in spans if c.parent_span_id == nested.span_id] == ["forward Sequential"]
     number = {kv.key: kv.value.int_value for kv in own.attributes}["pytorch.step"]
     assert own.trace_id == ids.trace_id(f"step|test-run|{number}") and own.parent_span_id == b""

@@ -94,7 +94,10 @@ step_records = st.lists(
             max_size=6,
         ),
         st.integers(min_value=0, max_value=100),  # micro-batches (0: no attribute)
-        st.one_of(st.none(), st.sampled_from(["recorded", "warmup", "after"])),  # profiling-window mark
+        st.one_of(  # profiling-window mark, a window's steps with its trigger (Windows.mark)
+            st.none(),
+            st.sampled_from(["recorded", "warmup", "after", "recorded:early", "warmup:on_demand", "recorded:"]),
+        ),
     ),
     max_size=30,
 )

@@ -66,7 +66,7 @@ def _steps(rec: HttpReceiver) -> list[tuple[PbSpan, list[PbSpan]]]:
         profiled = [s for s in children if s.name.startswith("ProfilerStep#")]
         assert len(profiled) <= 1
         phases = sorted((s for s in children if s not in profiled), key=lambda s: s.start_time_unix_nano)
-        assert {p.name for p in phases} <= PHASE_NAMES
+        assert {_phase(p) for p in phases} <= PHASE_NAMES
         out.append((step, phases))
     return out
 
@@ -83,7 +83,12 @@ def _check_phases(step: PbSpan, phases: list[PbSpan]) -> None:
 
 
 def _names(phases: list[PbSpan]) -> list[str]:
-    return [p.name for p in phases]
+    """The phases (``otelprof.phase``); a span's name adds a forward's module: ``forward Linear``."""
+    return [_phase(p) for p in phases]
+
+
+def _phase(span: PbSpan) -> str:
+    return next(kv.value.string_value for kv in span.attributes if kv.key == "otelprof.phase")
 
 
 # --- gradient accumulation ---------------------------------------------------------------------
@@ -181,10 +186,11 @@ def test_a_closure_optimizer_phase_is_its_own_time(receiver: HttpReceiver, tmp_p
         names = _names(phases)
         assert names.count("forward") == names.count("backward") == calls
         assert names[0] == "data" and names[1] == "optimizer" and names[-1] == "optimizer"
-        optimizer = [p for p in phases if p.name == "optimizer"]
+        optimizer = [p for p in phases if _phase(p) == "optimizer"]
         envelope = optimizer[-1].end_time_unix_nano - optimizer[0].start_time_unix_nano
         own = sum(p.end_time_unix_nano - p.start_time_unix_nano for p in optimizer)
-        closure_time = sum(p.end_time_unix_nano - p.start_time_unix_nano for p in phases[1:] if p.name != "optimizer")
+        in_closure = [p for p in phases[1:] if _phase(p) != "optimizer"]
+        closure_time = sum(p.end_time_unix_nano - p.start_time_unix_nano for p in in_closure)
         assert own + closure_time <= envelope
 
 
@@ -231,9 +237,10 @@ def test_two_optimizers_stepping_once_each_are_one_step(
         _check_phases(step, phases)
         assert _names(phases).count("optimizer") == 2 and _names(phases).count("backward") == 2
         # each forward phase names the root module it timed: gen, then disc three times
-        modules = [_module(p) for p in phases if p.name == "forward"]
+        modules = [_module(p) for p in phases if _phase(p) == "forward"]
         assert modules == ["Linear", "Sequential", "Sequential", "Sequential"]
-        assert all(_module(p) is None for p in phases if p.name != "forward")
+        assert [p.name for p in phases if _phase(p) == "forward"] == [f"forward {m}" for m in modules]
+        assert all(_module(p) is None and p.name == _phase(p) for p in phases if _phase(p) != "forward")
 
 
 def _module(phase: PbSpan) -> str | None:

@@ -35,7 +35,7 @@ class Model:
 #: Root modules forward hooks get (None: the explicit API's phase_begin).
 MODULES = [Model(), CollectorRegistry(), None]
 #: Profiling-window marks, as the session's boundary callback gives them for the next step.
-MARKS = [None, "recorded", "warmup", "after"]
+MARKS = [None, "recorded:schedule", "warmup:early", "after"]
 
 
 def _events() -> Any:

@@ -41,7 +41,7 @@ def receiver() -> Iterator[HttpReceiver]:
 
 
 def _instrument(rec: HttpReceiver, tmp_path: Path, **extra: str) -> otelprof.instrumentation.Session:
-    quiet = {"OTELPROF_TRIGGER_SIGNAL": "none", "OTELPROF_ANOMALY_FACTOR": "0"}
+    quiet = {"OTELPROF_TRIGGER_SIGNAL": "none", "OTELPROF_ANOMALY_FACTOR": "0", "OTELPROF_PROFILE_EARLY": "0"}
     return live_session.start(rec.port, tmp_path, **{"OTELPROF_RUN_ID": "windows", **quiet, **extra})
 
 
@@ -61,6 +61,22 @@ def _tid(n: int) -> bytes:
     return ids.trace_id(f"step|windows|{n}")
 
 
+def _triggers(rec: HttpReceiver) -> dict[int, tuple[str, str]]:
+    """Step number -> (otelprof.step.window, otelprof.window.trigger) of the window's steps, as
+    the receiver decoded their ``train.step`` spans."""
+    out = {}
+    for span in rec.spans:
+        attrs = _attrs(span)
+        if span.name == "train.step" and "otelprof.window.trigger" in attrs:
+            out[attrs["pytorch.step"]] = (attrs["otelprof.step.window"], attrs["otelprof.window.trigger"])
+    return out
+
+
+def _window(first: int, recorded: int, trigger: str) -> dict[int, tuple[str, str]]:
+    """A window's warmup step ``first`` and the ``recorded`` steps after it, marked by ``trigger``."""
+    return {first: ("warmup", trigger), **{first + 1 + i: ("recorded", trigger) for i in range(recorded)}}
+
+
 def test_schedule_profiles_exactly_the_active_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "2", "OTELPROF_PROFILE_WARMUP": "1"}
     session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_ACTIVE="2", OTELPROF_PROFILE_REPEAT="1")
@@ -76,10 +92,13 @@ def test_schedule_profiles_exactly_the_active_steps(receiver: HttpReceiver, tmp_
         by_id = {s.span_id: s for s in spans}
         addmm = next(s for s in spans if s.name == "aten::addmm" and s.parent_span_id)
         assert by_id[addmm.parent_span_id].name == "aten::linear"  # operator nesting
+    step_spans = {"train.step", "data", "forward Sequential", "backward", "optimizer"}
     for n in (0, 4, 7, 9):  # unprofiled steps: the live step span and its phases only
-        assert {s.name for s in traces[_tid(n)]} == {"train.step", "data", "forward", "backward", "optimizer"}
+        assert {s.name for s in traces[_tid(n)]} == step_spans
     metrics = _window_metrics(session)
-    assert metrics["otelprof_profiling_windows_total"] == {"schedule": 1, "on_demand": 0, "anomaly": 0}
+    assert metrics["otelprof_profiling_windows_total"] == {"early": 0, "schedule": 1, "on_demand": 0, "anomaly": 0}
+    # the early window (warmup at step 10 by default) is left out: the schedule's first comes sooner
+    assert _triggers(receiver) == _window(4, 2, "schedule")
     top = metrics["otelprof_window_op_self_cpu_seconds"]
     assert "aten::addmm" in top and 0 < len(top) <= 11 and all(v > 0 for v in top.values())
     assert "otelprof_window_gpu_busy_ratio" not in metrics  # a CPU run records no device time
@@ -114,6 +133,7 @@ def test_trigger_file_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: 
     assert not trigger.exists()  # consumed
     assert session.windows is not None and session.windows.windows_done == 1
     assert _window_metrics(session)["otelprof_profiling_windows_total"]["on_demand"] == 1
+    assert _triggers(receiver) == _window(4, 2, "on_demand")
 
 
 def test_signal_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
@@ -164,6 +184,7 @@ def test_http_post_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Pat
     # seen where step 2 begins: it warms up, and the three requested steps are recorded
     assert _profiled_steps(receiver) == [3, 4, 5]
     assert _window_metrics(session)["otelprof_profiling_windows_total"]["on_demand"] == 1
+    assert _triggers(receiver) == _window(2, 3, "on_demand")
 
 
 def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
@@ -175,7 +196,35 @@ def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: P
     _train(steps=STEPS + 6, between=lambda i: time.sleep(2.0 if i == 12 else 0.03))
     live_session.stop(session)
     assert _profiled_steps(receiver, STEPS + 6) == [14, 15]
-    assert _window_metrics(session)["otelprof_profiling_windows_total"] == {"schedule": 0, "on_demand": 0, "anomaly": 1}
+    windows = _window_metrics(session)["otelprof_profiling_windows_total"]
+    assert windows == {"early": 0, "schedule": 0, "on_demand": 0, "anomaly": 1}
+    assert _triggers(receiver) == _window(13, 2, "anomaly")
+
+
+def test_the_first_window_is_early_by_default(receiver: HttpReceiver, tmp_path: Path) -> None:
+    """A run shorter than the schedule's first window (step 511) is still profiled: once, right
+    after a warm-up of 10 steps (the defaults: OTELPROF_PROFILE_EARLY=10, _ACTIVE=2)."""
+    session = _instrument(receiver, tmp_path, OTELPROF_PROFILE_EARLY="")  # unset: the default
+    _train(steps=16)
+    live_session.stop(session)
+    assert _profiled_steps(receiver, 16) == [11, 12]
+    assert _triggers(receiver) == _window(10, 2, "early")
+    after = next(s for s in receiver.spans if s.name == "train.step" and _attrs(s)["pytorch.step"] == 13)
+    assert _attrs(after)["otelprof.step.window"] == "after" and "otelprof.window.trigger" not in _attrs(after)
+    windows = _window_metrics(session)["otelprof_profiling_windows_total"]
+    assert windows == {"early": 1, "schedule": 0, "on_demand": 0, "anomaly": 0}
+
+
+def test_the_early_window_comes_before_the_schedule(receiver: HttpReceiver, tmp_path: Path) -> None:
+    schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "6", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_REPEAT": "1"}
+    session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_EARLY="2")
+    _train(steps=12)
+    live_session.stop(session)
+    # early: warm up 2, record 3-4 (5 pays the stop); the schedule: skip 0-5, warm up 6, record 7-8
+    assert _profiled_steps(receiver, 12) == [3, 4, 7, 8]
+    assert _triggers(receiver) == {**_window(2, 2, "early"), **_window(6, 2, "schedule")}
+    windows = _window_metrics(session)["otelprof_profiling_windows_total"]
+    assert windows == {"early": 1, "schedule": 1, "on_demand": 0, "anomaly": 0}
 
 
 def _overlap(a: Any, b: Any) -> int:
@@ -207,7 +256,7 @@ def test_a_profiled_step_has_one_root_with_operators_under_their_phases(
     assert (session.otlp_metrics is None) == (metrics == "prometheus")  # which path the steps took
     live_session.stop(session)
     traces = _by_trace(receiver)
-    phases = {"data", "forward", "backward", "optimizer"}
+    phases = {"data", "forward Sequential", "backward", "optimizer"}  # a forward names its module
     for n in (3, 4):
         spans = traces[_tid(n)]
         by_id = {s.span_id: s for s in spans}
@@ -230,7 +279,7 @@ def test_a_profiled_step_has_one_root_with_operators_under_their_phases(
                 assert overlaps[parent.span_id] == max(overlaps.values()) > 0, op.name
             elif parent is marker:  # in no phase
                 assert max(overlaps.values()) <= 0, op.name
-        assert {"aten::linear", "aten::addmm"} <= under["forward"]
+        assert {"aten::linear", "aten::addmm"} <= under["forward Sequential"]
         assert "Optimizer.step#SGD.step" in under["optimizer"]
         assert any("Backward" in name for name in under["backward"])
         assert any(name.startswith("enumerate(DataLoader)") for name in under["data"])

@@ -18,7 +18,10 @@ What MLflow (3.14 and later) does with OTLP spans, as these tests pin down:
   attributes such as ``pytorch.op.input_dims``) reads back as the decoded JSON value:
   ``sanitize_attributes`` in ``mlflow/tracing/otel/translation/__init__.py`` strips what it
   takes for a second layer of encoding;
-- added: ``mlflow.*`` bookkeeping attributes (``mlflow.traceRequestId``) on every span;
+- added: ``mlflow.*`` bookkeeping attributes (``mlflow.traceRequestId``) on every span, and
+  on a step span ``mlflow.spanInputs`` / ``mlflow.spanOutputs``, its OpenInference
+  ``input.value`` / ``output.value`` (``translate_span_when_storing``), which on a trace's root
+  become the trace list's request and response previews (``_update_trace_info_attributes``);
 - not stored: span kind (every otelprof span is ``INTERNAL``, MLflow's default, so nothing is
   lost), the instrumentation scope, ``dropped_*_count`` (zero here: no caps are hit).
 """
@@ -40,6 +43,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from prometheus_client import CollectorRegistry
 
 from otelprof.converter import convert
+from otelprof.converter.reference import ids
 from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import Exporter
 from otelprof.export.http import send
@@ -237,7 +241,11 @@ def test_spans_read_back_field_by_field(delivery: Delivery) -> None:
         assert got.status.status_code.value == STATUS_NAMES[otlp.status.code]
         attributes = dict(got.attributes)
         added = {key: attributes.pop(key) for key in list(attributes) if key.startswith("mlflow.")}
-        assert added == {"mlflow.traceRequestId": trace_id}
+        expected = {"mlflow.traceRequestId": trace_id}
+        for key, otel_key in (("mlflow.spanInputs", "input.value"), ("mlflow.spanOutputs", "output.value")):
+            if otel_key in sent.attributes:  # a step's OpenInference input/output, as MLflow's own
+                expected[key] = json.loads(sent.attributes[otel_key])
+        assert added == expected
         assert attributes == {key: _as_mlflow_reads(value) for key, value in sent.attributes.items()}
         assert [(e.name, e.timestamp, e.attributes) for e in got.events] == [
             (e.name, e.time_unix_nano, _attributes(e.attributes)) for e in otlp.events
@@ -387,3 +395,88 @@ def test_without_a_valid_experiment_mlflow_refuses_for_good(
     result = send(cfg, convert(shared_trace("amd_trace"), run_id="otelprof-e2e-refused").requests[0])
     assert (result.ok, result.retryable) == (False, False)
     assert result.message.startswith(status)
+
+
+# --- what MLflow's trace list shows ------------------------------------------------------------
+
+
+def _listed_ms(span: Span) -> float:
+    """A span's duration as the trace list's JSON has it: milliseconds, three decimals, truncated."""
+    assert span.start_time_ns is not None and span.end_time_ns is not None
+    return (span.end_time_ns - span.start_time_ns) // 1000 / 1000
+
+
+def test_a_converted_step_lists_its_number_and_duration(client: MlflowClient, amd: Delivery) -> None:
+    """The trace list (``search_traces`` without spans: what MLflow's UI lists) previews a
+    converted step's trace from its root's ``input.value`` / ``output.value``."""
+    page = client.search_traces(locations=[amd.experiment_id], include_spans=False)
+    infos = {trace.info.trace_id: trace.info for trace in page}
+    for step in (1, 2):
+        info = infos[_step_trace(amd, step)]
+        root = next(s for s in amd.traces[info.trace_id].data.spans if s.parent_id is None)
+        assert json.loads(info.request_preview) == {"step": step}
+        duration_ms = _listed_ms(root)
+        assert json.loads(info.response_preview) == {"step_ms": duration_ms}
+
+
+@pytest.fixture(scope="module")
+def live(mlflow_server: MlflowServer, client: MlflowClient, tmp_path_factory: pytest.TempPathFactory) -> Delivery:
+    """A real training loop instrumented live, exporting to MLflow: eight steps of four samples,
+    the early window (OTELPROF_PROFILE_EARLY=2) warming up at step 2 and recording 3 and 4."""
+    torch = pytest.importorskip("torch")
+    from capture import live_session
+
+    experiment_id = client.create_experiment("otelprof-live")
+    environ = _environ(mlflow_server, experiment_id, OTELPROF_RUN_ID="mlflow-live")
+    quiet = {"OTELPROF_TRIGGER_SIGNAL": "none", "OTELPROF_ANOMALY_FACTOR": "0", "OTELPROF_PROFILE_EARLY": "2"}
+    session = live_session.start(free_port(), tmp_path_factory.mktemp("live-spool"), **environ, **quiet)
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.randn(32, 16), batch_size=4)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for batch in loader:
+        model(batch).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    live_session.stop(session)
+    assert session.windows is not None and session.windows.windows_done == 1
+    assert session.exporter is not None and session.exporter.counters.requests_spooled == 0
+    return Delivery(experiment_id, [], {}, _read_back(client, experiment_id))
+
+
+def test_a_live_step_lists_its_number_and_phases(client: MlflowClient, live: Delivery) -> None:
+    """Each live step is one trace whose root is its ``train.step``; the list shows the step
+    number and samples (request preview) and each phase's milliseconds (response preview)."""
+    page = client.search_traces(locations=[live.experiment_id], include_spans=False)
+    infos = {trace.info.trace_id: trace.info for trace in page}
+    steps = {_mlflow_trace_id(ids.trace_id(f"step|mlflow-live|{n}")) for n in range(8)}
+    assert steps <= infos.keys() and len(infos) == 9  # and the window's trace (what ran in no step)
+    [window] = [live.traces[t] for t in infos.keys() - steps]
+    [window_root] = [s for s in window.data.spans if s.parent_id is None]
+    assert window_root.name.startswith("PyTorch Profiler") and infos[window.info.trace_id].request_preview is None
+    for n in range(8):
+        info = infos[_mlflow_trace_id(ids.trace_id(f"step|mlflow-live|{n}"))]
+        spans = live.traces[info.trace_id].data.spans
+        (root,) = [s for s in spans if s.parent_id is None]
+        assert root.name == "train.step"
+        assert json.loads(info.request_preview) == {"step": n, "samples": 4}
+        listed = json.loads(info.response_preview)
+        phases = {
+            s.attributes["otelprof.phase"]: s
+            for s in spans
+            if s.parent_id == root.span_id and s.name != f"ProfilerStep#{n}"
+        }
+        assert list(listed) == [f"{p}_ms" for p in ("data", "forward", "backward", "optimizer")] + ["step_ms"]
+        for phase, span in phases.items():
+            assert listed[f"{phase}_ms"] == _listed_ms(span)
+        assert listed["step_ms"] == _listed_ms(root)
+        assert phases["forward"].name == "forward Sequential"
+        mark = root.attributes.get("otelprof.step.window")
+        assert (mark, root.attributes.get("otelprof.window.trigger")) == {
+            2: ("warmup", "early"),
+            3: ("recorded", "early"),
+            4: ("recorded", "early"),
+            5: ("after", None),
+        }.get(n, (None, None))
+        profiled = [s for s in spans if s.name == f"ProfilerStep#{n}"]
+        assert len(profiled) == (1 if n in (3, 4) else 0)  # the window's operators, under the live step

@@ -128,7 +128,7 @@ def test_phases_inside_their_step_without_overlap(run: tuple[checks.Captured, An
     steps = captured.named("train.step")
     checks.check_phases(captured, steps)
     for step in steps:  # every micro-batch's forward and backward is in its update's step
-        names = [p.name for p in captured.children(step)]
+        names = [checks.phase_of(p) for p in checks.phase_spans(captured, step)]
         assert names.count("forward") == accumulation and names.count("backward") == accumulation
 
 

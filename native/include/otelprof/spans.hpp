@@ -29,7 +29,9 @@ enum FixedKey : AttrKey {
     // iteration roots (a window without steps)
     kIterationKey, kIterationSourceKey,
     // readable names (names.hpp)
-    kKernelNameKey, kMemoryDeviceKey, kFixedKeyCount
+    kKernelNameKey, kMemoryDeviceKey,
+    // what a trace list shows (OpenInference's input/output; MLflow's request/response previews)
+    kWindowTriggerKey, kInputValueKey, kInputMimeTypeKey, kOutputValueKey, kOutputMimeTypeKey, kFixedKeyCount
 };
 AttrKey arg_key(int arg_attribute);
 AttrKey memory_key(int memory_attribute);
@@ -56,6 +58,17 @@ struct AttrValue {
 };
 
 static_assert(sizeof(AttrValue) == 16, "a large trace has a million attributes");
+
+// Nanoseconds as milliseconds with three decimals, truncated ("97.310"; negative: "0.000"), as
+// reference/builder.py millis writes them: the trace-list JSON of step spans.
+inline void append_millis(std::string& out, int64_t ns) {
+    if (ns < 0) ns = 0;
+    out += std::to_string(ns / 1000000);
+    out += '.';
+    const std::string frac = std::to_string(ns % 1000000 / 1000);
+    out.append(3 - frac.size(), '0');
+    out += frac;
+}
 
 using Attrs = BigVector<AttrValue>;  // attributes, keyed by AttrValue::key
 using ResourceAttr = std::pair<std::string_view, AttrValue>;

@@ -543,6 +543,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             peak = acc_peak if acc_peak >= 0 else cpu_peak
             if peak >= 0:
                 attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
+            attrs.extend(step_list_attrs(step_num[i], e.end - e.start))
         my_id = sid(e.ordinal)
         if my_id in hidden_attrs:
             attrs.extend(hidden_attrs[my_id])
@@ -605,6 +606,24 @@ def _cut_strings(spans: list[Span], limit: int | None) -> int:
                 sp.attrs[k] = (key, value[:limit])
                 cut += 1
     return cut
+
+
+def millis(ns: int) -> str:
+    """Nanoseconds as milliseconds with three decimals by integer arithmetic, truncated, as the
+    native core writes them (spans.hpp append_millis)."""
+    ns = max(0, ns)
+    return f"{ns // 1_000_000}.{ns % 1_000_000 // 1000:03d}"
+
+
+def step_list_attrs(step: int, duration_ns: int) -> Attrs:
+    """What MLflow's and Phoenix's trace lists show of a ``ProfilerStep#N`` span (OpenInference's
+    input and output; MLflow's request and response previews)."""
+    return [
+        ("input.value", f'{{"step": {step}}}'),
+        ("input.mime_type", "application/json"),
+        ("output.value", f'{{"step_ms": {millis(duration_ns)}}}'),
+        ("output.mime_type", "application/json"),
+    ]
 
 
 def _detail_root_attrs(step: int, rank: int | None) -> Attrs:
