@@ -51,6 +51,7 @@ from otelprof.export.result import ExportResult
 from otelprof.resource import options_from_env
 
 from .mlflow_server import MlflowServer
+from .receivers import free_port
 
 pytest.importorskip("mlflow", reason="mlflow is not installed (it is in the 'test' extra: pip install -e '.[test]')")
 
