@@ -29,6 +29,7 @@ from otelprof.converter import convert
 from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import Exporter
 from otelprof.export.spool import Spool
+from otelprof.importer import find_sources
 
 from .receivers import free_port, http_receiver, wait_until
 
@@ -209,7 +210,8 @@ def test_import_to_a_read_only_spool_fails_and_resume_sends_what_was_lost(tmp_pa
         )
         assert resumed.returncode == 0, resumed.stderr
         wait_until(lambda: len(rec.requests) == 1)
-    want = convert(trace, run_id=f"kineto/{trace.name}").requests
+    (source,) = find_sources([trace])  # the run id the import gave it
+    want = convert(trace, run_id=source.run_id).requests
     assert _span_ids(rec.requests) == _span_ids(ExportTraceServiceRequest.FromString(r) for r in want)
     (entry,) = json.loads(ledger.read_text())["files"].values()
     assert entry["sent"] == entry["requests"] == 1

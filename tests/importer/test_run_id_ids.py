@@ -29,7 +29,7 @@ FILES = (
 
 def _import(tmp_path: Path, folder: Path) -> list[Got]:
     with http_receiver() as rec, import_env(tmp_path, rec.port):
-        code = run_import(folder, "--run-id", "ref", "--ledger", tmp_path / "ledger.json", "-q")
+        code = run_import(folder, "--run-id", "ref", "--detail", "full", "--ledger", tmp_path / "ledger.json", "-q")
     assert code == 0
     return received(rec.requests)
 

@@ -159,8 +159,8 @@ def test_the_same_step_of_two_ranks_is_one_trace(everything: Imported) -> None:
 
 def test_reimport_gives_the_same_ids(tmp_path: Path) -> None:
     files = [shared("sampled_rank-0"), shared("sampled_rank-1"), shared("saxpy", NSYS)]
-    first = _import(tmp_path / "a", *files)
-    second = _import(tmp_path / "b", *files)
+    first = _import(tmp_path / "a", "--detail", "full", *files)
+    second = _import(tmp_path / "b", "--detail", "full", *files)
 
     def key(g: Got) -> tuple[bytes, bytes, bytes, str, int, int]:
         s = g.span

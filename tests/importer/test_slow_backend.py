@@ -40,7 +40,7 @@ def test_import_over_http_sends_smaller_requests(protocol: str, tmp_path: Path) 
     with import_env(tmp_path, None), pytest.MonkeyPatch.context() as mp, receiver as rec:
         mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{rec.port}")
         mp.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
-        assert run_import(trace, "--ledger", ledger, "-q") == 0
+        assert run_import(trace, "--detail", "full", "--ledger", ledger, "-q") == 0
         sizes = [r.ByteSize() for r in rec.requests]
         got = received(rec.requests)
     limit = HTTP_IMPORT_REQUEST_BYTES if protocol == "http/protobuf" else 3 * 1024 * 1024
@@ -48,7 +48,7 @@ def test_import_over_http_sends_smaller_requests(protocol: str, tmp_path: Path) 
     assert len(sizes) > 1
     if protocol == "http/protobuf":
         assert max(sizes) <= 1024 * 1024 and len(sizes) > 3  # the 3 MiB default made 3
-    want = decode(convert(trace, run_id=run_id_of(trace)).requests)
+    want = decode(convert(trace, run_id=run_id_of(trace), detail="full").requests)
     assert ids(got) == ids(want)
     assert [g.span.name for g in got] == [g.span.name for g in want]
 
