@@ -45,7 +45,7 @@ otelprof::Options to_options(const py::dict& d) {
     o.group_by_input_shapes = get_or<bool>(d, "group_by_input_shapes", false);
     o.scope_version = get_or<std::string>(d, "scope_version", "");
     if (d.contains("live_steps")) {
-        // [(number, trace id, span id, [(span id, start, end)])], validated by ConvertOptions
+        // [(number, trace id, span id, [(span id, start, end)], trigger)], validated by ConvertOptions
         auto copy = [](const py::handle& b, uint8_t* out, size_t size) {
             const std::string raw = b.cast<std::string>();
             if (raw.size() != size) throw py::value_error("a live step's trace id is 16 bytes, span ids 8");
@@ -65,6 +65,7 @@ otelprof::Options to_options(const py::dict& d) {
                 phase.end = p[2].cast<int64_t>();
                 ls.phases.push_back(phase);
             }
+            if (t.size() > 4) ls.trigger = t[4].cast<std::string>();
             o.live_steps.push_back(std::move(ls));
         }
     }

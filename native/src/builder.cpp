@@ -1249,6 +1249,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             rendered += '}';
             add(sp, kOutputValueKey, AttrValue::str(keep_str(rendered)));
             add(sp, kOutputMimeTypeKey, AttrValue::str("application/json"));
+            if (const LiveStep* ls = live_step(i); ls && !ls->trigger.empty())
+                add(sp, kWindowTriggerKey, AttrValue::str(keep_str(ls->trigger)));
         }
         add_hidden(sp, i);
         int parent_slot = -1;

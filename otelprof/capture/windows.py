@@ -234,7 +234,8 @@ class Windows:
             if step is not None and len(self._live) < MAX_LIVE_STEPS:
                 # a framework numbers its steps itself (and only at their end): ProfilerStep#label
                 # still goes under that step's train.step, in its trace
-                self._live.append(step if step.number == label else dataclasses.replace(step, number=label))
+                # and its ProfilerStep#label says what started the window
+                self._live.append(dataclasses.replace(step, number=label, trigger=self._trigger))
         marked = action != ProfilerAction.NONE or self._after_window
         if marked:
             self.marked_steps.append(label if number is None else number)

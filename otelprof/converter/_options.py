@@ -46,11 +46,13 @@ class LiveStep:
     trace_id: bytes  # 16 bytes
     span_id: bytes  # 8 bytes
     phases: tuple[tuple[bytes, int, int], ...] = ()  # (span id, start ns, end ns)
+    trigger: str = ""  # what started the window (early, schedule, on_demand, anomaly): otelprof.window.trigger
 
     def __post_init__(self) -> None:
         ok = isinstance(self.number, int) and 0 <= self.number <= _INT64_MAX
         ok = ok and isinstance(self.trace_id, bytes) and len(self.trace_id) == 16
         ok = ok and isinstance(self.span_id, bytes) and len(self.span_id) == 8
+        ok = ok and isinstance(self.trigger, str)
         for phase in self.phases:
             ok = ok and len(phase) == 3 and isinstance(phase[0], bytes) and len(phase[0]) == 8
             ok = ok and all(isinstance(t, int) and 0 <= t <= _INT64_MAX for t in phase[1:])
@@ -157,5 +159,5 @@ class ConvertOptions:
             "base_time_ns": -1 if self.base_time_ns is None else self.base_time_ns,
             "group_by_input_shapes": self.group_by_input_shapes,
             "scope_version": clean(self.scope_version),
-            "live_steps": [(s.number, s.trace_id, s.span_id, list(s.phases)) for s in self.live_steps],
+            "live_steps": [(s.number, s.trace_id, s.span_id, list(s.phases), s.trigger) for s in self.live_steps],
         }

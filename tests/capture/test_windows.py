@@ -72,6 +72,15 @@ def _triggers(rec: HttpReceiver) -> dict[int, tuple[str, str]]:
     return out
 
 
+def _marker_triggers(rec: HttpReceiver) -> dict[int, str]:
+    """Step number -> ``otelprof.window.trigger`` of its converted ``ProfilerStep#N`` span."""
+    return {
+        int(s.name.split("#")[1]): _attrs(s).get("otelprof.window.trigger", "")
+        for s in rec.spans
+        if s.name.startswith("ProfilerStep#")
+    }
+
+
 def _window(first: int, recorded: int, trigger: str) -> dict[int, tuple[str, str]]:
     """A window's warmup step ``first`` and the ``recorded`` steps after it, marked by ``trigger``."""
     return {first: ("warmup", trigger), **{first + 1 + i: ("recorded", trigger) for i in range(recorded)}}
@@ -99,6 +108,7 @@ def test_schedule_profiles_exactly_the_active_steps(receiver: HttpReceiver, tmp_
     assert metrics["otelprof_profiling_windows_total"] == {"early": 0, "schedule": 1, "on_demand": 0, "anomaly": 0}
     # the early window (warmup at step 10 by default) is left out: the schedule's first comes sooner
     assert _triggers(receiver) == _window(4, 2, "schedule")
+    assert _marker_triggers(receiver) == {5: "schedule", 6: "schedule"}
     top = metrics["otelprof_window_op_self_cpu_seconds"]
     assert "aten::addmm" in top and 0 < len(top) <= 11 and all(v > 0 for v in top.values())
     assert "otelprof_window_gpu_busy_ratio" not in metrics  # a CPU run records no device time
@@ -134,6 +144,7 @@ def test_trigger_file_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: 
     assert session.windows is not None and session.windows.windows_done == 1
     assert _window_metrics(session)["otelprof_profiling_windows_total"]["on_demand"] == 1
     assert _triggers(receiver) == _window(4, 2, "on_demand")
+    assert _marker_triggers(receiver) == {5: "on_demand", 6: "on_demand"}
 
 
 def test_signal_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: Path) -> None:
@@ -199,6 +210,7 @@ def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: P
     windows = _window_metrics(session)["otelprof_profiling_windows_total"]
     assert windows == {"early": 0, "schedule": 0, "on_demand": 0, "anomaly": 1}
     assert _triggers(receiver) == _window(13, 2, "anomaly")
+    assert _marker_triggers(receiver) == {14: "anomaly", 15: "anomaly"}
 
 
 def test_the_first_window_is_early_by_default(receiver: HttpReceiver, tmp_path: Path) -> None:
@@ -209,6 +221,7 @@ def test_the_first_window_is_early_by_default(receiver: HttpReceiver, tmp_path: 
     live_session.stop(session)
     assert _profiled_steps(receiver, 16) == [11, 12]
     assert _triggers(receiver) == _window(10, 2, "early")
+    assert _marker_triggers(receiver) == {11: "early", 12: "early"}
     after = next(s for s in receiver.spans if s.name == "train.step" and _attrs(s)["pytorch.step"] == 13)
     assert _attrs(after)["otelprof.step.window"] == "after" and "otelprof.window.trigger" not in _attrs(after)
     windows = _window_metrics(session)["otelprof_profiling_windows_total"]
@@ -223,6 +236,7 @@ def test_the_early_window_comes_before_the_schedule(receiver: HttpReceiver, tmp_
     # early: warm up 2, record 3-4 (5 pays the stop); the schedule: skip 0-5, warm up 6, record 7-8
     assert _profiled_steps(receiver, 12) == [3, 4, 7, 8]
     assert _triggers(receiver) == {**_window(2, 2, "early"), **_window(6, 2, "schedule")}
+    assert _marker_triggers(receiver) == {3: "early", 4: "early", 7: "schedule", 8: "schedule"}
     windows = _window_metrics(session)["otelprof_profiling_windows_total"]
     assert windows == {"early": 1, "schedule": 1, "on_demand": 0, "anomaly": 0}
 

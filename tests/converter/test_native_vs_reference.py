@@ -138,8 +138,9 @@ def _live_steps(path: Path) -> tuple[Any, ...]:
     for k, (n, start, end) in enumerate(steps):
         cuts = [start + (end - start) * q // 4 for q in range(5)]
         phases = tuple((h(f"{n}|{q}", 8), cuts[q], cuts[q + 1]) for q in range(4))
-        out.append(LiveStep(n, h(f"trace|{min(k, 1) if k < 2 else n}", 16), h(f"step|{n}", 8), phases))
-    out.append(LiveStep(steps[0][0], h("dup", 16), h("dup", 8)))  # the first of a number counts
+        trigger = ("early", "", "on_demand")[k % 3]  # otelprof.window.trigger on ProfilerStep#n ("": none)
+        out.append(LiveStep(n, h(f"trace|{min(k, 1) if k < 2 else n}", 16), h(f"step|{n}", 8), phases, trigger))
+    out.append(LiveStep(steps[0][0], h("dup", 16), h("dup", 8), trigger="anomaly"))  # the first of a number counts
     out.append(LiveStep(10**12, h("none", 16), h("none", 8)))
     return tuple(out)
 
@@ -160,6 +161,9 @@ def test_live_steps_match_reference(fragment: str, detail: Detail) -> None:
         assert [s.name for s in members if not s.parent_span_id] == [], "the live span is the only root"
         markers = [s for s in members if s.name == f"ProfilerStep#{step.number}"]
         assert [s.parent_span_id for s in markers if s.parent_span_id == step.span_id] == [step.span_id]
+        [marker] = [s for s in markers if s.parent_span_id == step.span_id]
+        triggers = [kv.value.string_value for kv in marker.attributes if kv.key == "otelprof.window.trigger"]
+        assert triggers == ([step.trigger] if step.trigger else [])
     split = ConvertOptions(detail=detail, world_size=64, split_world_size=2)
     with_live = dataclasses.replace(split, live_steps=live)
     assert convert(path, engine="native", options=with_live).requests == convert(path, options=split).requests

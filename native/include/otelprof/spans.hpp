@@ -120,6 +120,7 @@ struct LiveStep {
     TraceId trace_id{};
     SpanId span_id{};
     std::vector<LivePhase> phases;
+    std::string trigger;  // what started the window ("": unknown, no attribute)
 };
 
 struct Options {

@@ -544,6 +544,8 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             if peak >= 0:
                 attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
             attrs.extend(step_list_attrs(step_num[i], e.end - e.start))
+            if i in live_of and live_of[i].trigger:
+                attrs.append(("otelprof.window.trigger", live_of[i].trigger))
         my_id = sid(e.ordinal)
         if my_id in hidden_attrs:
             attrs.extend(hidden_attrs[my_id])
