@@ -7,10 +7,8 @@ and credentials are tested exactly as the exporter will meet them.
 
 from __future__ import annotations
 
-import ast
 import errno
 import http.client
-import itertools
 import logging
 import os
 import re
@@ -20,10 +18,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from . import environment_variables as ev
 from .export.config import ExporterConfig, exporter_config_from_env
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -49,31 +45,16 @@ class Setting:
 
 
 def known_variables() -> dict[str, str]:
-    """Every variable in environment_variables.py with the default its docstring states (the
-    variables are defined, and their defaults documented, once: there)."""
-    names = {v for k, v in vars(ev).items() if k.isupper() and isinstance(v, str) and k == v}
-    defaults: dict[str, str] = dict.fromkeys(names, "")
-    try:
-        tree = ast.parse(Path(ev.__file__).read_text("utf-8"))
-    except (OSError, SyntaxError):  # no source next to the module: names without defaults
-        return defaults
-    body = tree.body
-    for stmt, doc in itertools.pairwise(body):
-        if not (isinstance(stmt, ast.Assign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
-            continue
-        target = stmt.targets[0]
-        if isinstance(target, ast.Name) and target.id in defaults and isinstance(doc.value.value, str):
-            defaults[target.id] = _default(doc.value.value)
-    return defaults
+    """Every variable of the settings registry with its default, as ``doctor`` prints it."""
+    from .settings import VARIABLES
+
+    return {name: _plain(var.default_text) for name, var in VARIABLES.items()}
 
 
-def _default(docstring: str) -> str:
-    text = " ".join(docstring.split())
-    found = re.search(r"Default: (.*)$", text)
-    if found:  # the value, without the explanation that follows it in parentheses
-        return re.sub(r" \(.*?\)", "", found.group(1).replace("``", "")).rstrip(".")
-    general = re.search(r"Signal-specific :envvar:`(\w+)`", text)
-    return f"{general.group(1)}" if general else ""
+def _plain(default: str) -> str:
+    """A default without markup or the explanation that follows it in parentheses."""
+    plain = re.sub(r" \(.*?\)", "", default.replace("``", ""))
+    return "" if plain == "unset" else plain
 
 
 def mask(name: str, value: str) -> str:

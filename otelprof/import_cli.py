@@ -41,6 +41,7 @@ from .importer.discover import Source, SourceError, find_sources
 from .importer.ledger import Ledger, LedgerError, default_path
 from .importer.progress import Progress
 from .importer.session import DEFAULT_BATCH_BYTES, Importer, Report
+from .settings import first_set, is_set
 
 if TYPE_CHECKING:
     from .export.config import ExporterConfig
@@ -167,7 +168,7 @@ def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
     from .export.config import exporter_config_from_env
 
     config = exporter_config_from_env(environ)
-    if any(environ.get(name, "").strip() for name in (OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT)):
+    if first_set(environ, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT):
         return config
     return dataclasses.replace(config, timeout_s=IMPORT_TIMEOUT_S)
 
@@ -188,7 +189,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     config = import_exporter_config(os.environ)
     if config.disabled:
         raise CliError("export is disabled (OTEL_SDK_DISABLED=true): nothing would be sent")
-    told = args.max_request_bytes is not None or os.environ.get(OTELPROF_MAX_REQUEST_BYTES, "").strip()
+    told = args.max_request_bytes is not None or is_set(os.environ, OTELPROF_MAX_REQUEST_BYTES)
     if config.protocol == "http/protobuf" and not told:
         base = dataclasses.replace(base, max_request_bytes=HTTP_IMPORT_REQUEST_BYTES)
 

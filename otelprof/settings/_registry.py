@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._kinds import Kind, Text
+from ._kinds import Kind
 
 _log = logging.getLogger("otelprof.settings")
 
@@ -101,5 +101,6 @@ def first_set(environ: Mapping[str, str], *names: str) -> str | None:
 def text(environ: Mapping[str, str], name: str) -> str | None:
     """A registered variable's text, stripped, or None when unset or empty (for the variables
     whose text is parsed entry by entry where it is used: headers, resource attributes)."""
-    assert isinstance(VARIABLES[name].kind, Text), name
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not in otelprof.settings.variables")
     return environ.get(name, "").strip() or None
