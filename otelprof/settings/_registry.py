@@ -20,6 +20,8 @@ class Variable:
     tables and ``otelprof doctor`` write it when the value alone would not say it (``None``: the
     value, formatted by its kind). ``general`` names the variable a signal-specific one
     (``OTEL_EXPORTER_OTLP_TRACES_*``) replaces when set. ``group`` is the README table it is in.
+    ``unset_means``: what ``otelprof doctor`` says an unset variable means, where that is not the
+    table's default written plainly.
     """
 
     name: str
@@ -29,6 +31,7 @@ class Variable:
     group: str
     shown: str | None = None
     general: str | None = None
+    unset_means: str | None = None
 
     @property
     def default_text(self) -> str:
@@ -58,11 +61,12 @@ def define(
     group: str,
     shown: str | None = None,
     general: str | None = None,
+    unset_means: str | None = None,
 ) -> str:
     """Registers a variable; returns its name (the module constant the readers import)."""
     if name in VARIABLES:
         raise RuntimeError(f"{name} is defined twice")
-    VARIABLES[name] = Variable(name, kind, default, doc, group, shown, general)
+    VARIABLES[name] = Variable(name, kind, default, doc, group, shown, general, unset_means)
     return name
 
 

@@ -117,7 +117,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT = define(
     " warning. otelprof does not assume the specification's localhost default: a job must not"
     " depend on a Collector nobody started.",
     "export",
-    shown="unset: spool only",
+    shown="unset: spool only (a value that is not an http(s) URL: one warning, then the same)",
+    unset_means="none, spans go to the spool",
 )
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = define(
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from .export.config import ExporterConfig, exporter_config_from_env
+from ..export.config import ExporterConfig, exporter_config_from_env
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -46,9 +46,9 @@ class Setting:
 
 def known_variables() -> dict[str, str]:
     """Every variable of the settings registry with its default, as ``doctor`` prints it."""
-    from .settings import VARIABLES
+    from ..settings import VARIABLES
 
-    return {name: _plain(var.default_text) for name, var in VARIABLES.items()}
+    return {name: var.unset_means or _plain(var.default_text) for name, var in VARIABLES.items()}
 
 
 def _plain(default: str) -> str:
@@ -115,8 +115,8 @@ def _captured_warnings() -> Iterator[list[str]]:
 
 def check_configuration(environ: Mapping[str, str]) -> list[Check]:
     """Reads the environment as otelprof will: each bad value (and unknown OTELPROF_ name) is a warning."""
-    from ._config import settings_from_env
-    from .resource import options_from_env
+    from .._config import settings_from_env
+    from ..resource import options_from_env
 
     with _captured_warnings() as warnings:
         exporter_config_from_env(environ)
@@ -139,8 +139,8 @@ def check_export(environ: Mapping[str, str], timeout_s: float = 5.0) -> Check:
     """A real, empty Export call to the configured endpoint."""
     import dataclasses
 
-    from .export.config import why_no_endpoint
-    from .export.exporter import transport
+    from ..export.config import why_no_endpoint
+    from ..export.exporter import transport
 
     with _captured_warnings():  # already reported by check_configuration
         cfg = exporter_config_from_env(environ)
@@ -201,7 +201,7 @@ def _hint(cfg: ExporterConfig, message: str) -> str:
 
 def check_prometheus(environ: Mapping[str, str], timeout_s: float = 2.0) -> Check:
     """Whether the /metrics endpoint can listen where it is configured to."""
-    from ._config import settings_from_env
+    from .._config import settings_from_env
 
     with _captured_warnings():
         config = settings_from_env(environ)
@@ -306,7 +306,7 @@ def _check_cupti() -> Check:
 
 
 def check_native() -> Check:
-    from .converter import native_available
+    from ..converter import native_available
 
     if native_available():
         return Check("native", OK, "the C++ core (otelprof._native) is loaded")
@@ -314,8 +314,8 @@ def check_native() -> Check:
 
 
 def check_spool(environ: Mapping[str, str]) -> Check:
-    from .export.exporter import spool_dir_from_env
-    from .export.spool import DEFAULT_MAX_BYTES, SUFFIX
+    from ..export.exporter import spool_dir_from_env
+    from ..export.spool import DEFAULT_MAX_BYTES, SUFFIX
 
     folder = spool_dir_from_env(environ)
     if not folder.exists():
@@ -325,8 +325,8 @@ def check_spool(environ: Mapping[str, str]) -> Check:
         return Check("spool", OK, f"{folder}: empty (created when first needed)")
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         return Check("spool", FAIL, f"{folder} is not a writable folder: set OTELPROF_SPOOL_DIR")
-    from .export.destination import NO_DESTINATION, destination_id
-    from .export.spool import record_destination
+    from ..export.destination import NO_DESTINATION, destination_id
+    from ..export.spool import record_destination
 
     sizes: list[int] = []
     per_destination: Counter[str] = Counter()
