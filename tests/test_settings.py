@@ -14,6 +14,7 @@ from otelprof import settings
 from otelprof._config import settings_from_env
 from otelprof.capture.windows import WindowSettings
 from otelprof.converter import ConvertOptions
+from otelprof.export import exporter_config_from_env
 from otelprof.resource import options_from_env
 from otelprof.settings import VARIABLES, Bool, Int, Number, render_tables
 
@@ -37,7 +38,7 @@ def test_other_booleans_warn_and_keep_the_default(raw: str, caplog: pytest.LogCa
     assert f"OTELPROF_CUDA_EVENTS={raw!r} is not true or false; using true" in messages
 
 
-@pytest.mark.parametrize("raw", ["1.5", "0x10", "ten", "-1"])
+@pytest.mark.parametrize("raw", ["1.5", "0x10", "ten", "-1", "1_000", "١٢"])
 def test_integers_are_decimal_in_range(raw: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         value = settings.parse({"X": raw}, "X", Int(0), 7)
@@ -45,12 +46,23 @@ def test_integers_are_decimal_in_range(raw: str, caplog: pytest.LogCaptureFixtur
     assert [r.getMessage() for r in caplog.records] == [f"X={raw!r} is not an integer from 0; using 7"]
 
 
-@pytest.mark.parametrize("raw", ["nan", "inf", "-2", "fast"])
+@pytest.mark.parametrize("raw", ["nan", "inf", "-2", "fast", "1_0", "0x1p3"])
 def test_numbers_are_finite_and_checked(raw: str, caplog: pytest.LogCaptureFixture) -> None:
     kind = Number(lambda v: v >= 0, "a non-negative number")
     with caplog.at_level(logging.WARNING):
         assert settings.parse({"X": raw}, "X", kind, 1.0) == 1.0
     assert len(caplog.records) == 1 and "X=" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(("raw", "value"), [("2.5", 2.5), ("1e3", 1000.0), (".5", 0.5), ("+7", 7.0)])
+def test_decimal_numbers(raw: str, value: float) -> None:
+    assert Number(lambda v: True, "a number").parse(raw) == value
+
+
+def test_enumerations_take_any_case() -> None:
+    """Before the registry, OTEL_EXPORTER_OTLP_PROTOCOL had to be lower case (``GRPC`` warned)."""
+    assert exporter_config_from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "GRPC"}).protocol == "grpc"
+    assert options_from_env({"OTELPROF_DETAIL": "Full"}).detail == "full"
 
 
 def test_empty_is_unset_and_never_warns(caplog: pytest.LogCaptureFixture) -> None:

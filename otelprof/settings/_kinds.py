@@ -15,10 +15,15 @@ names the variable, the value and what is used instead (``expect`` words the mid
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+#: Decimal text only: no ``1_000``, no hex, no non-ASCII digits (Python's int() and float() take them).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 class Kind:
@@ -77,6 +82,8 @@ class Int(Kind):
         return f"an integer from {self.low}" + (f" to {self.high}" if self.high is not None else "")
 
     def parse(self, raw: str) -> int:
+        if not _INTEGER.fullmatch(raw):
+            raise ValueError(raw)
         value = int(raw)
         if value < self.low or (self.high is not None and value > self.high):
             raise ValueError(raw)
@@ -99,6 +106,8 @@ class Number(Kind):
         return self.words
 
     def parse(self, raw: str) -> float:
+        if not _NUMBER.fullmatch(raw):  # also rejects nan and inf
+            raise ValueError(raw)
         value = float(raw)
         if not math.isfinite(value) or not self.accept(value):
             raise ValueError(raw)
