@@ -61,7 +61,7 @@ OTELPROF_MAX_REQUEST_BYTES = define(
     "Largest serialized OTLP ``ExportTraceServiceRequest``, in bytes (at least 1024), for"
     " converted traces and live step spans alike; bigger ones are split.",
     "convert",
-    shown="3145728 (3 MiB, under the Collector's 4 MiB gRPC limit)",
+    shown="``3145728`` (3 MiB, under the Collector's 4 MiB gRPC limit)",
 )
 OTELPROF_MIN_DURATION_US = define(
     "OTELPROF_MIN_DURATION_US",
@@ -103,7 +103,7 @@ OTELPROF_SPOOL_DIR = define(
     None,
     "Where export requests wait while the backend is unreachable (and go when no endpoint is set).",
     "convert",
-    shown="~/.cache/otelprof/spool",
+    shown="``~/.cache/otelprof/spool``",
 )
 
 # --- OTLP export (the specification's names; the TRACES_ variant wins) ----------------------
@@ -284,7 +284,7 @@ OTEL_METRICS_EXPORTER = define(
     " through the OpenTelemetry SDK (``pip install 'otelprof[metrics]'``), ``none`` neither."
     " (The specification's default is ``otlp``; these metrics are made for scraping.)",
     "live",
-    shown="prometheus",
+    shown="``prometheus``",
 )
 OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = define(
     "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
