@@ -172,7 +172,7 @@ def framework_lines(rounds: int, steps: int, env: dict[str, str]) -> dict[str, f
 
 def start_lines(rounds: int) -> dict[str, float]:
     """Part 4: a process that never imports torch, bare and under ``otelprof run``."""
-    from otelprof.run_cli import command_environment
+    from otelprof.cli.run import command_environment
 
     bare = [sys.executable, "-c", "pass"]
     environ = dict(os.environ)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["run"]:
-        from .run_cli import launch
+        from .cli.run import launch
 
         code = launch(args[1:])
         if code is not None:

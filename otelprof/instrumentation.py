@@ -35,6 +35,8 @@ from .converter.reference.builder import Attrs, resource_attributes
 from .export import exporter_config_from_env
 from .export.exporter import Exporter, spool_dir_from_env
 from .resource import options_from_env, resource_attributes_from_env
+from .settings import value
+from .settings.variables import OTELPROF_MAX_REQUEST_BYTES
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -112,6 +114,7 @@ class Session:
                 self.straggler.register(self.identity.labels(), self.registry)
             resource = _resource(self.identity, self._environ)
             self.spans = StepSpans(exporter, self.identity, resource, self.metrics.span_dropped)
+            self.spans.max_request_bytes = value(self._environ, OTELPROF_MAX_REQUEST_BYTES, _log)
             metric_exporters = otlp_metrics.exporters(self._environ)
             if "prometheus" in metric_exporters:
                 self._serve_metrics()

@@ -7,25 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from ._config import env_int
 from ._version import __version__
 from .converter import ConvertOptions
-from .converter._options import (
-    DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
-    DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_MIN_DURATION_NS,
-    DEFAULT_SPAN_BUDGET,
-    DEFAULT_SPLIT_WORLD_SIZE,
-    Detail,
-)
-from .environment_variables import (
+from .settings import first_set, text, value
+from .settings.variables import (
     OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT,
     OTEL_RESOURCE_ATTRIBUTES,
     OTEL_SERVICE_NAME,
@@ -82,7 +73,7 @@ def resource_attributes_from_env(environ: Mapping[str, str] = os.environ) -> tup
     replaces any ``service.name`` entry. ``service.name``, when present, comes first.
     """
     attrs: dict[str, str] = {}
-    for entry in environ.get(OTEL_RESOURCE_ATTRIBUTES, "").split(","):
+    for entry in (text(environ, OTEL_RESOURCE_ATTRIBUTES) or "").split(","):
         if not entry.strip():
             continue
         parsed = _parse_entry(entry)
@@ -90,69 +81,17 @@ def resource_attributes_from_env(environ: Mapping[str, str] = os.environ) -> tup
             _log.warning("%s: ignoring invalid entry %r (%s)", OTEL_RESOURCE_ATTRIBUTES, entry, parsed)
             continue
         attrs[parsed[0]] = parsed[1]
-    service = environ.get(OTEL_SERVICE_NAME, "").strip()
+    service = text(environ, OTEL_SERVICE_NAME)
     if service:
         attrs[SERVICE_NAME] = service
     head = [(SERVICE_NAME, attrs.pop(SERVICE_NAME))] if SERVICE_NAME in attrs else []
     return tuple(head + list(attrs.items()))
 
 
-def _env(environ: Mapping[str, str], name: str) -> str | None:
-    value = environ.get(name, "").strip()
-    return value or None
-
-
-def _detail(environ: Mapping[str, str]) -> Detail:
-    raw = _env(environ, OTELPROF_DETAIL)
-    if raw is None or raw.lower() == "default":
-        return "default"
-    if raw.lower() == "full":
-        return "full"
-    _log.warning("%s=%r is not 'full' or 'default'; using 'default'", OTELPROF_DETAIL, raw)
-    return "default"
-
-
-def _max_request_bytes(environ: Mapping[str, str]) -> int:
-    raw = _env(environ, OTELPROF_MAX_REQUEST_BYTES)
-    if raw is None:
-        return DEFAULT_MAX_REQUEST_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 1024:
-        _log.warning(
-            "%s=%r is not an integer >= 1024; using %d", OTELPROF_MAX_REQUEST_BYTES, raw, DEFAULT_MAX_REQUEST_BYTES
-        )
-        return DEFAULT_MAX_REQUEST_BYTES
-    return value
-
-
-def _min_duration_ns(environ: Mapping[str, str]) -> int:
-    raw = _env(environ, OTELPROF_MIN_DURATION_US)
-    if raw is None:
-        return DEFAULT_MIN_DURATION_NS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 <= value <= 9e12):  # 9e12 us fits int64 ns
-        _log.warning(
-            "%s=%r is not a non-negative number of microseconds; using %g",
-            OTELPROF_MIN_DURATION_US,
-            raw,
-            DEFAULT_MIN_DURATION_NS / 1000,
-        )
-        return DEFAULT_MIN_DURATION_NS
-    return round(value * 1000)
-
-
 def _attribute_value_length_limit(environ: Mapping[str, str]) -> int:
     """The span-specific variable when set, else the general one (the spec's precedence)."""
-    for name in (OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT):
-        if _env(environ, name) is not None:
-            return env_int(environ, name, DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT, 0, 2**31 - 1)
-    return DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
+    name = first_set(environ, OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT) or OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
+    return int(value(environ, name, _log))
 
 
 def options_from_env(environ: Mapping[str, str] = os.environ, **overrides: Any) -> ConvertOptions:
@@ -164,13 +103,13 @@ def options_from_env(environ: Mapping[str, str] = os.environ, **overrides: Any) 
     environment; unlike environment values, a bad override raises ``ValueError``.
     """
     opts = ConvertOptions(
-        run_id=_env(environ, OTELPROF_RUN_ID),
-        detail=_detail(environ),
-        min_duration_ns=_min_duration_ns(environ),
-        max_request_bytes=_max_request_bytes(environ),
+        run_id=value(environ, OTELPROF_RUN_ID, _log),
+        detail=value(environ, OTELPROF_DETAIL, _log),
+        min_duration_ns=round(value(environ, OTELPROF_MIN_DURATION_US, _log) * 1000),
+        max_request_bytes=value(environ, OTELPROF_MAX_REQUEST_BYTES, _log),
         attribute_value_length_limit=_attribute_value_length_limit(environ),
-        split_world_size=env_int(environ, OTELPROF_SPLIT_WORLD_SIZE, DEFAULT_SPLIT_WORLD_SIZE),
-        span_budget=env_int(environ, OTELPROF_SPAN_BUDGET, DEFAULT_SPAN_BUDGET),
+        split_world_size=value(environ, OTELPROF_SPLIT_WORLD_SIZE, _log),
+        span_budget=value(environ, OTELPROF_SPAN_BUDGET, _log),
         resource_attributes=resource_attributes_from_env(environ),
         scope_version=__version__,
     )

@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .._config import env_int
 from ..environment_variables import OTELPROF_RUN_ID, OTELPROF_STRAGGLER_STEPS
+from ..settings import value
 from .identity import Identity
 
 _log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ LABELS = ("run", "rank", "local_rank")
 
 
 def straggler_steps(environ: Mapping[str, str]) -> int:
-    return env_int(environ, OTELPROF_STRAGGLER_STEPS, DEFAULT_STRAGGLER_STEPS)
+    return int(value(environ, OTELPROF_STRAGGLER_STEPS, _log))
 
 
 def straggler_ratio(mean_s: float, means_s: Iterable[float]) -> float | None:

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .._config import env_int
 from ..environment_variables import OTELPROF_RUN_ID
+from ..settings import Int, parse
 
 #: (rank, local rank, world size) variables of the launchers we know, first match wins.
 _LAUNCHERS = (
@@ -41,9 +41,9 @@ def identity_from_env(environ: Mapping[str, str] = os.environ) -> Identity:
     rank, local, world = 0, 0, 1
     for rank_var, local_var, world_var in _LAUNCHERS:
         if environ.get(rank_var, "").strip():
-            rank = env_int(environ, rank_var, 0)
-            local = env_int(environ, local_var, 0)
-            world = max(env_int(environ, world_var, 1, 1), rank + 1)
+            rank = parse(environ, rank_var, Int(0), 0)
+            local = parse(environ, local_var, Int(0), 0)
+            world = max(parse(environ, world_var, Int(1), 1), rank + 1)
             break
     for name in _RUN_IDS:
         value = environ.get(name, "").strip()

@@ -27,6 +27,7 @@ from ..environment_variables import (
     OTEL_EXPORTER_OTLP_PROTOCOL,
     OTEL_METRICS_EXPORTER,
 )
+from ..settings import text
 from .steps import Step
 
 _log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def otel_name(prometheus_name: str) -> tuple[str, str]:
 
 def exporters(environ: Mapping[str, str]) -> set[str]:
     """The metric exporters ``OTEL_METRICS_EXPORTER`` names (unset: ``prometheus``)."""
-    raw = environ.get(OTEL_METRICS_EXPORTER, "").strip().lower() or "prometheus"
+    raw = (text(environ, OTEL_METRICS_EXPORTER) or "prometheus").lower()
     names = {v.strip() for v in raw.split(",") if v.strip()}
     unknown = names - {"prometheus", "otlp", "none"}
     if unknown:
@@ -176,8 +177,8 @@ class OtlpMetrics:
 
 def _exporter(environ: Mapping[str, str]) -> Any:
     protocol = (
-        environ.get(OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, "").strip()
-        or environ.get(OTEL_EXPORTER_OTLP_PROTOCOL, "").strip()
+        text(environ, OTEL_EXPORTER_OTLP_METRICS_PROTOCOL)
+        or text(environ, OTEL_EXPORTER_OTLP_PROTOCOL)
         or "http/protobuf"
     )
     if protocol == "grpc":

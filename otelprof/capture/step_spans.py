@@ -127,6 +127,8 @@ def native_sink() -> Any:
 
 
 class StepSpans:
+    max_request_bytes = 3 * 1024 * 1024  # the session sets OTELPROF_MAX_REQUEST_BYTES's value
+
     def __init__(
         self, exporter: Exporter, identity: Identity, resource: Attrs, on_drop: Callable[[], None] | None = None
     ) -> None:
@@ -213,7 +215,7 @@ class StepSpans:
     def _flush(self) -> None:
         sink = self._sink
         if sink is not None:
-            for request in sink.encode(self.encoder.native, 3 * 1024 * 1024):
+            for request in sink.encode(self.encoder.native, self.max_request_bytes):
                 self._exporter.submit(request)
             if sink.spans_dropped and not self.dropped:
                 _log.warning("step spans are produced faster than they can be encoded: dropping (counted)")
@@ -222,7 +224,7 @@ class StepSpans:
         batch = [pending.popleft() for _ in range(len(pending))]  # steps added meanwhile stay
         if not batch:
             return
-        for request in self.encoder.encode([record(step, ctx) for step, ctx in batch], 3 * 1024 * 1024):
+        for request in self.encoder.encode([record(step, ctx) for step, ctx in batch], self.max_request_bytes):
             self._exporter.submit(request)
 
 

@@ -11,10 +11,11 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from .. import environment_variables as ev
+from ..settings import first_set, text, value
 
 _log = logging.getLogger(__name__)
 
@@ -62,42 +63,30 @@ class ExporterConfig:
 
 
 def _get(environ: Mapping[str, str], traces_name: str, general_name: str) -> tuple[str, str] | None:
-    """(variable, value) of the signal-specific variable if set, else of the general one."""
-    for name in (traces_name, general_name):
-        value = environ.get(name, "").strip()
-        if value:
-            return name, value
-    return None
+    """(variable, text) of the signal-specific variable if set, else of the general one."""
+    name = first_set(environ, traces_name, general_name)
+    found = text(environ, name) if name is not None else None
+    return (name, found) if name is not None and found is not None else None
 
 
-def _bool(found: tuple[str, str] | None) -> bool:
-    """The specification's boolean: only ``true`` (any case) is true; warn on other non-false values."""
-    if found is None:
-        return False
-    name, value = found
-    if value.lower() == "true":
-        return True
-    if value.lower() != "false":
-        _log.warning("%s=%r is not 'true' or 'false'; using false", name, value)
-    return False
+def _pick(environ: Mapping[str, str], traces_name: str, general_name: str) -> str:
+    """The signal-specific variable when set, else the general one."""
+    return first_set(environ, traces_name) or general_name
+
+
+def _read(environ: Mapping[str, str], traces_name: str, general_name: str) -> Any:
+    """The value of :func:`_pick`'s variable, parsed by the settings registry."""
+    return value(environ, _pick(environ, traces_name, general_name), _log)
 
 
 def sdk_disabled(environ: Mapping[str, str] = os.environ) -> bool:
     """``OTEL_SDK_DISABLED``, read the same way by the exporter and the instrumentor."""
-    return _bool(_get(environ, ev.OTEL_SDK_DISABLED, ev.OTEL_SDK_DISABLED))
+    return bool(value(environ, ev.OTEL_SDK_DISABLED, _log))
 
 
 def _protocol(environ: Mapping[str, str]) -> Protocol:
-    found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, ev.OTEL_EXPORTER_OTLP_PROTOCOL)
-    if found is None:
-        return DEFAULT_PROTOCOL
-    name, value = found
-    if value == "grpc":
-        return "grpc"
-    if value == "http/protobuf":
-        return "http/protobuf"
-    _log.warning("%s=%r is not supported (grpc, http/protobuf); using %s", name, value, DEFAULT_PROTOCOL)
-    return DEFAULT_PROTOCOL
+    protocol: Protocol = _read(environ, ev.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, ev.OTEL_EXPORTER_OTLP_PROTOCOL)
+    return protocol
 
 
 def endpoint_variable(environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
@@ -172,47 +161,33 @@ def _headers(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def _compression(environ: Mapping[str, str]) -> Compression:
-    found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_COMPRESSION, ev.OTEL_EXPORTER_OTLP_COMPRESSION)
-    if found is None:
-        return "none"
-    name, value = found
-    if value.lower() in ("gzip", "none"):
-        return "gzip" if value.lower() == "gzip" else "none"
-    _log.warning("%s=%r is not 'gzip' or 'none'; using none", name, value)
-    return "none"
+    compression: Compression = _read(
+        environ, ev.OTEL_EXPORTER_OTLP_TRACES_COMPRESSION, ev.OTEL_EXPORTER_OTLP_COMPRESSION
+    )
+    return compression
 
 
 def _timeout_s(environ: Mapping[str, str]) -> float:
-    found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, ev.OTEL_EXPORTER_OTLP_TIMEOUT)
-    if found is None:
-        return DEFAULT_TIMEOUT_S
-    name, value = found
-    try:
-        millis = float(value)
-    except ValueError:
-        millis = -1.0
-    if not 0 < millis < 86_400_000:  # also rejects nan
-        _log.warning("%s=%r is not a positive number of milliseconds; using %d", name, value, DEFAULT_TIMEOUT_S * 1000)
-        return DEFAULT_TIMEOUT_S
-    return millis / 1000
+    millis = _read(environ, ev.OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, ev.OTEL_EXPORTER_OTLP_TIMEOUT)
+    return float(millis) / 1000
 
 
 def _file(environ: Mapping[str, str], traces_name: str, general_name: str) -> str | None:
-    found = _get(environ, traces_name, general_name)
-    if found is None:
+    name = _pick(environ, traces_name, general_name)
+    path = value(environ, name, _log)
+    if path is None:
         return None
-    name, path = found
     if not os.path.isfile(path):
-        _log.warning("%s=%r is not a readable file; ignored", name, path)
+        _log.warning("%s=%r is not a readable file; ignored", name, environ[name].strip())
         return None
-    return path
+    return str(path)
 
 
 def exporter_config_from_env(environ: Mapping[str, str] = os.environ) -> ExporterConfig:
     protocol = _protocol(environ)
     url, configured, tls_from_scheme = _url(environ, protocol)
     # the INSECURE flag only decides for a gRPC endpoint given without a scheme
-    insecure_flag = _bool(_get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_INSECURE, ev.OTEL_EXPORTER_OTLP_INSECURE))
+    insecure_flag = _read(environ, ev.OTEL_EXPORTER_OTLP_TRACES_INSECURE, ev.OTEL_EXPORTER_OTLP_INSECURE)
     insecure = insecure_flag if tls_from_scheme is None else not tls_from_scheme
     if tls_from_scheme is None:  # scheme-less gRPC endpoint: show the transport the flag chose
         url = ("http" if insecure else "https") + url[url.index("://") :]

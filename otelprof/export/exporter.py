@@ -42,6 +42,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from ..environment_variables import OTELPROF_SPOOL_DIR
+from ..settings import value
 from .config import ExporterConfig, exporter_config_from_env
 from .destination import describe, destination_id
 from .overflow import OverflowWriter
@@ -56,8 +57,8 @@ DEFAULT_SPOOL_DIR = Path.home() / ".cache" / "otelprof" / "spool"
 
 def spool_dir_from_env(environ: Mapping[str, str] = os.environ) -> Path:
     """:envvar:`OTELPROF_SPOOL_DIR`, else ``~/.cache/otelprof/spool``."""
-    value = environ.get(OTELPROF_SPOOL_DIR, "").strip()
-    return Path(value).expanduser() if value else DEFAULT_SPOOL_DIR
+    folder: Path | None = value(environ, OTELPROF_SPOOL_DIR, _log)
+    return folder or DEFAULT_SPOOL_DIR
 
 
 Send = Callable[[bytes], ExportResult]

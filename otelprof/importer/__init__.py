@@ -1,5 +1,5 @@
 """``otelprof import``: discovery of trace files and run sets, Nsight Systems SQLite reading,
-the resumable ledger and the import loop. The command line is ``otelprof/import_cli.py``."""
+the resumable ledger and the import loop. The command line is ``otelprof/cli/import_.py``."""
 
 from .discover import KINETO, NSYS, Source, SourceError, find_sources
 from .ledger import Ledger, LedgerError

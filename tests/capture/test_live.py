@@ -208,3 +208,28 @@ def test_steps_nest_under_the_applications_current_span(
     assert [c.name for c in spans if c.parent_span_id == nested.span_id] == ["forward Sequential"]
     number = {kv.key: kv.value.int_value for kv in own.attributes}["pytorch.step"]
     assert own.trace_id == ids.trace_id(f"step|test-run|{number}") and own.parent_span_id == b""
+
+
+def test_step_span_requests_stay_under_the_configured_size(tmp_path: Path) -> None:
+    """OTELPROF_MAX_REQUEST_BYTES bounds the live step spans' requests too (they used a fixed
+    3 MiB before the settings registry)."""
+    from otelprof.export.spool import Spool
+
+    spool = tmp_path / "spool"
+    environ = {
+        "OTELPROF_SPOOL_DIR": str(spool),
+        "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+        "OTELPROF_PROFILE": "false",
+        "OTELPROF_MAX_REQUEST_BYTES": "2048",
+    }
+    from prometheus_client import CollectorRegistry
+
+    session = otelprof.instrument(environ=environ, registry=CollectorRegistry())
+    assert session is not None
+    _train()  # the session starts at the first step
+    assert session.spans is not None and session.spans.max_request_bytes == 2048
+    otelprof.uninstrument()
+    requests = [data for _p, data in Spool(spool)]
+    assert len(requests) > 1 and max(len(data) for data in requests) <= 2048
+    steps = [s for data in requests for s in _decode(data) if s.name == "train.step"]
+    assert len(steps) == STEPS

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from export.receivers import HttpReceiver, Reply, grpc_receiver, http_receiver
 
+from otelprof.cli.import_ import HTTP_IMPORT_REQUEST_BYTES, IMPORT_TIMEOUT_S, import_exporter_config
 from otelprof.converter import convert
-from otelprof.import_cli import HTTP_IMPORT_REQUEST_BYTES, IMPORT_TIMEOUT_S, import_exporter_config
 
 from .helpers import SHARED, decode, ids, import_env, received, run_id_of, run_import, shared
 

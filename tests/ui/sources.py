@@ -21,7 +21,7 @@ from otelprof.converter._options import DEFAULT_SPAN_BUDGET
 from otelprof.environment_variables import OTELPROF_SPAN_BUDGET
 
 ROOT = Path(__file__).resolve().parents[2]
-#: ``otelprof demo`` profiles steps 6-8 (``demo_cli.DEMO_SCHEDULE``); 9 is the fewest it takes.
+#: ``otelprof demo`` profiles steps 6-8 (``otelprof.cli.demo.DEMO_SCHEDULE``); 9 is the fewest it takes.
 DEMO_STEPS = 9
 PROFILED_STEPS = (6, 7, 8)
 #: Shared GPU traces imported per test id: H100 BERT inference (kernels, no backward) and A100

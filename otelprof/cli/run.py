@@ -17,8 +17,8 @@ TYPE_CHECKING = False  # typing's, without importing typing (launch() imports as
 if TYPE_CHECKING:
     import argparse
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_bootstrap")
-EXIT_USAGE = 2  # _cli_common's, not imported: launch() imports nothing it can do without
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "_bootstrap")
+EXIT_USAGE = 2  # common.py's, not imported: launch() imports nothing it can do without
 EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
 _VERBOSITY = frozenset(("-q", "--quiet", "-v", "--verbose", "-vv", "-vvv"))
 

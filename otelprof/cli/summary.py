@@ -7,11 +7,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ._cli_common import EXIT_OK, EXIT_USAGE, CliError, check_kineto_file, int_at_least
-from .converter import TraceFormatError
-from .export.spool import SUFFIX
-from .importer.discover import KINETO, SourceError, find_sources
-from .summary import SORT_ALIASES, SORT_KEYS, Summary, add_requests, add_trace, ordered, sort_key, to_json, to_table
+from ..converter import TraceFormatError
+from ..export.spool import SUFFIX
+from ..importer.discover import KINETO, SourceError, find_sources
+from ..report.summary import (
+    SORT_ALIASES,
+    SORT_KEYS,
+    Summary,
+    add_requests,
+    add_trace,
+    ordered,
+    sort_key,
+    to_json,
+    to_table,
+)
+from .common import EXIT_OK, EXIT_USAGE, CliError, check_kineto_file, int_at_least
 
 DEFAULT_TABLE_ROWS = 20
 
@@ -112,7 +122,7 @@ def _add_trace(summary: Summary, path: str, args: argparse.Namespace) -> None:
 def _summary(args: argparse.Namespace) -> int:
     paths: list[str] = list(args.paths)
     if args.spool:
-        from .export.exporter import spool_dir_from_env
+        from ..export.exporter import spool_dir_from_env
 
         paths.append(str(spool_dir_from_env()))
     if not paths:

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 
-from ._cli_common import EXIT_ERROR, EXIT_OK
-from ._version import __version__
-from .doctor import FAIL, WARN, Check, Setting, run_checks, settings
+from .._version import __version__
+from ..report.doctor import FAIL, WARN, Check, Setting, run_checks, settings
+from .common import EXIT_ERROR, EXIT_OK
 
 _LABEL = {"ok": "[ ok ]", "warn": "[warn]", "fail": "[FAIL]", "skip": "[skip]"}
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._cli_common import int_at_least
-from .converter.reference import ids
+from ..converter.reference import ids
+from .common import int_at_least
 
 DEFAULT_DIR = "otelprof-demo"
 SUMMARY = "summary.json"

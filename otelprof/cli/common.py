@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ._logformat import Formatter as _Formatter
+from .._logformat import Formatter as _Formatter
 
 if TYPE_CHECKING:
-    from .converter import ConvertOptions
+    from ..converter import ConvertOptions
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # the command ran and found something wrong (bad input, a failed check, ...)
@@ -89,7 +89,7 @@ def microseconds(text: str) -> float:
 def convert_options(args: argparse.Namespace) -> ConvertOptions:
     """The converter options of ``convert`` and ``import``: the environment's, overridden by
     ``--detail``, ``--run-id``, ``--max-request-bytes`` and ``--min-duration-us``."""
-    from .resource import options_from_env
+    from ..resource import options_from_env
 
     overrides: dict[str, Any] = {}
     if args.detail is not None:
@@ -129,7 +129,7 @@ def cli_logging(quiet: bool, verbose: int) -> Iterator[None]:
 def check_kineto_file(path: str) -> None:
     """``CliError`` for a file that is an Nsight Systems export or report rather than a Kineto
     trace: the converter would only see bytes that are not JSON; ``otelprof import`` reads it."""
-    from .importer.discover import SQLITE_MAGIC
+    from ..importer.discover import SQLITE_MAGIC
 
     if path.endswith((".nsys-rep", ".qdrep")):
         raise CliError(

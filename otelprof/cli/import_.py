@@ -21,7 +21,18 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from ._cli_common import (
+from ..converter import ConvertOptions, ConvertResult
+from ..environment_variables import (
+    OTEL_EXPORTER_OTLP_TIMEOUT,
+    OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+    OTELPROF_MAX_REQUEST_BYTES,
+)
+from ..importer.discover import Source, SourceError, find_sources
+from ..importer.ledger import Ledger, LedgerError, default_path
+from ..importer.progress import Progress
+from ..importer.session import DEFAULT_BATCH_BYTES, Importer, Report
+from ..settings import first_set, is_set
+from .common import (
     ENGINES,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -31,20 +42,10 @@ from ._cli_common import (
     int_at_least,
     microseconds,
 )
-from .converter import ConvertOptions, ConvertResult
-from .environment_variables import (
-    OTEL_EXPORTER_OTLP_TIMEOUT,
-    OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
-    OTELPROF_MAX_REQUEST_BYTES,
-)
-from .importer.discover import Source, SourceError, find_sources
-from .importer.ledger import Ledger, LedgerError, default_path
-from .importer.progress import Progress
-from .importer.session import DEFAULT_BATCH_BYTES, Importer, Report
 
 if TYPE_CHECKING:
-    from .export.config import ExporterConfig
-    from .export.exporter import Exporter, ExporterCounters
+    from ..export.config import ExporterConfig
+    from ..export.exporter import Exporter, ExporterCounters
 
 _log = logging.getLogger(__name__)
 
@@ -164,16 +165,16 @@ def _stop_on_signals(stop: threading.Event, quiet: bool) -> Iterator[None]:
 def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
     """The exporter's configuration from ``OTEL_EXPORTER_OTLP_*``, with the import's longer
     timeout where no timeout variable is set."""
-    from .export.config import exporter_config_from_env
+    from ..export.config import exporter_config_from_env
 
     config = exporter_config_from_env(environ)
-    if any(environ.get(name, "").strip() for name in (OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT)):
+    if first_set(environ, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT):
         return config
     return dataclasses.replace(config, timeout_s=IMPORT_TIMEOUT_S)
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from .export.exporter import Exporter
+    from ..export.exporter import Exporter
 
     base = convert_options(args)
     try:
@@ -188,7 +189,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     config = import_exporter_config(os.environ)
     if config.disabled:
         raise CliError("export is disabled (OTEL_SDK_DISABLED=true): nothing would be sent")
-    told = args.max_request_bytes is not None or os.environ.get(OTELPROF_MAX_REQUEST_BYTES, "").strip()
+    told = args.max_request_bytes is not None or is_set(os.environ, OTELPROF_MAX_REQUEST_BYTES)
     if config.protocol == "http/protobuf" and not told:
         base = dataclasses.replace(base, max_request_bytes=HTTP_IMPORT_REQUEST_BYTES)
 
@@ -268,7 +269,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _print_summary(report: Report, files: int, counters: ExporterCounters, exporter: Exporter) -> None:
-    from .export.config import why_no_endpoint
+    from ..export.config import why_no_endpoint
 
     rate = report.events / report.seconds if report.seconds > 0 else 0.0
     parts = [

@@ -7,10 +7,8 @@ and credentials are tested exactly as the exporter will meet them.
 
 from __future__ import annotations
 
-import ast
 import errno
 import http.client
-import itertools
 import logging
 import os
 import re
@@ -20,11 +18,9 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from . import environment_variables as ev
-from .export.config import ExporterConfig, exporter_config_from_env
+from ..export.config import ExporterConfig, exporter_config_from_env
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -49,31 +45,16 @@ class Setting:
 
 
 def known_variables() -> dict[str, str]:
-    """Every variable in environment_variables.py with the default its docstring states (the
-    variables are defined, and their defaults documented, once: there)."""
-    names = {v for k, v in vars(ev).items() if k.isupper() and isinstance(v, str) and k == v}
-    defaults: dict[str, str] = dict.fromkeys(names, "")
-    try:
-        tree = ast.parse(Path(ev.__file__).read_text("utf-8"))
-    except (OSError, SyntaxError):  # no source next to the module: names without defaults
-        return defaults
-    body = tree.body
-    for stmt, doc in itertools.pairwise(body):
-        if not (isinstance(stmt, ast.Assign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
-            continue
-        target = stmt.targets[0]
-        if isinstance(target, ast.Name) and target.id in defaults and isinstance(doc.value.value, str):
-            defaults[target.id] = _default(doc.value.value)
-    return defaults
+    """Every variable of the settings registry with its default, as ``doctor`` prints it."""
+    from ..settings import VARIABLES
+
+    return {name: var.unset_means or _plain(var.default_text) for name, var in VARIABLES.items()}
 
 
-def _default(docstring: str) -> str:
-    text = " ".join(docstring.split())
-    found = re.search(r"Default: (.*)$", text)
-    if found:  # the value, without the explanation that follows it in parentheses
-        return re.sub(r" \(.*?\)", "", found.group(1).replace("``", "")).rstrip(".")
-    general = re.search(r"Signal-specific :envvar:`(\w+)`", text)
-    return f"{general.group(1)}" if general else ""
+def _plain(default: str) -> str:
+    """A default without markup or the explanation that follows it in parentheses."""
+    plain = re.sub(r" \(.*?\)", "", default.replace("``", ""))
+    return "" if plain == "unset" else plain
 
 
 def mask(name: str, value: str) -> str:
@@ -134,8 +115,8 @@ def _captured_warnings() -> Iterator[list[str]]:
 
 def check_configuration(environ: Mapping[str, str]) -> list[Check]:
     """Reads the environment as otelprof will: each bad value (and unknown OTELPROF_ name) is a warning."""
-    from ._config import settings_from_env
-    from .resource import options_from_env
+    from .._config import settings_from_env
+    from ..resource import options_from_env
 
     with _captured_warnings() as warnings:
         exporter_config_from_env(environ)
@@ -158,8 +139,8 @@ def check_export(environ: Mapping[str, str], timeout_s: float = 5.0) -> Check:
     """A real, empty Export call to the configured endpoint."""
     import dataclasses
 
-    from .export.config import why_no_endpoint
-    from .export.exporter import transport
+    from ..export.config import why_no_endpoint
+    from ..export.exporter import transport
 
     with _captured_warnings():  # already reported by check_configuration
         cfg = exporter_config_from_env(environ)
@@ -220,7 +201,7 @@ def _hint(cfg: ExporterConfig, message: str) -> str:
 
 def check_prometheus(environ: Mapping[str, str], timeout_s: float = 2.0) -> Check:
     """Whether the /metrics endpoint can listen where it is configured to."""
-    from ._config import settings_from_env
+    from .._config import settings_from_env
 
     with _captured_warnings():
         config = settings_from_env(environ)
@@ -325,7 +306,7 @@ def _check_cupti() -> Check:
 
 
 def check_native() -> Check:
-    from .converter import native_available
+    from ..converter import native_available
 
     if native_available():
         return Check("native", OK, "the C++ core (otelprof._native) is loaded")
@@ -333,8 +314,8 @@ def check_native() -> Check:
 
 
 def check_spool(environ: Mapping[str, str]) -> Check:
-    from .export.exporter import spool_dir_from_env
-    from .export.spool import DEFAULT_MAX_BYTES, SUFFIX
+    from ..export.exporter import spool_dir_from_env
+    from ..export.spool import DEFAULT_MAX_BYTES, SUFFIX
 
     folder = spool_dir_from_env(environ)
     if not folder.exists():
@@ -344,8 +325,8 @@ def check_spool(environ: Mapping[str, str]) -> Check:
         return Check("spool", OK, f"{folder}: empty (created when first needed)")
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         return Check("spool", FAIL, f"{folder} is not a writable folder: set OTELPROF_SPOOL_DIR")
-    from .export.destination import NO_DESTINATION, destination_id
-    from .export.spool import record_destination
+    from ..export.destination import NO_DESTINATION, destination_id
+    from ..export.spool import record_destination
 
     sizes: list[int] = []
     per_destination: Counter[str] = Counter()

@@ -19,10 +19,10 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from .export.config import exporter_config_from_env
-from .export.destination import NO_DESTINATION, destination_id, is_destination_id
-from .export.exporter import spool_dir_from_env, transport
-from .export.spool import Spool, record_destination
+from ..export.config import exporter_config_from_env
+from ..export.destination import NO_DESTINATION, destination_id, is_destination_id
+from ..export.exporter import spool_dir_from_env, transport
+from ..export.spool import Spool, record_destination
 
 #: How ``ls`` names the records written before destinations existed.
 UNKNOWN = "unknown"

@@ -1,9 +1,4 @@
-"""The ``otelprof`` command line.
-
-Exit codes, for every command: 0 success; 1 the command found something wrong (bad input, an
-output not written, a failed check; one line on stderr says why); 2 usage error (bad
-arguments); 130 interrupted. ``otelprof run`` exits with its command's status.
-"""
+"""``otelprof convert``: Kineto traces to OTLP files (length-delimited protobuf or OTLP/JSON lines)."""
 
 from __future__ import annotations
 
@@ -11,54 +6,35 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import BinaryIO
 
-from . import demo_cli, doctor_cli, import_cli, run_cli, spool_cli, summary_cli
-from ._cli_common import (
+from ..converter import ConvertOptions, ConvertResult, TraceFormatError, convert
+from ..otlp_file import atomic_writer, write_delimited
+from ..otlp_json import encode_jsonl
+from .common import (
     ENGINES,
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_USAGE,
     CliError,
-    add_verbosity,
     check_kineto_file,
-    cli_logging,
     convert_options,
     exit_codes,
     int_at_least,
     microseconds,
-    one_line,
-    os_error,
 )
-from ._version import __version__
-from .converter import ConvertOptions, ConvertResult, TraceFormatError, convert
-from .otlp_file import atomic_writer, write_delimited
-from .otlp_json import encode_jsonl
 
 FORMATS = ("otlp-proto", "otlp-json")
 
 _log = logging.getLogger(__name__)
 
-_EXIT_CODES = exit_codes("a trace could not be converted or the output not written")
+EXIT_CODES = exit_codes("a trace could not be converted or the output not written")
 
 
-# --- argument parsing --------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog="otelprof",
-        description="PyTorch profiler (Kineto) traces as OpenTelemetry spans.",
-        epilog=_EXIT_CODES,
-        formatter_class=fmt,
-    )
-    parser.add_argument("--version", action="version", version=f"otelprof {__version__}")
-    add_verbosity(parser, top=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    epilog: str,
+    add_verbosity: Callable[[argparse.ArgumentParser], None],
+) -> None:
     conv = sub.add_parser(
         "convert",
         help="convert Kineto traces to OTLP files",
@@ -68,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
             "come from OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; options default to the\n"
             "OTELPROF_* environment variables, which the flags override."
         ),
-        epilog=_EXIT_CODES,
-        formatter_class=fmt,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_verbosity(conv)
     conv.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace file (.json or .json.gz)")
@@ -104,14 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="native C++ core, Python reference, or auto: native when built (default: auto)",
     )
     conv.set_defaults(func=_cmd_convert)
-
-    demo_cli.add_parser(sub, exit_codes("the training run failed or was not instrumented"), add_verbosity)
-    spool_cli.add_parser(sub, exit_codes("a request could not be sent"), add_verbosity)
-    run_cli.add_parser(sub, run_cli.EXIT_CODES, add_verbosity)
-    summary_cli.add_parser(sub, exit_codes("a trace or spool could not be read"), add_verbosity)
-    doctor_cli.add_parser(sub, exit_codes("a check failed (or, with --strict, warned)"), add_verbosity)
-    import_cli.add_parser(sub, exit_codes("a file could not be imported or its spans were refused"), add_verbosity)
-    return parser
 
 
 # --- shared pieces -----------------------------------------------------------------------
@@ -180,42 +148,3 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if not args.quiet and out != "-":
         print(f"wrote {out}: {_plural(requests, 'request')}, {written} bytes, {fmt}", file=sys.stderr)
     return EXIT_OK
-
-
-# --- entry point -------------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (``otelprof`` passes it to ``sys.exit``)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, usage errors
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if args.command is None:
-        parser.print_usage(sys.stderr)
-        commands = ", ".join(sorted(_commands(parser)))
-        print(f"otelprof: error: a command is required ({commands})", file=sys.stderr)
-        return EXIT_USAGE
-    with cli_logging(args.quiet, args.verbose):
-        try:
-            code: int = args.func(args)
-            return code
-        except CliError as exc:
-            print(f"otelprof: error: {one_line(exc)}", file=sys.stderr)
-        except OSError as exc:
-            print(f"otelprof: error: {one_line(os_error(exc))}", file=sys.stderr)
-        except KeyboardInterrupt:
-            print("otelprof: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
-    return EXIT_ERROR
-
-
-def _commands(parser: argparse.ArgumentParser) -> list[str]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return list(action.choices)
-    return []
-
-
-__all__ = ["build_parser", "main"]

@@ -1,0 +1,35 @@
+"""otelprof's settings registry: every environment variable defined once (``variables.py``),
+read through one set of parsers in the OpenTelemetry specification's dialect (``_kinds.py``).
+
+Readers call :func:`value` (``settings.value(environ, OTELPROF_DETAIL, _log)``); a bad value
+never raises: one warning names the variable, the value and the default used instead.
+The README's tables and ``otelprof doctor``'s listing come from :data:`VARIABLES`;
+``python -m otelprof.settings [--write]`` prints (or rewrites) the README's tables.
+"""
+
+from __future__ import annotations
+
+from . import variables
+from ._kinds import Bool, Choice, Int, Kind, Number, PathKind, Text
+from ._registry import VARIABLES, Variable, first_set, is_set, parse, text, value
+from ._tables import markdown_table, render_tables
+
+__all__ = [
+    "VARIABLES",
+    "Bool",
+    "Choice",
+    "Int",
+    "Kind",
+    "Number",
+    "PathKind",
+    "Text",
+    "Variable",
+    "first_set",
+    "is_set",
+    "markdown_table",
+    "parse",
+    "render_tables",
+    "text",
+    "value",
+    "variables",
+]

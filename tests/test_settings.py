@@ -1,0 +1,117 @@
+"""The settings registry: one dialect (the OpenTelemetry specification's), defaults that agree
+with the code's, and README tables generated from it."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from otelprof import settings
+from otelprof._config import settings_from_env
+from otelprof.capture.windows import WindowSettings
+from otelprof.converter import ConvertOptions
+from otelprof.export import exporter_config_from_env
+from otelprof.resource import options_from_env
+from otelprof.settings import VARIABLES, Bool, Int, Number, render_tables
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("TRUE", True), ("True", True), ("false", False)])
+def test_boolean_is_true_or_false_in_any_case(raw: str, expected: bool) -> None:
+    assert Bool().parse(raw) is expected
+
+
+@pytest.mark.parametrize("raw", ["1", "yes", "on", "0", "no", "off", "enabled"])
+def test_other_booleans_warn_and_keep_the_default(raw: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``1/yes/on`` (and ``0/no/off``) were accepted by OTELPROF_ENABLED, _PROFILE, _TRIGGER_HTTP and
+    _CUDA_EVENTS before the registry; the specification's dialect makes them a warning."""
+    with caplog.at_level(logging.WARNING):
+        config = settings_from_env({"OTELPROF_PROFILE": raw, "OTELPROF_CUDA_EVENTS": raw})
+    assert config.windows.enabled is True and config.cuda_events is True
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"OTELPROF_PROFILE={raw!r} is not true or false; using true" in messages
+    assert f"OTELPROF_CUDA_EVENTS={raw!r} is not true or false; using true" in messages
+
+
+@pytest.mark.parametrize("raw", ["1.5", "0x10", "ten", "-1", "1_000", "١٢"])
+def test_integers_are_decimal_in_range(raw: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        value = settings.parse({"X": raw}, "X", Int(0), 7)
+    assert value == 7
+    assert [r.getMessage() for r in caplog.records] == [f"X={raw!r} is not an integer from 0; using 7"]
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-2", "fast", "1_0", "0x1p3"])
+def test_numbers_are_finite_and_checked(raw: str, caplog: pytest.LogCaptureFixture) -> None:
+    kind = Number(lambda v: v >= 0, "a non-negative number")
+    with caplog.at_level(logging.WARNING):
+        assert settings.parse({"X": raw}, "X", kind, 1.0) == 1.0
+    assert len(caplog.records) == 1 and "X=" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(("raw", "value"), [("2.5", 2.5), ("1e3", 1000.0), (".5", 0.5), ("+7", 7.0)])
+def test_decimal_numbers(raw: str, value: float) -> None:
+    assert Number(lambda v: True, "a number").parse(raw) == value
+
+
+def test_enumerations_take_any_case() -> None:
+    """Before the registry, OTEL_EXPORTER_OTLP_PROTOCOL had to be lower case (``GRPC`` warned)."""
+    assert exporter_config_from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "GRPC"}).protocol == "grpc"
+    assert options_from_env({"OTELPROF_DETAIL": "Full"}).detail == "full"
+
+
+def test_empty_is_unset_and_never_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        for name in VARIABLES:
+            settings.value({name: "  "}, name)
+    assert caplog.records == []
+
+
+def test_registry_defaults_are_the_code_defaults() -> None:
+    """The defaults the tables show are the ones the readers give."""
+    windows, options = settings_from_env({}).windows, options_from_env({})
+    assert windows == WindowSettings(
+        skip_first=VARIABLES["OTELPROF_PROFILE_SKIP_FIRST"].default,
+        wait=VARIABLES["OTELPROF_PROFILE_WAIT"].default,
+        warmup=VARIABLES["OTELPROF_PROFILE_WARMUP"].default,
+        active=VARIABLES["OTELPROF_PROFILE_ACTIVE"].default,
+        repeat=VARIABLES["OTELPROF_PROFILE_REPEAT"].default,
+        early=VARIABLES["OTELPROF_PROFILE_EARLY"].default,
+        on_demand_steps=VARIABLES["OTELPROF_ON_DEMAND_STEPS"].default,
+        anomaly_factor=VARIABLES["OTELPROF_ANOMALY_FACTOR"].default,
+        trigger_signal=windows.trigger_signal,
+    )
+    defaults = ConvertOptions()
+    assert options.max_request_bytes == defaults.max_request_bytes == VARIABLES["OTELPROF_MAX_REQUEST_BYTES"].default
+    assert options.span_budget == defaults.span_budget == VARIABLES["OTELPROF_SPAN_BUDGET"].default
+    assert options.split_world_size == defaults.split_world_size == VARIABLES["OTELPROF_SPLIT_WORLD_SIZE"].default
+    assert options.min_duration_ns == defaults.min_duration_ns == VARIABLES["OTELPROF_MIN_DURATION_US"].default * 1000
+
+
+def test_every_variable_has_a_doc_and_a_group() -> None:
+    groups = {"live", "windows", "distributed", "convert", "export"}
+    for var in VARIABLES.values():
+        assert var.doc.strip() and var.group in groups, var.name
+        assert var.general is None or var.general in VARIABLES, var.name
+
+
+def test_readme_tables_are_the_registry_s() -> None:
+    """Regenerate with ``python -m otelprof.settings --write README.md``."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    assert readme.count("<!-- env-table: ") == 5
+    assert render_tables(readme) == readme
+
+
+def test_the_regenerating_script_reports_stale_tables(tmp_path: Path) -> None:
+    stale = tmp_path / "doc.md"
+    stale.write_text("x\n<!-- env-table: distributed -->\n| old |\n<!-- /env-table -->\n")
+    run = [sys.executable, "-m", "otelprof.settings", str(stale)]
+    assert subprocess.run(run, capture_output=True).returncode == 1
+    assert subprocess.run([*run, "--write"], capture_output=True).returncode == 0
+    assert "`OTELPROF_STRAGGLER_STEPS` | `100`" in stale.read_text()
+    assert subprocess.run(run, capture_output=True).returncode == 0
