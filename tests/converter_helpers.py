@@ -40,6 +40,11 @@ BIG_TRACE = "df_index_resolver"
 REFERENCE_SKIPS_DEFAULT = (BIG_TRACE, "resnet50_autograd_api", "ns_resolution_trace")
 #: Traces with at least this many events count as "big" for the slow reference engine.
 BIG_EVENTS = 10_000
+# For a test that takes seconds on the reference engine: both engines, the reference marked slow
+# (``pytest -m "not slow"`` keeps the native one). Indirect, so the ``engine`` fixture still runs.
+SLOW_REFERENCE = pytest.mark.parametrize(
+    "engine", [pytest.param("reference", marks=pytest.mark.slow), "native"], indirect=True
+)
 
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
 #: Device work launched by a runtime call (all three category generations) and syncs.

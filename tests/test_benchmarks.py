@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from converter_helpers import shared_trace
+
+pytestmark = pytest.mark.slow  # each test runs a benchmark script in a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 

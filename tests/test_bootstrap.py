@@ -85,6 +85,7 @@ def test_a_torch_program_is_instrumented_when_it_imports_torch(tmp_path: Path) -
     assert out.stdout.split()[-2:] == ["steps", "3"]
 
 
+@pytest.mark.slow  # subprocesses that import torch
 def test_torch_imported_on_threads_at_once(tmp_path: Path) -> None:
     """Four threads import torch together: each finds otelprof's hooks in place when its
     import returns (the import system holds them until the hook has run), and there is one
@@ -109,6 +110,7 @@ def test_torch_imported_on_threads_at_once(tmp_path: Path) -> None:
     assert out.stdout.strip() == "ok"
 
 
+@pytest.mark.slow  # subprocesses that import torch
 def test_a_subprocess_that_imports_torch_is_instrumented(tmp_path: Path) -> None:
     """A launcher that never imports torch starts a trainer that does: the launcher stays
     clean, the trainer is instrumented."""
@@ -124,6 +126,7 @@ def test_a_subprocess_that_imports_torch_is_instrumented(tmp_path: Path) -> None
     assert out.stdout.strip() == "2"
 
 
+@pytest.mark.slow  # subprocesses that import torch
 @pytest.mark.parametrize("variable", ["OTELPROF_ENABLED=false", "OTEL_SDK_DISABLED=true"])
 def test_disabled_by_environment(tmp_path: Path, variable: str) -> None:
     name, value = variable.split("=")

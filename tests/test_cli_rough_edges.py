@@ -217,6 +217,7 @@ otelprof.uninstrument()
 """
 
 
+@pytest.mark.slow  # torch training subprocesses
 def test_live_warnings_have_the_otelprof_prefix_unless_the_app_configured_logging(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     env = _env(

@@ -188,7 +188,9 @@ def _spool(folder: Path, requests: list[bytes]) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("name", [ALEXNET, BERT_H100, DLRM_RANK0, AMD_MI250, MI300])
+@pytest.mark.parametrize(
+    "name", [ALEXNET, BERT_H100, DLRM_RANK0, AMD_MI250, pytest.param(MI300, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("shapes", [[], ["--group-by-input-shape"]], ids=["", "by-shape"])
 def test_spool_at_full_detail_equals_the_trace(
     name: str, shapes: list[str], kineto_trace: FindTrace, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -18,7 +18,7 @@ from ..capture.hooks import batch_size
 from . import _steps
 
 
-class OtelprofCallback(Callback):
+class OtelprofCallback(Callback):  # type: ignore[misc, unused-ignore]  # Any: composer is not followed
     """Does nothing while otelprof is not instrumenting (``otelprof run`` or ``otelprof.instrument()``)."""
 
     def __init__(self) -> None:

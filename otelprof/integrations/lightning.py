@@ -50,7 +50,7 @@ class _Counts:
 
 
 def _make(base: type) -> type:
-    class OtelprofCallback(base):
+    class OtelprofCallback(base):  # type: ignore[misc, unused-ignore]  # base: a Lightning class, Any here
         """otelprof's steps from Lightning's loop: add to ``Trainer(callbacks=[...])``, or let
         otelprof add it (it does while instrumenting). Does nothing while otelprof is not
         instrumenting."""

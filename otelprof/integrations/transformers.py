@@ -27,7 +27,7 @@ from ._patch import patch_trainer_init, unpatch_trainer_init
 _log = logging.getLogger(__name__)
 
 
-class OtelprofCallback(TrainerCallback):
+class OtelprofCallback(TrainerCallback):  # type: ignore[misc, unused-ignore]  # Any: transformers is not followed
     """Add to ``Trainer(callbacks=[OtelprofCallback()])``, or let otelprof add it (it does while
     instrumenting, unless one is there). Does nothing while otelprof is not instrumenting."""
 

@@ -52,7 +52,8 @@ CACHE_DEPENDENT = {
 }
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.slow  # real torch.compile of a training loop, twice
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_loops_compile_the_same_with_otelprof(backend: str, tmp_path: Path) -> None:
     off, off_err = _run(backend)
     with http_receiver() as rec:

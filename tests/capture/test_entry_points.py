@@ -55,6 +55,7 @@ def test_import_otelprof_auto(tmp_path: Path) -> None:
     assert _steps(rec) == list(range(STEPS))
 
 
+@pytest.mark.slow  # a training subprocess; test_import_otelprof_auto stays in the fast loop
 def test_otelprof_run_with_dataloader_workers(tmp_path: Path) -> None:
     """Two forked DataLoader workers inherit the hooks but train nothing: steps once each."""
     command = _otelprof_run(workers=2)
@@ -63,6 +64,7 @@ def test_otelprof_run_with_dataloader_workers(tmp_path: Path) -> None:
     assert _steps(rec) == list(range(STEPS))
 
 
+@pytest.mark.slow  # a training subprocess; test_import_otelprof_auto stays in the fast loop
 def test_otelprof_run_with_spawned_dataloader_workers(tmp_path: Path) -> None:
     """Spawned workers start a fresh interpreter with the bootstrap on PYTHONPATH; they load
     batches but train nothing: the job still runs, and its steps arrive once each."""
@@ -72,6 +74,7 @@ def test_otelprof_run_with_spawned_dataloader_workers(tmp_path: Path) -> None:
     assert "cannot serve metrics" not in out.stderr
 
 
+@pytest.mark.slow  # a training subprocess; test_import_otelprof_auto stays in the fast loop
 def test_disabled_by_environment(tmp_path: Path) -> None:
     command = _otelprof_run(workers=0)
     with http_receiver() as rec:
@@ -81,6 +84,7 @@ def test_disabled_by_environment(tmp_path: Path) -> None:
     assert not (tmp_path / "spool").exists() or not list((tmp_path / "spool").iterdir())
 
 
+@pytest.mark.slow  # a training subprocess; test_import_otelprof_auto stays in the fast loop
 def test_opentelemetry_instrument(tmp_path: Path) -> None:
     registered = [e.value for e in entry_points(group="opentelemetry_instrumentor") if e.name == "torch"]
     if "otelprof.instrumentor:TorchInstrumentor" not in registered:

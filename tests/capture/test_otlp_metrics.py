@@ -39,7 +39,7 @@ def _attrs(point: Any) -> dict[str, str]:
     return {kv.key: kv.value.string_value for kv in point.attributes}
 
 
-@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+@pytest.mark.parametrize("protocol", ["http/protobuf", pytest.param("grpc", marks=pytest.mark.slow)])
 def test_live_metrics_arrive_over_otlp_with_exemplars(protocol: str, tmp_path: Path) -> None:
     receiver: AbstractContextManager[Any] = http_receiver() if protocol == "http/protobuf" else grpc_receiver()
     with receiver as rec:

@@ -364,6 +364,7 @@ class ScrapingReceiver(HttpReceiver):
         return reply
 
 
+@pytest.mark.slow  # a training subprocess scraped until it exits
 def test_the_last_step_is_scrapeable_during_the_shutdown_flush(tmp_path: Path) -> None:
     """The last step (open when the loop breaks) is closed at interpreter shutdown before the
     final flush, and /metrics still answers while that flush runs."""

@@ -18,6 +18,12 @@ from otelprof.converter.reference import ids
 torch = pytest.importorskip("torch")
 
 STEPS = 10
+# the native step path, and the Python one (OTLP metrics on): the latter takes about 5 s a test
+# against the native path's 0.5 s, so it runs in the full suite only (slow)
+METRICS = [
+    pytest.param("prometheus", id="native-steps"),
+    pytest.param("prometheus,otlp", id="python-steps", marks=pytest.mark.slow),
+]
 
 
 def _train(steps: int = STEPS, between: Any = None) -> None:
@@ -254,7 +260,7 @@ def _ancestors(span: Any, by_id: dict[bytes, Any]) -> list[Any]:
     return chain
 
 
-@pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])
+@pytest.mark.parametrize("metrics", METRICS)
 def test_a_profiled_step_has_one_root_with_operators_under_their_phases(
     receiver: HttpReceiver, tmp_path: Path, metrics: str
 ) -> None:
@@ -299,7 +305,7 @@ def test_a_profiled_step_has_one_root_with_operators_under_their_phases(
         assert any(name.startswith("enumerate(DataLoader)") for name in under["data"])
 
 
-@pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])
+@pytest.mark.parametrize("metrics", METRICS)
 def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
     receiver: HttpReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics: str
 ) -> None:
@@ -373,7 +379,7 @@ def _attrs(span: Any) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])
+@pytest.mark.parametrize("metrics", METRICS)
 def test_profiled_steps_follow_a_frameworks_own_numbers(receiver: HttpReceiver, tmp_path: Path, metrics: str) -> None:
     """A framework numbers steps itself, and only at their end (a resumed run, two optimizers per
     update): the profiler counts boundaries (skip 2, warm up 1, record 2), and each recorded

@@ -4,7 +4,8 @@ TraceFormatError. Any other exception, or a crash, is a bug.
 
 10,800 examples in all when the native core is built (it is fast): 5,000 native,
 2,000 native-vs-reference, 3,000 byte-damaged whole files (native), and 800 on the
-reference alone. Derandomised, so every run is the same run.
+reference alone (marked slow). The fast loop, ``pytest -m "not slow"``, runs each
+property on QUICK examples. Derandomised, so every run is the same run.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+import pytest
 from converter_helpers import decode_requests, shared_trace, skip_unless_native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -251,42 +254,27 @@ def _agree(data: bytes, opts: dict[str, Any]) -> None:
 # --- the tests --------------------------------------------------------------------------------------
 
 
-@_settings(800)
-@given(data=mutated_traces(max_slice=60), opts=options_st)
-def test_fuzz_reference(data: bytes, opts: dict[str, Any]) -> None:
+# Each property runs twice in the full suite: at its full example count (marked slow) and at a
+# small count (QUICK) that keeps it in the fast loop, ``pytest -m "not slow"``. Each run is built
+# by _runner(n, ...) from the same check and strategies; derandomised, so each is the same run.
+
+QUICK = 40
+
+
+def _runner(n: int, check: Callable[..., None], **strategies: st.SearchStrategy[Any]) -> Callable[[], None]:
+    runner: Callable[[], None] = _settings(n)(given(**strategies)(check))
+    return runner
+
+
+def _reference(data: bytes, opts: dict[str, Any]) -> None:
     _convert_or_reject(data, "reference", opts)
 
 
-@_settings(5000)
-@given(data=mutated_traces(), opts=options_st)
-def _fuzz_native(data: bytes, opts: dict[str, Any]) -> None:
+def _native(data: bytes, opts: dict[str, Any]) -> None:
     _convert_or_reject(data, "native", opts)
 
 
-def test_fuzz_native() -> None:
-    skip_unless_native()
-    _fuzz_native()
-
-
-@_settings(2000)
-@given(data=mutated_traces(max_slice=40), opts=options_st)
-def _fuzz_agree(data: bytes, opts: dict[str, Any]) -> None:
-    _agree(data, opts)
-
-
-def test_fuzz_native_agrees_with_reference() -> None:
-    skip_unless_native()
-    _fuzz_agree()
-
-
-@_settings(3000)
-@given(
-    which=st.integers(0, len(CORPUS) - 1),
-    flips=st.lists(st.tuples(st.integers(0, 2**24), st.integers(1, 255)), min_size=1, max_size=4),
-    cut=st.one_of(st.none(), st.integers(0, 2**24)),
-    gz=st.booleans(),
-)
-def _fuzz_whole_file_bytes(which: int, flips: list[tuple[int, int]], cut: int | None, gz: bool) -> None:
+def _whole_file_bytes(which: int, flips: list[tuple[int, int]], cut: int | None, gz: bool) -> None:
     """Byte flips and truncation of whole (small) files, raw or gzipped."""
     path = shared_trace(CORPUS[which])
     data = bytearray(path.read_bytes() if gz else gzip.decompress(path.read_bytes()))
@@ -297,6 +285,69 @@ def _fuzz_whole_file_bytes(which: int, flips: list[tuple[int, int]], cut: int | 
     _convert_or_reject(bytes(data), "native", {"detail": "full", "max_request_bytes": 3 * 1024 * 1024})
 
 
+def _fuzz_reference(n: int) -> Callable[[], None]:
+    return _runner(n, _reference, data=mutated_traces(max_slice=60), opts=options_st)
+
+
+def _fuzz_native(n: int) -> Callable[[], None]:
+    return _runner(n, _native, data=mutated_traces(), opts=options_st)
+
+
+def _fuzz_agree(n: int) -> Callable[[], None]:
+    return _runner(n, _agree, data=mutated_traces(max_slice=40), opts=options_st)
+
+
+def _fuzz_whole_file_bytes(n: int) -> Callable[[], None]:
+    return _runner(
+        n,
+        _whole_file_bytes,
+        which=st.integers(0, len(CORPUS) - 1),
+        flips=st.lists(st.tuples(st.integers(0, 2**24), st.integers(1, 255)), min_size=1, max_size=4),
+        cut=st.one_of(st.none(), st.integers(0, 2**24)),
+        gz=st.booleans(),
+    )
+
+
+# --- the tests --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_fuzz_reference() -> None:
+    _fuzz_reference(800)()
+
+
+def test_fuzz_reference_quick() -> None:
+    _fuzz_reference(QUICK)()
+
+
+@pytest.mark.slow
+def test_fuzz_native() -> None:
+    skip_unless_native()
+    _fuzz_native(5000)()
+
+
+def test_fuzz_native_quick() -> None:
+    skip_unless_native()
+    _fuzz_native(QUICK)()
+
+
+@pytest.mark.slow
+def test_fuzz_native_agrees_with_reference() -> None:
+    skip_unless_native()
+    _fuzz_agree(2000)()
+
+
+def test_fuzz_native_agrees_with_reference_quick() -> None:
+    skip_unless_native()
+    _fuzz_agree(QUICK)()
+
+
+@pytest.mark.slow
 def test_fuzz_whole_file_bytes() -> None:
     skip_unless_native()
-    _fuzz_whole_file_bytes()
+    _fuzz_whole_file_bytes(3000)()
+
+
+def test_fuzz_whole_file_bytes_quick() -> None:
+    skip_unless_native()
+    _fuzz_whole_file_bytes(QUICK)()

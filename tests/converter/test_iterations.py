@@ -310,7 +310,9 @@ def _native(fragment: str, detail: str) -> Decoded:
 
 
 @pytest.mark.parametrize("detail", ["default", "full"])
-@pytest.mark.parametrize("fragment", ["resnet50_autograd_api", "mi300__ddp_resnet18"])
+@pytest.mark.parametrize(
+    "fragment", [pytest.param("resnet50_autograd_api", marks=pytest.mark.slow), "mi300__ddp_resnet18"]
+)
 def test_real_traces_without_steps(fragment: str, detail: str) -> None:
     expected = _raw_optimizer_steps(fragment)
     assert expected >= 5

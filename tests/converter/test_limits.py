@@ -126,6 +126,7 @@ def test_a_span_that_cannot_fit_goes_alone_and_bounded(engine: str) -> None:
     assert sum(map(len, result.requests)) < len(data) / 5  # the 2 MB of the two values are cut
 
 
+@pytest.mark.slow  # a 60 MB trace converted in fresh processes
 def test_huge_strings_keep_memory_bounded(tmp_path: Any) -> None:
     """Peak RSS (VmHWM: ru_maxrss would count the forked pytest) of converting a 60 MB crafted
     trace in a fresh process, both engines: before, 1 MB strings took 2 GB and such a trace

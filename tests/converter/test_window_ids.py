@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from converter_helpers import (
     KINETO_TRACES,
+    SLOW_REFERENCE,
     all_spans_pb,
     is_big,
     load_raw,
@@ -56,6 +57,7 @@ def _assert_step_traces(results: dict[str, ConvertResult], run_id: str) -> int:
     return roots
 
 
+@SLOW_REFERENCE
 def test_unrelated_files_with_one_run_id_and_rank_never_share_ids(engine: str) -> None:
     """What ``import --run-id ref`` of a folder of unrelated rank-0 traces does."""
     results = {trace_id_for(p): convert(p, engine=engine, run_id="ref", rank=0) for p in _traces(engine)}

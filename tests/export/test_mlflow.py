@@ -58,6 +58,8 @@ pytest.importorskip("mlflow", reason="mlflow is not installed (it is in the 'tes
 from mlflow import MlflowClient
 from mlflow.entities import Span, Trace
 
+pytestmark = pytest.mark.slow  # a real mlflow server (the session fixture) and its trace store
+
 SERVICE_NAME = "otelprof-e2e"
 HEADER = "x-mlflow-experiment-id"
 #: MLflow does not store these resource attributes as trace tags (nor ``mlflow.*``).

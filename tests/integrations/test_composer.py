@@ -26,6 +26,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from integrations import checks
 
+pytestmark = pytest.mark.slow  # the fixture builds Composer's own environment and trains in it
+
 pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent

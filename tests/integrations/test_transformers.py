@@ -101,7 +101,10 @@ def _train(accumulation: int, out: Path) -> tuple[CountingTrainer, checks.Truth]
     return trainer, trainer.truth
 
 
-@pytest.fixture(scope="module", params=[1, 4], ids=["accumulation-1", "accumulation-4"])
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(1, id="accumulation-1"), pytest.param(4, id="accumulation-4", marks=pytest.mark.slow)],
+)
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[checks.Captured, Any]:
     tmp = tmp_path_factory.mktemp("hf")
     with checks.instrumented(tmp / "spool") as (_session, captured):
@@ -167,6 +170,7 @@ def test_by_hand_and_after_uninstrument(tmp_path: Path) -> None:
     assert not [c for c in trainer.callback_handler.callbacks if isinstance(c, OtelprofCallback)]
 
 
+@pytest.mark.slow  # a subprocess that imports transformers and trains
 def test_under_otelprof_run_with_no_code_change(tmp_path: Path) -> None:
     """``otelprof run -- python hf_train.py``: the bootstrap instruments at ``import torch``
     (inside ``import transformers``), the callback goes into the Trainer the script builds."""
