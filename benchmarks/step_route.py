@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import otelprof  # noqa: E402
-from benchmarks.overhead import make_loop  # noqa: E402
+import otelprof
+from benchmarks.overhead import make_loop
 
 
 def _session_module() -> Any:
@@ -100,7 +100,7 @@ def routed(run: Callable[[], float], env: dict[str, str], cuda: bool = False) ->
 class _Accept(http.server.BaseHTTPRequestHandler):
     """An OTLP/HTTP receiver that takes everything (so no export retries, in or out of runs)."""
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.send_response(200)
         self.send_header("Content-Length", "0")

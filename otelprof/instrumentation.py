@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -21,13 +22,14 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from . import integrations
 from ._config import Settings, settings_from_env
 from ._version import __version__
-from .capture import distributed, metrics_server, otlp_metrics
+from .capture import distributed, metrics_server, otlp_metrics, window_resource
 from .capture.device_timing import cuda_timing
 from .capture.identity import Identity, identity_from_env
 from .capture.step_metrics import StepMetrics
 from .capture.step_spans import StepContext, StepSpans, current_parent, native_sink, otel_context_var
 from .capture.steps import Step, step_tracker
 from .capture.window_metrics import WindowMetrics
+from .capture.window_resource import LiveResource
 from .capture.windows import Windows
 from .converter import LiveStep
 from .converter.reference import ids
@@ -125,9 +127,14 @@ class Session:
                     world_size=self.identity.world_size,
                     scope_version=__version__,
                 )
+                # a window's spans carry the step spans' resource (LiveResource rewrites it)
+                live_resource = LiveResource(resource)
+                grow = live_resource.size + window_resource.MARGIN
+                options = dataclasses.replace(options, max_request_bytes=max(1024, options.max_request_bytes - grow))
                 window_metrics = WindowMetrics(self.identity.labels())
                 self.metrics.add_collector(window_metrics)
-                self.windows = Windows(self.settings.windows, options, exporter.submit, window_metrics)
+                submit = live_resource.submit(exporter.submit)
+                self.windows = Windows(self.settings.windows, options, submit, window_metrics)
                 self._window = self.windows.begin(number)
             self._native_steps()
         except Exception:  # never into the training loop
@@ -306,7 +313,8 @@ def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
         ("pytorch.distributed.world_size", identity.world_size),
         ("otelprof.run.id", identity.run_id),
     ]
-    return resource_attributes(list(resource_attributes_from_env(environ)), None, computed)
+    # telemetry.sdk.version as the converter's window resource has it (scope_version)
+    return resource_attributes(list(resource_attributes_from_env(environ)), __version__, computed)
 
 
 def instrument(
