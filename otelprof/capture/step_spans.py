@@ -7,7 +7,9 @@ OpenTelemetry span (an inference request, say), the step nests under it instead.
 Steps are queued on the training thread (a bounded deque append) and encoded and submitted by
 a background thread once a second, or sooner when many are waiting. The native core encodes them
 with the GIL released (a Python encoder holding the GIL for ~30 us per step stalled a small
-model's training thread by as much); the Python StepEncoder, byte-identical, is the fallback.
+model's training thread by as much); without the native core, the reference encoder (the
+official opentelemetry-proto classes), which the native encoder's bytes are tested against, is
+the fallback.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .._version import __version__
+from ..converter.reference import encoder as reference
 from ..converter.reference import ids
 from ..converter.reference.builder import Attrs, Span, millis
 from ..converter.reference.ids import TraceIds
 from ..export.exporter import Exporter
 from .identity import Identity
-from .step_encoder import StepEncoder
 from .steps import Step
 
 _log = logging.getLogger(__name__)
@@ -228,7 +230,7 @@ class StepSpans:
 
 class StepRecordEncoder:
     """Step records -> requests: the native core's encoder, or (``native=False``, or no native
-    core) span-model Spans through the Python StepEncoder; the two write the same bytes."""
+    core) span-model Spans through the reference encoder; the two write the same bytes."""
 
     def __init__(self, identity: Identity, resource: Attrs, native: bool = True, version: str = __version__) -> None:
         self.span_base = ids.span_base(identity.run_id, f"live|{identity.rank}")
@@ -239,18 +241,18 @@ class StepRecordEncoder:
             if native and _native is not None
             else None
         )
-        self._encoder = StepEncoder(list(resource), version) if self.native is None else None
+        self._resource = list(resource)
+        self._version = version
 
     def encode(self, records: list[StepRecord], max_bytes: int) -> list[bytes]:
         """ExportTraceServiceRequest bytes of ``records`` (native, or the Python fallback)."""
         if self.native is not None:
             encoded: list[bytes] = self.native.encode(records, max_bytes)
             return encoded
-        assert self._encoder is not None
         spans: list[Span] = []
         for rec in records:
             spans.extend(self.spans(rec, len(spans)))
-        return self._encoder.encode(spans, max_bytes)
+        return reference.encode(spans, self._resource, self._version, max_bytes)
 
     def spans(self, rec: StepRecord, order: int) -> list[Span]:
         """A step's span and its phase spans, as the span model has them."""
