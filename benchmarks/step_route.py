@@ -68,7 +68,7 @@ class FakeEvent:
 
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
-    from otelprof.capture import device_timing
+    from otelprof.capture.steps import device_timing
 
     module = _session_module()
     saved = module.cuda_timing

@@ -63,8 +63,8 @@ step_records = st.lists(
 
 
 def _encoder(native: bool) -> Any:
-    from otelprof.capture.identity import Identity
-    from otelprof.capture.step_spans import StepRecordEncoder
+    from otelprof.capture.distributed.identity import Identity
+    from otelprof.capture.spans.step_spans import StepRecordEncoder
 
     return StepRecordEncoder(Identity("run-\udcff", rank=3), RESOURCE, native=native, version="1.2.3")
 

@@ -310,7 +310,7 @@ def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
     their spans; Kineto's stop at the boundary after the window is in no phase of the next step."""
     import threading
 
-    from otelprof.capture.windows import Windows
+    from otelprof.capture.windows.profiling import Windows
 
     if "otlp" in metrics:
         pytest.importorskip("opentelemetry.sdk")
@@ -323,7 +323,7 @@ def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
 
     monkeypatch.setattr(Windows, "_overhead", recording)
     off_thread = metrics == "prometheus"  # both saving places, one per step path
-    monkeypatch.setattr("otelprof.capture.windows.SAVE_OFF_THREAD_MIN_CPUS", 1 if off_thread else 1 << 20)
+    monkeypatch.setattr("otelprof.capture.windows.profiling.SAVE_OFF_THREAD_MIN_CPUS", 1 if off_thread else 1 << 20)
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
     env = {
         **schedule,
@@ -415,10 +415,10 @@ def test_a_profiled_steps_span_and_its_window_spans_share_one_resource(
     session = _instrument(receiver, tmp_path, **env)
     _train(steps=8)
     live_session.stop(session)
-    resources: dict[str, list[list[tuple[str, Any]]]] = {"step": [], "window": []}
+    resources: dict[str, list[list[tuple[str, str, str]]]] = {"step": [], "window": []}
     for request in receiver.requests:
         for rs in request.resource_spans:
-            attrs = [(kv.key, kv.value.WhichOneof("value"), str(kv.value)) for kv in rs.resource.attributes]
+            attrs = [(kv.key, str(kv.value.WhichOneof("value")), str(kv.value)) for kv in rs.resource.attributes]
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     if span.trace_id == _tid(3) and span.name == "train.step":

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .._config import env_int
-from ..environment_variables import OTELPROF_RUN_ID
+from ..._config import env_int
+from ...environment_variables import OTELPROF_RUN_ID
 
 #: (rank, local rank, world size) variables of the launchers we know, first match wins.
 _LAUNCHERS = (

@@ -19,17 +19,17 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
-from .._version import __version__
-from ..converter.reference import encoder as reference
-from ..converter.reference import ids
-from ..converter.reference.builder import Attrs, Span, millis
-from ..converter.reference.ids import TraceIds
-from ..export.exporter import Exporter
-from .identity import Identity
-from .steps import Step
+from ..._version import __version__
+from ...converter.reference import encoder as reference
+from ...converter.reference import ids
+from ...converter.reference.builder import Attrs, Span, millis
+from ...converter.reference.ids import TraceIds
+from ...export.exporter import Exporter
+from ..distributed.identity import Identity
+from ..steps.tracker import Step
 
 _log = logging.getLogger(__name__)
 
@@ -43,24 +43,31 @@ BATCH_STEPS = 512
 FLUSH_INTERVAL_S = 1.0
 
 
-#: What the encoders get per step: (name, number, start_ns, end_ns, ordinal, trace_id | None,
-#: parent_id | None, samples | None, tokens | None, dropped_phases,
-#: [(phase, start_ns, end_ns, module | None)], micro_batches, window | None).
-StepRecord = tuple[
-    str,
-    int,
-    int,
-    int,
-    int,
-    "bytes | None",
-    "bytes | None",
-    "int | None",
-    "int | None",
-    int,
-    list[tuple[str, int, int, "str | None"]],
-    int,
-    "str | None",
-]
+class StepPhaseRecord(NamedTuple):
+    """A phase span of a step record."""
+
+    phase: str  # data, forward, backward, optimizer
+    start_ns: int
+    end_ns: int
+    module: str | None  # a forward's root module class (None: unknown)
+
+
+class StepRecord(NamedTuple):
+    """What the step-span encoders get per step (the native encoder reads it as the tuple it is)."""
+
+    name: str
+    number: int
+    start_ns: int
+    end_ns: int
+    ordinal: int  # the step span's id ordinal; its phases take the ones that follow
+    trace_id: bytes | None  # the application span's; None: the step's own, hashed by the encoder
+    parent_id: bytes | None
+    samples: int | None
+    tokens: int | None
+    dropped_phases: int
+    phases: list[StepPhaseRecord]
+    micro_batches: int
+    window: str | None  # Windows.mark(): "recorded:early" ...
 
 
 class StepContext:
@@ -256,21 +263,8 @@ class StepRecordEncoder:
 
     def spans(self, rec: StepRecord, order: int) -> list[Span]:
         """A step's span and its phase spans, as the span model has them."""
-        (
-            name,
-            number,
-            start_ns,
-            end_ns,
-            ordinal,
-            trace_id,
-            parent_id,
-            samples,
-            tokens,
-            dropped,
-            phases,
-            batches,
-            window,
-        ) = rec
+        name, number, start_ns, end_ns, ordinal, trace_id, parent_id = rec[:7]
+        samples, tokens, dropped, phases, batches, window = rec[7:]
         attrs: Attrs = [("pytorch.step", number), ("otelprof.step.source", "live")]
         if samples is not None:
             attrs.append(("otelprof.step.samples", samples))
@@ -309,7 +303,7 @@ def trace_list_attrs(
     tokens: int | None,
     start_ns: int,
     end_ns: int,
-    phases: list[tuple[str, int, int, str | None]],
+    phases: Sequence[tuple[str, int, int, str | None]],
 ) -> Attrs:
     """What a trace list shows of a step (OpenInference's ``input.value`` / ``output.value``,
     which Phoenix lists and MLflow turns into a trace's request and response previews):
@@ -333,7 +327,7 @@ def trace_list_attrs(
 
 
 def record(step: Step, ctx: StepContext) -> StepRecord:
-    return (
+    return StepRecord(
         step.name,
         step.number,
         step.start_ns,
@@ -344,7 +338,7 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         step.samples,
         step.tokens,
         step.dropped_phases,
-        [(*p, step.phase_module(i)) for i, p in enumerate(step.phases)],
+        [StepPhaseRecord(*p, step.phase_module(i)) for i, p in enumerate(step.phases)],
         step.micro_batches,
         step.window,
     )
