@@ -21,6 +21,7 @@ import contextlib
 import gc
 import http.server
 import importlib
+import json
 import os
 import statistics
 import sys
@@ -68,9 +69,8 @@ class FakeEvent:
 
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
-    from otelprof.capture.steps import device_timing
-
     module = _session_module()
+    device_timing = sys.modules[module.cuda_timing.__module__]  # wherever this version keeps it
     saved = module.cuda_timing
 
     def timing(emit: Any) -> Any:
@@ -114,6 +114,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--steps", type=int, default=200, help="steps per run (at least 2)")
+    parser.add_argument("--json", help="also write each side's seconds per step, per round, to this file")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # no export mid-run
@@ -145,6 +146,9 @@ def main() -> int:
             for name in names[k:] + names[:k]:
                 gc.collect()
                 times[name].append(sides[name]())
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(times, out)
     bare = times["bare"]
     print(f"bare   : {statistics.median(bare) * 1e6:.1f} us/step (median of {args.rounds} runs of {args.steps} steps)")
     for name in names[1:]:

@@ -70,7 +70,9 @@ py::object optional_int(const std::optional<int64_t>& v) { return v ? py::object
 py::object named(PyTypeObject* type, std::vector<py::object> items) {
     PyObject* obj = PyStructSequence_New(type);
     if (obj == nullptr) throw py::error_already_set();
-    for (size_t i = 0; i < items.size(); ++i) PyStructSequence_SetItem(obj, static_cast<Py_ssize_t>(i), items[i].release().ptr());
+    for (size_t i = 0; i < items.size(); ++i) {
+        PyStructSequence_SetItem(obj, static_cast<Py_ssize_t>(i), items[i].release().ptr());  // steals
+    }
     return py::reinterpret_steal<py::object>(obj);
 }
 

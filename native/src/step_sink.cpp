@@ -27,11 +27,9 @@ StepAdded StepSink::add(const TrackedStep& step, const std::string& name, const 
     std::string window;  // an evaluation span carries no mark and leaves the next step's in place
     if (!step.evaluation) {
         window.swap(window_);
-        folded_ = {step.number,      static_cast<double>(step.end - step.start) / 1e9,
-                   step.totals,      step.with_total,
-                   step.samples,     step.tokens,
-                   step.micro_batches, ordinal,
-                   parent_trace};
+        const double seconds = static_cast<double>(step.end - step.start) / 1e9;
+        folded_ = {step.number, seconds,      step.totals,        step.with_total,
+                   step.samples, step.tokens, step.micro_batches, ordinal, parent_trace};
     }
     if (queue_.size() >= max_pending_) {
         ++metrics_.spans_dropped;

@@ -27,7 +27,7 @@ from ...environment_variables import (
     OTEL_EXPORTER_OTLP_PROTOCOL,
     OTEL_METRICS_EXPORTER,
 )
-from ..steps.tracker import Step
+from ..steps.tracker import PHASES, Step
 
 _log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class OtlpMetrics:
         from ..._version import __version__
 
         self._labels = dict(labels)
+        self._phase_labels = {phase: {**labels, "phase": phase} for phase in PHASES}
         self._registry = registry
         self._lock = threading.Lock()
         self._samples: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -159,7 +160,7 @@ class OtlpMetrics:
         self._duration.record(seconds, labels, trace.set_span_in_context(span))
         self._steps.add(1, labels)
         for phase, phase_seconds in phases:
-            self._phase.record(phase_seconds, {**labels, "phase": phase})
+            self._phase.record(phase_seconds, self._phase_labels.get(phase) or {**labels, "phase": phase})
         if samples is not None:
             self._samples_total.add(samples, labels)
         if tokens is not None:
