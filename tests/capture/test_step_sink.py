@@ -1,7 +1,7 @@
 """Native steps end to end: the C++ tracker folding steps into the native StepSink's metrics and
 span queue gives the same exposition (StepMetrics, itself checked against prometheus-client in
-test_step_metrics.py) and the same request bytes (the Python StepEncoder, checked against the
-official classes in test_step_encoder.py) as the Python path fed the same activity."""
+test_step_metrics.py) and the same request bytes (the Python fallback: the reference encoder,
+the official classes) as the Python path fed the same activity."""
 
 from __future__ import annotations
 
