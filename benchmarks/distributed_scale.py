@@ -36,16 +36,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otelprof.capture.distributed import Straggler, straggler_ratio
-from otelprof.capture.identity import Identity
-from otelprof.capture.step_metrics import StepMetrics
-from otelprof.capture.step_spans import StepSpans
-from otelprof.capture.steps import PHASES, Step
-from otelprof.capture.window_metrics import WindowMetrics, summarize
+from otelprof.capture.distributed.identity import Identity
+from otelprof.capture.distributed.ranks import Straggler, straggler_ratio
+from otelprof.capture.metrics.step_metrics import StepMetrics
+from otelprof.capture.metrics.window_metrics import WindowMetrics, summarize
+from otelprof.capture.session import _resource
+from otelprof.capture.spans.step_spans import StepSpans
+from otelprof.capture.steps.tracker import PHASES, Step
 from otelprof.converter import ConvertOptions, convert
 from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import Exporter
-from otelprof.instrumentation import _resource
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = (

@@ -1,7 +1,9 @@
 """Type stubs for the compiled core (native/bindings)."""
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from otelprof.capture.spans.step_spans import StepRecord
 
 class TraceError(ValueError):
     """Input that cannot be read as a Kineto trace."""
@@ -29,21 +31,75 @@ def fold_kernel_name(name: str) -> str:
 def device_name(device_type: int, device_id: int | None) -> str | None:
     """``cpu``, ``cuda:0``, … (reference.names.device_name), for consistency tests."""
 
-StepRecordTuple = tuple[
-    str, int, int, int, int, bytes | None, bytes | None, int | None, int | None, int, list[tuple[str, int, int]]
-]
-
 class StepSpanEncoder:
-    """Live step records -> ExportTraceServiceRequest bytes (capture/step_spans.py)."""
+    """Live step records -> ExportTraceServiceRequest bytes (capture/spans/step_spans.py)."""
 
     def __init__(
         self, resource: list[tuple[str, Any]], scope_version: str, trace_prefix: str, span_base: int
     ) -> None: ...
-    def encode(self, steps: list[StepRecordTuple], max_bytes: int) -> list[bytes]:
+    def encode(self, steps: Sequence[StepRecord], max_bytes: int) -> list[bytes]:
         """Releases the GIL while encoding."""
 
+class StepHistogram(NamedTuple):
+    counts: list[int]  # per bucket, not cumulated; the last is +Inf
+    sum: float
+
+class StepExemplar(NamedTuple):
+    number: int
+    trace_id: bytes | None  # the application span's; None: the step's own
+    value: float  # seconds
+    at: float  # Unix time of the step's end
+
+class StepSinkMetrics(NamedTuple):
+    """The step metrics a StepSink folded (one snapshot)."""
+
+    duration: StepHistogram
+    exemplars: list[StepExemplar | None]  # per duration bucket
+    phases: list[StepHistogram]  # in PHASES order
+    steps: int
+    samples: int
+    tokens: int
+    spans_dropped: int
+    last_step: float | None
+    samples_rate: float | None
+    tokens_rate: float | None
+    micro_batches: int
+
+class LastStep(NamedTuple):
+    number: int
+    ordinal: int  # the step span's id ordinal
+    trace_id: bytes | None
+    phases: list[tuple[int, int]]  # (start ns, end ns) of its phase spans
+
+class FoldedStep(NamedTuple):
+    """The training step a StepSink folded last."""
+
+    number: int
+    seconds: float
+    phases: list[tuple[str, float]]  # (phase, seconds) of those it has a total of, in PHASES order
+    samples: int | None
+    tokens: int | None
+    micro_batches: int
+    ordinal: int  # its span's id ordinal
+    trace_id: bytes | None  # the application span's; None: the step's own
+
+class StepSink:
+    """Closed steps folded into the step metrics and queued for their spans, in C++."""
+
+    def __init__(self, max_pending: int, batch_steps: int) -> None: ...
+    def metrics(self) -> StepSinkMetrics: ...
+    def encode(self, encoder: StepSpanEncoder, max_bytes: int) -> list[bytes]:
+        """The queued steps' spans as requests (the queue empties); releases the GIL to encode."""
+    @property
+    def pending(self) -> int: ...
+    @property
+    def spans_dropped(self) -> int: ...
+    def clear_queue(self) -> None: ...
+    def last(self) -> LastStep | None: ...
+    def folded(self) -> FoldedStep | None: ...
+
 class StepTracker:
-    """The step rules of capture/steps.py (capture/steps.py's NativeStepTracker wraps it)."""
+    """The step rules of capture/steps/tracker.py (its NativeStepTracker wraps it)."""
 
     def __init__(
         self,
@@ -77,4 +133,13 @@ class StepTracker:
     def release(self) -> None:
         """Drops the callbacks; later events are ignored."""
     def hook(self, name: str) -> Callable[..., None]:
-        """A C function torch calls as hook ``name`` (capture/steps.py's HOOKS)."""
+        """A C function torch calls as hook ``name`` (capture/steps/tracker.py's HOOKS)."""
+    def attach(
+        self,
+        sink: StepSink,
+        on_boundary: Callable[[int, float], str | None] | None = None,
+        parent: Callable[[], tuple[bytes, bytes] | None] | None = None,
+        context_var: Any = None,
+        notify: Callable[[], None] | None = None,
+    ) -> None:
+        """Closed steps go to ``sink`` (capture/steps/tracker.py's NativeStepTracker.attach)."""

@@ -12,7 +12,7 @@ import pytest
 
 from otelprof import settings
 from otelprof._config import settings_from_env
-from otelprof.capture.windows import WindowSettings
+from otelprof.capture.windows.profiling import WindowSettings
 from otelprof.converter import ConvertOptions
 from otelprof.export import exporter_config_from_env
 from otelprof.resource import options_from_env

@@ -1,4 +1,4 @@
-// Glue only: tuples from otelprof/capture/step_spans.py -> StepRecords, read with the C API (a
+// Glue only: StepRecord tuples from otelprof/capture/spans/step_spans.py -> StepRecords, read with the C API (a
 // batch holds hundreds of steps; this is the part that needs the GIL), then encoded without it.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -1,4 +1,4 @@
-// The step tracker (otelprof/step_tracker.hpp) for otelprof/capture/steps.py's NativeStepTracker.
+// The step tracker (otelprof/step_tracker.hpp) for otelprof/capture/steps/tracker.py's NativeStepTracker.
 // The hooks torch calls several times per step are plain C functions (METH_FASTCALL, made by
 // hook()): torch calls them directly, with no Python frame and no pybind11 dispatch in between.
 // Nothing raises into the training loop: a failing callback (or clock) stops the tracker and is
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "otelprof/step_sink.hpp"
 #include "otelprof/step_tracker.hpp"
+#include "step_sink_py.hpp"
 #include "step_spans_py.hpp"
 
 namespace py = pybind11;
@@ -52,52 +52,6 @@ bool parent_ids(PyObject* pair, std::optional<otelprof::TraceId>& trace, std::op
     std::memcpy(span->data(), PyBytes_AS_STRING(s), 8);
     return true;
 }
-
-py::object histogram(const otelprof::StepHistogram& h) {
-    py::list counts;
-    for (uint64_t c : h.counts) counts.append(c);
-    return py::make_tuple(counts, h.sum);
-}
-
-py::object optional_float(const std::optional<double>& v) { return v ? py::object(py::float_(*v)) : py::none(); }
-
-// The step metrics and span queue of CPU-timed steps (StepSink), for capture/step_metrics.py and
-// step_spans.py; used under the GIL only.
-class PyStepSink {
-  public:
-    PyStepSink(size_t max_pending, size_t batch_steps) : sink(max_pending, batch_steps) {}
-
-    // (duration (counts, sum), exemplars [None | (number, trace id | None, value, at)],
-    //  phases [(counts, sum)] in PHASES order, steps, samples, tokens, spans dropped,
-    //  last step, samples/s, tokens/s, micro-batches), all from one snapshot: the state is
-    //  copied before any Python object is made (making one may run other Python threads).
-    py::tuple metrics() const {
-        const otelprof::StepMetricsState m = sink.metrics();
-        py::list exemplars;
-        for (const otelprof::StepExemplar& e : m.exemplars) {
-            if (e.number < 0) {
-                exemplars.append(py::none());
-                continue;
-            }
-            py::object trace = e.trace_id ? py::object(py::bytes(reinterpret_cast<const char*>(e.trace_id->data()), 16))
-                                          : py::none();
-            exemplars.append(py::make_tuple(e.number, trace, e.value, e.at));
-        }
-        py::list phases;
-        for (const otelprof::StepHistogram& h : m.phases) phases.append(histogram(h));
-        return py::make_tuple(histogram(m.duration), exemplars, phases, m.steps, m.samples, m.tokens, m.spans_dropped,
-                              optional_float(m.last_step), optional_float(m.samples_rate),
-                              optional_float(m.tokens_rate), m.micro_batches);
-    }
-
-    py::list encode(const PyStepSpanEncoder& encoder, size_t max_bytes) {
-        const std::vector<otelprof::StepRecord> records = sink.take();
-        if (records.empty()) return py::list();
-        return encoder.encode_records(records, max_bytes);
-    }
-
-    otelprof::StepSink sink;
-};
 
 class LiveTracker {
   public:
@@ -312,17 +266,14 @@ class LiveTracker {
             }
         }
         const std::shared_ptr<PyStepSink> sink = sink_;  // a callback below may release it
-        // an evaluation span carries no window mark and leaves the next training step's in place
-        static const std::string no_window;
-        if (sink->sink.add(s, name_utf8_[s.name < name_utf8_.size() ? s.name : 0], trace, span,
-                           s.evaluation ? no_window : window_, &module_utf8_) &&
-            !notify_.is_none()) {
+        const otelprof::StepAdded added =
+            sink->sink.add(s, name_utf8_[s.name < name_utf8_.size() ? s.name : 0], trace, span, &module_utf8_);
+        if (added.wake && !notify_.is_none()) {
             PyObject* r = PyObject_CallNoArgs(notify_.ptr());
             if (r == nullptr) return false;
             Py_DECREF(r);
         }
-        if (s.evaluation) return true;  // no training step: no boundary
-        window_.clear();
+        if (!added.boundary) return true;
         if (!on_boundary_.is_none()) {
             PyObject* r = PyObject_CallFunction(on_boundary_.ptr(), "Ld", static_cast<long long>(s.number),
                                                 static_cast<double>(s.end - s.start) / 1e9);
@@ -333,11 +284,10 @@ class LiveTracker {
     }
 
     // What on_first_open / on_boundary returned (stolen): the profiling-window mark of the step
-    // beginning now (a str; None: none), decided when it begins and put on its span when it
-    // closes (so no span thread can take the step's record before it is marked). False with a
+    // beginning now (a str; None: none), for the sink (StepSink::set_window). False with a
     // Python error set.
     bool set_window(PyObject* r) {
-        window_.clear();
+        std::string window;
         if (PyUnicode_Check(r)) {
             Py_ssize_t n = 0;
             const char* data = PyUnicode_AsUTF8AndSize(r, &n);
@@ -345,9 +295,10 @@ class LiveTracker {
                 Py_DECREF(r);
                 return false;
             }
-            window_.assign(data, static_cast<size_t>(n));
+            window.assign(data, static_cast<size_t>(n));
         }
         Py_DECREF(r);
+        if (sink_) sink_->sink.set_window(std::move(window));
         return true;
     }
 
@@ -451,7 +402,6 @@ class LiveTracker {
     bool failed_ = false;
     std::shared_ptr<PyStepSink> sink_;
     py::object on_boundary_, parent_, context_var_, notify_;
-    std::string window_;  // the open step's profiling-window mark (set_window)
     std::vector<py::object> modules_{py::none()};  // forward phases' module names; slot 0: none
     std::vector<std::string> module_utf8_{std::string()};
     std::vector<std::pair<py::object, uint32_t>> module_types_;  // type -> slot (or kUnwrap)
@@ -540,26 +490,6 @@ Phase phase_of(const std::string& name) {
 }  // namespace
 
 void bind_step_tracker(py::module_& m) {
-    py::class_<PyStepSink, std::shared_ptr<PyStepSink>>(m, "StepSink")
-        .def(py::init<size_t, size_t>(), py::arg("max_pending"), py::arg("batch_steps"))
-        .def("metrics", &PyStepSink::metrics, "The step metrics folded so far (a tuple; step_metrics.py reads it).")
-        .def("encode", &PyStepSink::encode, py::arg("encoder"), py::arg("max_bytes"),
-             "The queued steps' spans as request bytes (the queue empties); the GIL is released to encode.")
-        .def_property_readonly("pending", [](const PyStepSink& s) { return s.sink.pending(); })
-        .def_property_readonly("spans_dropped", [](const PyStepSink& s) { return s.sink.metrics().spans_dropped; })
-        .def("clear_queue", [](PyStepSink& s) { s.sink.clear_queue(); })
-        .def(
-            "last",
-            [](const PyStepSink& s) -> py::object {
-                const otelprof::StepRecord* r = s.sink.last();
-                if (r == nullptr) return py::none();
-                py::list phases;
-                for (const auto& p : r->phases) phases.append(py::make_tuple(p.start, p.end));
-                py::object trace = r->trace_id ? py::object(py::bytes(reinterpret_cast<const char*>(r->trace_id->data()), 16))
-                                               : py::none();
-                return py::make_tuple(r->number, r->ordinal, trace, phases);
-            },
-            "(number, span ordinal, trace id | None, [(phase start, end)]) of the step queued last, or None.");
     py::class_<LiveTracker, Holder>(m, "StepTracker")
         .def(py::init<py::object, py::object, int64_t, py::object, py::object, py::object, py::object, py::object>(),
              py::arg("on_step"), py::arg("step_type"), py::arg("first_step") = 0, py::arg("clock") = py::none(),

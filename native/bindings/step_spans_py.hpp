@@ -1,5 +1,5 @@
 // What the live-step bindings share: the step span encoder's Python class (bind_step_spans.cpp),
-// which the step sink (bind_step_tracker.cpp) hands its queued records to.
+// which the step sink (bind_step_sink.cpp) hands its queued records to.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -17,7 +17,7 @@ class PyStepSpanEncoder {
   public:
     PyStepSpanEncoder(const pybind11::list& resource, const pybind11::str& scope_version,
                       const pybind11::str& trace_prefix, uint64_t span_base);
-    // Record tuples (capture/step_spans.py's StepRecord) -> request bytes.
+    // StepRecord tuples (capture/spans/step_spans.py) -> request bytes.
     pybind11::list encode(const pybind11::list& steps, size_t max_bytes) const;
     // Releases the GIL while encoding.
     pybind11::list encode_records(const std::vector<otelprof::StepRecord>& records, size_t max_bytes) const;

@@ -17,15 +17,23 @@ size_t StepHistogram::observe(double value) {
     return i;
 }
 
-bool StepSink::add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
-                   const std::optional<SpanId>& parent_span, const std::string& window,
-                   const std::vector<std::string>* modules) {
-    if (!step.evaluation) fold(step, parent_trace);  // an evaluation is a span, in no step metric
+StepAdded StepSink::add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
+                        const std::optional<SpanId>& parent_span, const std::vector<std::string>* modules) {
+    StepAdded added;
+    added.boundary = !step.evaluation;  // an evaluation is a span, in no step metric, no boundary
+    if (!step.evaluation) fold(step, parent_trace);
     const uint64_t ordinal = ordinal_;
     ordinal_ += 1 + step.phases.size();
+    std::string window;  // an evaluation span carries no mark and leaves the next step's in place
+    if (!step.evaluation) {
+        window.swap(window_);
+        const double seconds = static_cast<double>(step.end - step.start) / 1e9;
+        folded_ = {step.number, seconds,      step.totals,        step.with_total,
+                   step.samples, step.tokens, step.micro_batches, ordinal, parent_trace};
+    }
     if (queue_.size() >= max_pending_) {
         ++metrics_.spans_dropped;
-        return false;
+        return added;
     }
     StepRecord r;
     r.name = name;
@@ -39,14 +47,15 @@ bool StepSink::add(const TrackedStep& step, const std::string& name, const std::
     r.tokens = step.tokens;
     r.dropped_phases = step.dropped_phases;
     r.micro_batches = step.micro_batches;
-    r.window = window;
+    r.window = std::move(window);
     r.phases.reserve(step.phases.size());
     for (const PhaseSpan& p : step.phases) {
         const bool named = modules != nullptr && p.module && p.module < modules->size();
         r.phases.push_back({kPhaseNames[static_cast<int>(p.phase)], p.start, p.end, named ? (*modules)[p.module] : ""});
     }
     queue_.push_back(std::move(r));
-    return queue_.size() == batch_steps_;
+    added.wake = queue_.size() == batch_steps_;
+    return added;
 }
 
 // The same arithmetic, in the same order, as StepMetrics._fold (so the floats agree exactly).

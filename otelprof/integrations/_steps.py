@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from .. import instrumentation
+from ..capture import session as instrumentation
 
 _log = logging.getLogger(__name__)
 #: The span an evaluation (HF ``evaluate``, Lightning's validation loop) gets instead of a step.

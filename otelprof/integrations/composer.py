@@ -14,7 +14,7 @@ from typing import Any
 
 from composer.core import Callback
 
-from ..capture.hooks import batch_size
+from ..capture.steps.hooks import batch_size
 from . import _steps
 
 

@@ -15,7 +15,7 @@ import logging
 from types import ModuleType
 from typing import Any
 
-from ..capture.hooks import batch_size
+from ..capture.steps.hooks import batch_size
 from . import _steps
 from ._patch import patch_trainer_init, unpatch_trainer_init
 

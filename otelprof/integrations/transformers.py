@@ -20,7 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..capture.hooks import batch_size
+from ..capture.steps.hooks import batch_size
 from . import _steps
 from ._patch import patch_trainer_init, unpatch_trainer_init
 

@@ -67,7 +67,7 @@ def spawned(local_rank: int, out: Path, steps: int, port: int, mismatch: bool) -
     if mismatch:
         if local_rank == 1:
             os.environ["OTELPROF_ENABLED"] = "false"
-        from otelprof.capture import distributed
+        from otelprof.capture.distributed import ranks as distributed
 
         distributed.TIMEOUT_S = 3.0  # rank 0 waits this long for rank 1 at the first step
 

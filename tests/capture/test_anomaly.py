@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from otelprof.capture.windows import Anomaly
+from otelprof.capture.windows.profiling import Anomaly
 
 pytest.importorskip("torch")
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from export.receivers import http_receiver
 
-from otelprof.capture import steps as steps_module
-from otelprof.capture.hooks import TorchHooks
-from otelprof.capture.steps import Step, step_tracker
+from otelprof.capture.steps import tracker as steps_module
+from otelprof.capture.steps.hooks import TorchHooks
+from otelprof.capture.steps.tracker import Step, step_tracker
 
 torch = pytest.importorskip("torch")
 
@@ -123,7 +123,7 @@ def test_root_hooks_inside_a_compiled_function_are_no_ops(
 ) -> None:
     """Eager steps find the model; a compiled function then calls it: its root hooks are traced
     as no-ops (no graph break, no recompile), discovery ends and never returns."""
-    from otelprof.capture import hooks as hooks_module
+    from otelprof.capture.steps import hooks as hooks_module
 
     monkeypatch.setattr(hooks_module, "REDISCOVER_STEPS", 3)  # would rediscover at the 3rd step_done
     torch.manual_seed(0)
@@ -201,7 +201,7 @@ def test_a_failing_dynamo_setup_is_logged_once_and_undone(
 ) -> None:
     import torch._dynamo as dynamo
 
-    from otelprof.capture import dynamo as otelprof_dynamo
+    from otelprof.capture.steps import dynamo as otelprof_dynamo
 
     def half_done(self: Any) -> None:
         dynamo.config.ignore_logging_functions.add(self._hooks[0])

@@ -4,8 +4,8 @@ runs the real thing on a GPU machine)."""
 
 from __future__ import annotations
 
-from otelprof.capture.device_timing import MAX_PENDING, DeviceTiming
-from otelprof.capture.steps import Step, StepTracker
+from otelprof.capture.steps.device_timing import MAX_PENDING, DeviceTiming
+from otelprof.capture.steps.tracker import Step, StepTracker
 
 
 class Device:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from otelprof.capture import hooks as hooks_module
-from otelprof.capture import steps as steps_module
-from otelprof.capture.hooks import TorchHooks
-from otelprof.capture.steps import Step, step_tracker
+from otelprof.capture.steps import hooks as hooks_module
+from otelprof.capture.steps import tracker as steps_module
+from otelprof.capture.steps.hooks import TorchHooks
+from otelprof.capture.steps.tracker import Step, step_tracker
 
 torch = pytest.importorskip("torch")
 

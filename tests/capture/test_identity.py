@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from otelprof._config import settings_from_env
-from otelprof.capture.identity import Identity, identity_from_env
+from otelprof.capture.distributed.identity import Identity, identity_from_env
 
 
 def test_torchrun() -> None:

@@ -14,7 +14,7 @@ import pytest
 from export.receivers import grpc_receiver, http_receiver
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
-from otelprof.capture.otlp_metrics import BRIDGED, DIRECT, exporters, otel_name
+from otelprof.capture.metrics.otlp_metrics import BRIDGED, DIRECT, exporters, otel_name
 from otelprof.converter.reference import ids
 
 pytest.importorskip("torch")

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from otelprof.capture.step_metrics import FOLD_STEPS, LABELS, STEP_BUCKETS, StepMetrics
-from otelprof.capture.steps import PHASES, Step
+from otelprof.capture.metrics.step_metrics import FOLD_STEPS, LABELS, STEP_BUCKETS, StepMetrics
+from otelprof.capture.steps.tracker import PHASES, Step
 
 IDENTITY = {"run": "r", "rank": "3", "local_rank": "1"}
 VALUES = [IDENTITY[k] for k in LABELS]

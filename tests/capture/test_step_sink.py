@@ -1,7 +1,7 @@
 """Native steps end to end: the C++ tracker folding steps into the native StepSink's metrics and
 span queue gives the same exposition (StepMetrics, itself checked against prometheus-client in
-test_step_metrics.py) and the same request bytes (the Python StepEncoder, checked against the
-official classes in test_step_encoder.py) as the Python path fed the same activity."""
+test_step_metrics.py) and the same request bytes (the Python fallback: the reference encoder,
+the official classes) as the Python path fed the same activity."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from otelprof.capture.identity import Identity
-from otelprof.capture.step_metrics import StepMetrics
-from otelprof.capture.step_spans import StepContext, StepRecordEncoder, native_sink, record
-from otelprof.capture.steps import PHASES, Step, step_tracker
+from otelprof.capture.distributed.identity import Identity
+from otelprof.capture.metrics.step_metrics import StepMetrics
+from otelprof.capture.spans.step_spans import StepContext, StepRecordEncoder, native_sink, record
+from otelprof.capture.steps.tracker import PHASES, Step, step_tracker
 from otelprof.converter.reference.builder import Attrs
 
 from .test_step_metrics import IDENTITY, exposition
@@ -253,3 +253,38 @@ def test_every_scrape_is_one_snapshot(native_path: bool) -> None:
             break
     thread.join()
     assert steps == 2999 and scrapes >= 1  # the last step waits for the next fetch
+
+
+@settings(max_examples=150, deadline=None)
+@given(_events())
+def test_the_folded_step_gives_otlp_what_a_python_step_gives(events: list[tuple[str, Any]]) -> None:
+    """With OTLP metrics steps stay native: the sink's FoldedStep, read at each boundary, holds
+    what OtlpMetrics.observe reads from a Python Step (duration, phase totals, sizes, span ids)."""
+    now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
+    tracker: Any = step_tracker(lambda s: None, clock=lambda: now[0], native=True, grad_enabled=lambda: grad[0])
+    sink = native_sink()
+    folded: list[tuple[Any, ...]] = []
+
+    def on_boundary(number: int, _seconds: float) -> None:
+        f = sink.folded()
+        assert f is not None and f.number == number
+        folded.append((f.number, f.seconds, f.phases, f.samples, f.tokens, f.micro_batches, f.ordinal, f.trace_id))
+
+    tracker.attach(sink, on_boundary, lambda: PARENT if nested[0] else None)
+    _drive(tracker, events, now, nested, grad)
+
+    now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
+    expected: list[tuple[Any, ...]] = []
+    ordinal = [0]
+
+    def on_step(step: Step) -> None:
+        if not step.evaluation:
+            phases = [(p, step.phase_totals_ns[p] / 1e9) for p in PHASES if p in step.phase_totals_ns]
+            trace = PARENT[0] if nested[0] else None
+            sizes = (step.samples, step.tokens, step.micro_batches)
+            expected.append((step.number, step.duration_s, phases, *sizes, ordinal[0], trace))
+        ordinal[0] += 1 + len(step.phases)
+
+    python: Any = step_tracker(on_step, clock=lambda: now[0], native=False, grad_enabled=lambda: grad[0])
+    _drive(python, events, now, nested, grad)
+    assert folded == expected

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelprof.capture import steps as steps_module
-from otelprof.capture.steps import HOOKS, PHASES, NativeStepTracker, Step, StepTracker, step_tracker
+from otelprof.capture.steps import tracker as steps_module
+from otelprof.capture.steps.tracker import HOOKS, PHASES, NativeStepTracker, Step, StepTracker, step_tracker
 
 needs_native = pytest.mark.skipif(steps_module._native is None, reason="the native core is not built")
 KINDS = [pytest.param(False, id="python"), pytest.param(True, id="native", marks=needs_native)]

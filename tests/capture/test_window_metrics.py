@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from otelprof import convert
-from otelprof.capture.window_metrics import MAX_NAME_CHARS, TOP_N, WindowMetrics, summarize
+from otelprof.capture.metrics.window_metrics import MAX_NAME_CHARS, TOP_N, WindowMetrics, summarize
 from otelprof.converter import OpStats
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "kineto"

@@ -17,6 +17,8 @@ from otelprof.converter.reference import ids
 
 torch = pytest.importorskip("torch")
 
+PHASES = ("data", "forward", "backward", "optimizer")  # the step encoder's phase spans
+
 STEPS = 10
 # the native step path, and the Python one (OTLP metrics on): the latter takes about 5 s a test
 # against the native path's 0.5 s, so it runs in the full suite only (slow)
@@ -314,7 +316,7 @@ def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
     their spans; Kineto's stop at the boundary after the window is in no phase of the next step."""
     import threading
 
-    from otelprof.capture.windows import Windows
+    from otelprof.capture.windows.profiling import Windows
 
     if "otlp" in metrics:
         pytest.importorskip("opentelemetry.sdk")
@@ -327,7 +329,7 @@ def test_the_window_is_saved_off_the_training_thread_and_its_steps_are_marked(
 
     monkeypatch.setattr(Windows, "_overhead", recording)
     off_thread = metrics == "prometheus"  # both saving places, one per step path
-    monkeypatch.setattr("otelprof.capture.windows.SAVE_OFF_THREAD_MIN_CPUS", 1 if off_thread else 1 << 20)
+    monkeypatch.setattr("otelprof.capture.windows.profiling.SAVE_OFF_THREAD_MIN_CPUS", 1 if off_thread else 1 << 20)
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
     env = {
         **schedule,
@@ -404,3 +406,32 @@ def test_profiled_steps_follow_a_frameworks_own_numbers(receiver: HttpReceiver, 
     assert profiled == {106: ["ProfilerStep#3"], 108: ["ProfilerStep#4"]}
     stray = [s.name for t, spans in traces.items() if t not in {_tid(n) for n in numbers} for s in spans]
     assert not [name for name in stray if name.startswith("ProfilerStep#")]
+
+
+@pytest.mark.parametrize("metrics", ["prometheus", "prometheus,otlp"], ids=["native-steps", "python-steps"])
+def test_a_profiled_steps_span_and_its_window_spans_share_one_resource(
+    receiver: HttpReceiver, tmp_path: Path, metrics: str
+) -> None:
+    """The step span's resource equals the resource of the window spans of the same step
+    (process.pid, local rank and telemetry.sdk.version on both), whichever path steps take."""
+    if "otlp" in metrics:
+        pytest.importorskip("opentelemetry.sdk")
+    schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
+    env = {**schedule, "OTELPROF_PROFILE_REPEAT": "1", "OTEL_METRICS_EXPORTER": metrics}
+    session = _instrument(receiver, tmp_path, **env)
+    _train(steps=8)
+    live_session.stop(session)
+    resources: dict[str, list[list[tuple[str, str, str]]]] = {"step": [], "window": []}
+    for request in receiver.requests:
+        for rs in request.resource_spans:
+            attrs = [(kv.key, str(kv.value.WhichOneof("value")), str(kv.value)) for kv in rs.resource.attributes]
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    if span.trace_id == _tid(3) and span.name == "train.step":
+                        resources["step"].append(attrs)
+                    elif span.trace_id == _tid(3) and span.name.partition(" ")[0] not in PHASES:
+                        resources["window"].append(attrs)  # ProfilerStep#3 and its operators
+    [step] = resources["step"]
+    assert resources["window"] and all(window == step for window in resources["window"])
+    keys = {key for key, _kind, _value in step}
+    assert {"process.pid", "pytorch.distributed.local_rank", "telemetry.sdk.version"} <= keys

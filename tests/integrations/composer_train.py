@@ -17,7 +17,7 @@ from composer import Callback, Trainer
 from composer.models import ComposerClassifier
 
 import otelprof
-from otelprof.capture.hooks import batch_size
+from otelprof.capture.steps.hooks import batch_size
 from otelprof.integrations.composer import OtelprofCallback
 
 

@@ -1,13 +1,15 @@
-// Where a CPU-timed step goes once the tracker closes it (otelprof/capture/step_metrics.py and
-// step_spans.py, native side): folded into the step metrics and queued for its span, without
-// a Python object per step (those cost a small model's training thread ~1 us each in
-// allocation and garbage collection). Not thread-safe: the binding calls it under the GIL.
+// Where a step goes once the tracker closes it (otelprof/capture/metrics/step_metrics.py and
+// spans/step_spans.py, native side): folded into the step metrics and queued for its span,
+// without a Python object per step (those cost a small model's training thread ~1 us each in
+// allocation and garbage collection), with the profiling-window mark the session set for it.
+// Not thread-safe: the binding calls it under the GIL.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "otelprof/spans.hpp"
@@ -45,23 +47,48 @@ struct StepMetricsState {
     std::optional<double> last_step, samples_rate, tokens_rate;
 };
 
+// The training step folded last, for what the caller records per step beside the sink (the
+// OTLP metrics): its duration, phase totals and sizes, and its span's ids.
+struct StepFolded {
+    int64_t number = -1;  // -1: none yet
+    double seconds = 0;
+    std::array<int64_t, kPhaseCount> totals{};  // ns per phase
+    uint8_t with_total = 0;                     // bit per phase that has a total
+    std::optional<int64_t> samples, tokens;
+    int64_t micro_batches = 0;
+    uint64_t ordinal = 0;              // its span's id ordinal
+    std::optional<TraceId> trace_id;  // the application span's; else the step's own
+};
+
+// What add() asks of its caller.
+struct StepAdded {
+    bool wake = false;      // the queue has reached batch_steps: time to wake the encoder
+    bool boundary = false;  // a training step ended: the session's per-step work runs (an
+                            // evaluation span is none), and the next step's mark is set
+};
+
 class StepSink {
   public:
     StepSink(size_t max_pending, size_t batch_steps) : max_pending_(max_pending), batch_steps_(batch_steps) {}
 
-    // A closed step, its name, the application span it nests under (if any) and what it was to
-    // a profiling window (StepRecord::window): folded into the metrics, queued for its span
-    // (dropped and counted when max_pending wait). True when the queue has reached batch_steps
-    // (time to wake the encoder). `modules`: the phases' module names by slot (PhaseSpan::module).
-    bool add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
-             const std::optional<SpanId>& parent_span, const std::string& window = std::string(),
-             const std::vector<std::string>* modules = nullptr);
+    // A closed step, its name and the application span it nests under (if any): folded into the
+    // metrics (not an evaluation), queued for its span (dropped and counted when max_pending
+    // wait). A training step takes the window mark set for it (set_window) and clears it; an
+    // evaluation span carries none and leaves it for the next training step.
+    // `modules`: the phases' module names by slot (PhaseSpan::module).
+    StepAdded add(const TrackedStep& step, const std::string& name, const std::optional<TraceId>& parent_trace,
+                  const std::optional<SpanId>& parent_span, const std::vector<std::string>* modules = nullptr);
+    // The profiling-window mark of the step beginning now (StepRecord::window; "": none), decided
+    // when it begins and put on its span when it closes (so no span thread can take the step's
+    // record before it is marked).
+    void set_window(std::string window) { window_ = std::move(window); }
 
     // Read under the caller's lock (the GIL): copy it before making Python objects.
     const StepMetricsState& metrics() const { return metrics_; }
+    const StepFolded& folded() const { return folded_; }
     std::vector<StepRecord> take();
     size_t pending() const { return queue_.size(); }
-    // The step queued last (capture/windows.py reads a profiled step's span ids right after add).
+    // The step queued last (capture/windows/profiling.py reads a profiled step's span ids right after add).
     const StepRecord* last() const { return queue_.empty() ? nullptr : &queue_.back(); }
     // After fork(): the child starts with no queued spans (its parent ships them).
     void clear_queue() { queue_.clear(); }
@@ -72,7 +99,9 @@ class StepSink {
     size_t max_pending_, batch_steps_;
     uint64_t ordinal_ = 0;  // span id ordinals: a step's span, then one per phase interval
     StepMetricsState metrics_;
+    StepFolded folded_;
     std::vector<StepRecord> queue_;
+    std::string window_;
 };
 
 }  // namespace otelprof

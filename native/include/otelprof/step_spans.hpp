@@ -1,4 +1,4 @@
-// Live step spans (otelprof/capture/step_spans.py) -> ExportTraceServiceRequest bytes: one span
+// Live step spans (otelprof/capture/spans/step_spans.py) -> ExportTraceServiceRequest bytes: one span
 // per training step with a child per phase interval, ids as the converter makes them (a step's
 // trace id is that of ProfilerStep#N of the run), so a profiled step's operator spans share it.
 #pragma once

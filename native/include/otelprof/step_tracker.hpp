@@ -1,5 +1,5 @@
 // Step boundaries and phases from a training loop's activity: the rules of
-// otelprof/capture/steps.py (its docstring states them), in C++ because the hooks fire several
+// otelprof/capture/steps/tracker.py (its docstring states them), in C++ because the hooks fire several
 // times per step and each Python-level event cost ~1.5 us on a small model's training thread.
 // Pure state machine: the caller passes the time of each event and takes the closed steps (and
 // the first opening, the hint) from the outbox afterwards, so no callback runs while the state

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .steps import Step
+from .tracker import Step
 
 _log = logging.getLogger(__name__)
 MAX_PENDING = 64

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..converter import OpStats
+from ...converter import OpStats
 
 TOP_N = 10
 #: Kernel names are C++ template instantiations hundreds of characters long.

@@ -24,7 +24,7 @@ import threading
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -32,7 +32,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from .steps import PHASES, Step
+from ..steps.tracker import PHASES, Step
+
+if TYPE_CHECKING:
+    from ..._native import StepSinkMetrics
 
 LABELS = ("run", "rank", "local_rank")
 #: From 1 ms to 10 minutes: tiny CPU steps to giant LLM steps.
@@ -87,7 +90,7 @@ class Buckets:
 class NativeSink(Protocol):
     """``_native.StepSink``: the metrics of the steps the native tracker folded."""
 
-    def metrics(self) -> tuple[Any, ...]: ...
+    def metrics(self) -> StepSinkMetrics: ...
 
 
 class _Trace:
@@ -258,40 +261,28 @@ class StepMetrics(Collector):
         )
 
     def _native_state(self, sink: NativeSink) -> _State:
-        (
-            (counts, total),
-            exemplars,
-            phases,
-            steps,
-            samples,
-            tokens,
-            dropped,
-            last,
-            samples_rate,
-            tokens_rate,
-            batches,
-        ) = sink.metrics()
+        m = sink.metrics()
         duration = Buckets()
-        duration.counts, duration.sum = counts, total
-        for i, exemplar in enumerate(exemplars):
+        duration.counts, duration.sum = m.duration.counts, m.duration.sum
+        for i, exemplar in enumerate(m.exemplars):
             if exemplar is not None:
-                number, trace_id, value, at = exemplar
-                duration.exemplars[i] = (_Trace(trace_id or self._trace_ids(str(number))), value, at)
+                trace_id = exemplar.trace_id or self._trace_ids(str(exemplar.number))
+                duration.exemplars[i] = (_Trace(trace_id), exemplar.value, exemplar.at)
         by_phase = {}
-        for name, (phase_counts, phase_total) in zip(PHASES, phases, strict=True):
+        for name, phase in zip(PHASES, m.phases, strict=True):
             buckets = by_phase[name] = Buckets()
-            buckets.counts, buckets.sum = phase_counts, phase_total
+            buckets.counts, buckets.sum = phase.counts, phase.sum
         return (
             duration,
             by_phase,
-            steps,
-            samples,
-            tokens,
-            dropped + self._spans_dropped,
-            last,
-            samples_rate,
-            tokens_rate,
-            batches,
+            m.steps,
+            m.samples,
+            m.tokens,
+            m.spans_dropped + self._spans_dropped,
+            m.last_step,
+            m.samples_rate,
+            m.tokens_rate,
+            m.micro_batches,
         )
 
     def unregister(self) -> None:

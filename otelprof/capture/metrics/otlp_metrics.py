@@ -22,13 +22,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ..environment_variables import (
+from ...environment_variables import (
     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
     OTEL_EXPORTER_OTLP_PROTOCOL,
     OTEL_METRICS_EXPORTER,
 )
-from ..settings import text
-from .steps import Step
+from ...settings import text
+from ..steps.tracker import PHASES, Step
 
 _log = logging.getLogger(__name__)
 
@@ -102,9 +102,10 @@ class OtlpMetrics:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
-        from .._version import __version__
+        from ..._version import __version__
 
         self._labels = dict(labels)
+        self._phase_labels = {phase: {**labels, "phase": phase} for phase in PHASES}
         self._registry = registry
         self._lock = threading.Lock()
         self._samples: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -126,7 +127,28 @@ class OtlpMetrics:
             make(name, [self._callback(family)], unit)
 
     def observe(self, step: Step, trace_id: bytes, span_id: bytes) -> None:
-        """At each step (training thread): a few microseconds of SDK bookkeeping."""
+        """At each step of the Python route (training thread)."""
+        phases = [(phase, ns / 1e9) for phase, ns in step.phase_totals_ns.items()]
+        self.record(step.duration_s, phases, step.samples, step.tokens, step.micro_batches, trace_id, span_id)
+
+    def observe_folded(self, folded: Any, trace_id: bytes, span_id: bytes) -> None:
+        """At each step the native sink folded (``_native.FoldedStep``; training thread)."""
+        self.record(
+            folded.seconds, folded.phases, folded.samples, folded.tokens, folded.micro_batches, trace_id, span_id
+        )
+
+    def record(
+        self,
+        seconds: float,
+        phases: Iterable[tuple[str, float]],
+        samples: int | None,
+        tokens: int | None,
+        micro_batches: int,
+        trace_id: bytes,
+        span_id: bytes,
+    ) -> None:
+        """A few microseconds of SDK bookkeeping; the step span is the current context, so the
+        SDK's trace-based exemplar filter attaches its trace id."""
         from opentelemetry import trace
         from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
@@ -136,16 +158,16 @@ class OtlpMetrics:
             )
         )
         labels = self._labels
-        self._duration.record(step.duration_s, labels, trace.set_span_in_context(span))
+        self._duration.record(seconds, labels, trace.set_span_in_context(span))
         self._steps.add(1, labels)
-        for phase, ns in step.phase_totals_ns.items():
-            self._phase.record(ns / 1e9, {**labels, "phase": phase})
-        if step.samples is not None:
-            self._samples_total.add(step.samples, labels)
-        if step.tokens is not None:
-            self._tokens_total.add(step.tokens, labels)
-        if step.micro_batches:
-            self._micro_batches.add(step.micro_batches, labels)
+        for phase, phase_seconds in phases:
+            self._phase.record(phase_seconds, self._phase_labels.get(phase) or {**labels, "phase": phase})
+        if samples is not None:
+            self._samples_total.add(samples, labels)
+        if tokens is not None:
+            self._tokens_total.add(tokens, labels)
+        if micro_batches:
+            self._micro_batches.add(micro_batches, labels)
 
     def shutdown(self) -> None:
         """Exports what is left (bounded by the SDK's own timeout)."""

@@ -7,7 +7,9 @@ OpenTelemetry span (an inference request, say), the step nests under it instead.
 Steps are queued on the training thread (a bounded deque append) and encoded and submitted by
 a background thread once a second, or sooner when many are waiting. The native core encodes them
 with the GIL released (a Python encoder holding the GIL for ~30 us per step stalled a small
-model's training thread by as much); the Python StepEncoder, byte-identical, is the fallback.
+model's training thread by as much); without the native core, the reference encoder (the
+official opentelemetry-proto classes), which the native encoder's bytes are tested against, is
+the fallback.
 """
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
-from .._version import __version__
-from ..converter.reference import ids
-from ..converter.reference.builder import Attrs, Span, millis
-from ..converter.reference.ids import TraceIds
-from ..export.exporter import Exporter
-from .identity import Identity
-from .step_encoder import StepEncoder
-from .steps import Step
+from ..._version import __version__
+from ...converter.reference import encoder as reference
+from ...converter.reference import ids
+from ...converter.reference.builder import Attrs, Span, millis
+from ...converter.reference.ids import TraceIds
+from ...export.exporter import Exporter
+from ..distributed.identity import Identity
+from ..steps.tracker import Step
 
 _log = logging.getLogger(__name__)
 
@@ -41,24 +43,31 @@ BATCH_STEPS = 512
 FLUSH_INTERVAL_S = 1.0
 
 
-#: What the encoders get per step: (name, number, start_ns, end_ns, ordinal, trace_id | None,
-#: parent_id | None, samples | None, tokens | None, dropped_phases,
-#: [(phase, start_ns, end_ns, module | None)], micro_batches, window | None).
-StepRecord = tuple[
-    str,
-    int,
-    int,
-    int,
-    int,
-    "bytes | None",
-    "bytes | None",
-    "int | None",
-    "int | None",
-    int,
-    list[tuple[str, int, int, "str | None"]],
-    int,
-    "str | None",
-]
+class StepPhaseRecord(NamedTuple):
+    """A phase span of a step record."""
+
+    phase: str  # data, forward, backward, optimizer
+    start_ns: int
+    end_ns: int
+    module: str | None  # a forward's root module class (None: unknown)
+
+
+class StepRecord(NamedTuple):
+    """What the step-span encoders get per step (the native encoder reads it as the tuple it is)."""
+
+    name: str
+    number: int
+    start_ns: int
+    end_ns: int
+    ordinal: int  # the step span's id ordinal; its phases take the ones that follow
+    trace_id: bytes | None  # the application span's; None: the step's own, hashed by the encoder
+    parent_id: bytes | None
+    samples: int | None
+    tokens: int | None
+    dropped_phases: int
+    phases: list[StepPhaseRecord]
+    micro_batches: int
+    window: str | None  # Windows.mark(): "recorded:early" ...
 
 
 class StepContext:
@@ -230,7 +239,7 @@ class StepSpans:
 
 class StepRecordEncoder:
     """Step records -> requests: the native core's encoder, or (``native=False``, or no native
-    core) span-model Spans through the Python StepEncoder; the two write the same bytes."""
+    core) span-model Spans through the reference encoder; the two write the same bytes."""
 
     def __init__(self, identity: Identity, resource: Attrs, native: bool = True, version: str = __version__) -> None:
         self.span_base = ids.span_base(identity.run_id, f"live|{identity.rank}")
@@ -241,36 +250,23 @@ class StepRecordEncoder:
             if native and _native is not None
             else None
         )
-        self._encoder = StepEncoder(list(resource), version) if self.native is None else None
+        self._resource = list(resource)
+        self._version = version
 
     def encode(self, records: list[StepRecord], max_bytes: int) -> list[bytes]:
         """ExportTraceServiceRequest bytes of ``records`` (native, or the Python fallback)."""
         if self.native is not None:
             encoded: list[bytes] = self.native.encode(records, max_bytes)
             return encoded
-        assert self._encoder is not None
         spans: list[Span] = []
         for rec in records:
             spans.extend(self.spans(rec, len(spans)))
-        return self._encoder.encode(spans, max_bytes)
+        return reference.encode(spans, self._resource, self._version, max_bytes)
 
     def spans(self, rec: StepRecord, order: int) -> list[Span]:
         """A step's span and its phase spans, as the span model has them."""
-        (
-            name,
-            number,
-            start_ns,
-            end_ns,
-            ordinal,
-            trace_id,
-            parent_id,
-            samples,
-            tokens,
-            dropped,
-            phases,
-            batches,
-            window,
-        ) = rec
+        name, number, start_ns, end_ns, ordinal, trace_id, parent_id = rec[:7]
+        samples, tokens, dropped, phases, batches, window = rec[7:]
         attrs: Attrs = [("pytorch.step", number), ("otelprof.step.source", "live")]
         if samples is not None:
             attrs.append(("otelprof.step.samples", samples))
@@ -309,7 +305,7 @@ def trace_list_attrs(
     tokens: int | None,
     start_ns: int,
     end_ns: int,
-    phases: list[tuple[str, int, int, str | None]],
+    phases: Sequence[tuple[str, int, int, str | None]],
 ) -> Attrs:
     """What a trace list shows of a step (OpenInference's ``input.value`` / ``output.value``,
     which Phoenix lists and MLflow turns into a trace's request and response previews):
@@ -333,7 +329,7 @@ def trace_list_attrs(
 
 
 def record(step: Step, ctx: StepContext) -> StepRecord:
-    return (
+    return StepRecord(
         step.name,
         step.number,
         step.start_ns,
@@ -344,7 +340,7 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         step.samples,
         step.tokens,
         step.dropped_phases,
-        [(*p, step.phase_module(i)) for i, p in enumerate(step.phases)],
+        [StepPhaseRecord(*p, step.phase_module(i)) for i, p in enumerate(step.phases)],
         step.micro_batches,
         step.window,
     )

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dynamo import DynamoHooks
-from .steps import HOOKS, NativeStepTracker, StepTracker
+from .tracker import HOOKS, NativeStepTracker, StepTracker
 
 _log = logging.getLogger(__name__)
 #: Global hooks come back for one step this often, to find models first called later.

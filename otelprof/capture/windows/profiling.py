@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..converter import ConvertOptions, LiveStep, convert
-from .window_metrics import WindowMetrics, summarize
+from ...converter import ConvertOptions, LiveStep, convert
+from ..metrics.window_metrics import WindowMetrics, summarize
 
 _log = logging.getLogger(__name__)
 #: Cores at which a window's trace is saved off the training thread. Below, a background save

@@ -1,0 +1,162 @@
+"""otelprof's per-step cost on each live step route, on the CPU, interleaved:
+
+    python benchmarks/step_route.py [--rounds N] [--steps N]
+
+- ``native``: the default CPU-timed step (the native tracker folding the step into its sink);
+- ``cuda``: the route CUDA-timed steps take, forced on the CPU: the session's device timing
+  runs over stand-in events (recorded at the tracker's timestamps, always complete, durations
+  from the CPU clock), so everything but the CUDA calls themselves is paid;
+- ``otlp``: ``OTEL_METRICS_EXPORTER=prometheus,otlp`` (histograms recorded per step through
+  the SDK; the export interval is long, so no export runs inside the measurement).
+
+Each round runs the bare tiny loop (benchmarks/overhead.py's) and every route once, in an
+order rotated per round; the figure per route is the median over rounds of its difference to
+the bare run of the same round, in microseconds per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import http.server
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import otelprof
+from benchmarks.overhead import make_loop
+
+
+def _session_module() -> Any:
+    """Where the session is built (it moved into capture/ in issue 17)."""
+    for name in ("otelprof.capture.session", "otelprof.instrumentation"):
+        with contextlib.suppress(ImportError):
+            return importlib.import_module(name)
+    raise ImportError("no otelprof session module")
+
+
+class FakeEvent:
+    """A CUDA event stand-in: complete as soon as recorded, timed by the CPU clock."""
+
+    def __init__(self) -> None:
+        self.at = 0
+
+    def record(self) -> None:
+        self.at = time.perf_counter_ns()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: Any) -> float:
+        return float(end.at - self.at) / 1e6
+
+    def synchronize(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def fake_cuda() -> Iterator[None]:
+    module = _session_module()
+    device_timing = sys.modules[module.cuda_timing.__module__]  # wherever this version keeps it
+    saved = module.cuda_timing
+
+    def timing(emit: Any) -> Any:
+        return device_timing.DeviceTiming(emit, FakeEvent, lambda: True)
+
+    module.cuda_timing = timing
+    try:
+        yield
+    finally:
+        module.cuda_timing = saved
+
+
+def routed(run: Callable[[], float], env: dict[str, str], cuda: bool = False) -> Callable[[], float]:
+    def once() -> float:
+        with fake_cuda() if cuda else contextlib.nullcontext():
+            session = otelprof.instrument(environ=env, registry=CollectorRegistry())
+        if session is None:
+            raise RuntimeError("otelprof did not instrument")
+        try:
+            return run()
+        finally:
+            otelprof.uninstrument()
+
+    return once
+
+
+class _Accept(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that takes everything (so no export retries, in or out of runs)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=200, help="steps per run (at least 2)")
+    parser.add_argument("--json", help="also write each side's seconds per step, per round, to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    os.environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # no export mid-run
+    run = make_loop(args.steps, tiny=True)
+    run()  # warm-up
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{receiver.server_port}"
+    os.environ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"] = endpoint + "/v1/metrics"
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTELPROF_SPOOL_DIR": os.path.join(tmp, "spool"),
+            "OTELPROF_RUN_ID": "step-route",
+            "OTELPROF_PROFILE": "false",
+        }
+        sides: dict[str, Callable[[], float]] = {
+            "bare": run,
+            "native": routed(run, env),
+            "cuda": routed(run, env, cuda=True),
+            "otlp": routed(run, {**env, "OTEL_METRICS_EXPORTER": "prometheus,otlp"}),
+        }
+        names = list(sides)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(args.rounds):
+            k = round_ % len(names)
+            for name in names[k:] + names[:k]:
+                gc.collect()
+                times[name].append(sides[name]())
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(times, out)
+    bare = times["bare"]
+    print(f"bare   : {statistics.median(bare) * 1e6:.1f} us/step (median of {args.rounds} runs of {args.steps} steps)")
+    for name in names[1:]:
+        diffs = [y - x for x, y in zip(bare, times[name], strict=True)]
+        error = 1.2533 * statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+        print(f"{name:7}: +{statistics.median(diffs) * 1e6:.1f} +- {error * 1e6:.1f} us/step over bare")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

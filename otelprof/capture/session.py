@@ -1,0 +1,423 @@
+"""``instrument()`` / ``uninstrument()``: the live side of otelprof in one process.
+
+A session wires the torch hooks (steps/hooks.py) to the step tracker, and each completed step
+to the metrics (with the step's trace id as exemplar) and to a step span. Nothing here raises
+into the training loop; ``instrument()`` twice warns and keeps the first session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from .. import integrations
+from .._config import Settings, settings_from_env
+from .._version import __version__
+from ..converter import LiveStep
+from ..converter.reference import ids
+from ..converter.reference.builder import Attrs, resource_attributes
+from ..export import exporter_config_from_env
+from ..export.exporter import Exporter, spool_dir_from_env
+from ..resource import options_from_env, resource_attributes_from_env
+from ..settings import value
+from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES
+from .distributed import ranks as distributed
+from .distributed.identity import Identity, identity_from_env
+from .metrics import otlp_metrics
+from .metrics import server as metrics_server
+from .metrics.step_metrics import StepMetrics
+from .metrics.window_metrics import WindowMetrics
+from .spans.step_spans import StepContext, StepSpans, current_parent, native_sink, otel_context_var
+from .steps.device_timing import cuda_timing
+from .steps.tracker import Step, step_tracker
+from .windows import resource as window_resource
+from .windows.profiling import Windows
+from .windows.resource import LiveResource
+
+_log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_session: Session | None = None
+
+
+class Session:
+    """Hooks go in at once; the exporter, the span thread and the /metrics endpoint start with
+    the first completed step, so processes that never train (launcher agents, DataLoader
+    workers, tools) cost nothing and take no port."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        identity: Identity,
+        registry: CollectorRegistry,
+        exporter: Exporter | None,
+        environ: Mapping[str, str],
+    ) -> None:
+        import torch
+
+        from .steps.hooks import TorchHooks, log_failure  # imports torch
+
+        self.settings = settings
+        self.identity = identity
+        self.registry = registry
+        self.exporter = exporter
+        self._owns_exporter = False  # one it creates is shut down with it; a caller's is not
+        self._environ = dict(environ)
+        self.metrics: StepMetrics | None = None
+        self.spans: StepSpans | None = None
+        self.windows: Windows | None = None
+        self.straggler: distributed.Straggler | None = None
+        self.timing = cuda_timing(self._record) if settings.cuda_events else None
+        clock = self.timing.clock if self.timing is not None else time.time_ns
+        self.tracker = step_tracker(
+            self._on_step,
+            clock=clock,
+            on_first_open=self._first_step_begins,
+            on_error=log_failure,
+            grad_enabled=torch.is_grad_enabled,
+            on_hint=_hint,
+        )
+        self.hooks = TorchHooks(self.tracker)
+        self.metrics_server: Any = None
+        self.otlp_metrics: otlp_metrics.OtlpMetrics | None = None
+        self.metrics_port: int | None = None
+        self._failed = False
+        self._sink: Any = None
+        self._window: str | None = None  # the open step's profiling-window mark (Windows.mark)
+        self.hooks.install()
+
+    def _first_step_begins(self, number: int) -> str | None:
+        """Everything but the hooks starts here (training thread, inside a hook). Returns the
+        first step's profiling-window mark (the native tracker puts it on the step's span)."""
+        try:
+            # torch.distributed's rank, the agreed run id (every rank is at this point)
+            self.identity, self.straggler = distributed.join(self.identity, self._environ)
+            exporter = self.exporter
+            if exporter is None:
+                exporter = self.exporter = Exporter(
+                    exporter_config_from_env(self._environ),
+                    spool_dir=spool_dir_from_env(self._environ),
+                    registry=self.registry,
+                )
+                self._owns_exporter = True
+                # at exit the session must flush its last steps before the exporter shuts down
+                # (atexit runs the latest registration first)
+                atexit.unregister(_at_exit)
+                atexit.register(_at_exit, self)
+            self.metrics = StepMetrics(self.identity.labels(), self.registry)
+            tracker = self.tracker
+            self.metrics.count_eval(lambda: tracker.eval_forwards)
+            if self.straggler is not None:
+                self.straggler.register(self.identity.labels(), self.registry)
+            resource = _resource(self.identity, self._environ)
+            self.spans = StepSpans(exporter, self.identity, resource, self.metrics.span_dropped)
+            self.spans.max_request_bytes = value(self._environ, OTELPROF_MAX_REQUEST_BYTES, _log)
+            metric_exporters = otlp_metrics.exporters(self._environ)
+            if "prometheus" in metric_exporters:
+                self._serve_metrics()
+            if "otlp" in metric_exporters:
+                self._start_otlp_metrics(resource)
+            if self.settings.windows.enabled:
+                options = options_from_env(
+                    self._environ,
+                    run_id=self.identity.run_id,
+                    rank=self.identity.rank,
+                    world_size=self.identity.world_size,
+                    scope_version=__version__,
+                )
+                # a window's spans carry the step spans' resource (LiveResource rewrites it)
+                live_resource = LiveResource(resource)
+                grow = live_resource.size + window_resource.MARGIN
+                options = dataclasses.replace(options, max_request_bytes=max(1024, options.max_request_bytes - grow))
+                window_metrics = WindowMetrics(self.identity.labels())
+                self.metrics.add_collector(window_metrics)
+                submit = live_resource.submit(exporter.submit)
+                self.windows = Windows(self.settings.windows, options, submit, window_metrics)
+                self._window = self.windows.begin(number)
+            self._native_steps()
+        except Exception:  # never into the training loop
+            self._failed = True
+            _log.warning("otelprof could not start; steps are not recorded", exc_info=True)
+        return self._window
+
+    def _native_steps(self) -> None:
+        """CPU-timed steps stay in the native core from the tracker to the metrics and the span
+        queue (no Python object per step); the OTLP metrics record each from the sink's reading
+        at the boundary. CUDA-timed steps (read back later) take the Python path, ``_on_step``."""
+        assert self.metrics is not None and self.spans is not None
+        attach = getattr(self.tracker, "attach", None)
+        if attach is None or self.timing is not None or not self.spans.native_queue:
+            return
+        sink = self._sink = native_sink()
+        self.metrics.read_from(sink, self.spans.encoder.trace_ids)
+        self.spans.use_sink(sink)
+        attach(sink, self._on_boundary, current_parent, otel_context_var(), self.spans.wake)
+
+    def _on_boundary(self, number: int, seconds: float) -> str | None:
+        """What a native step still does in Python (training thread; errors stop the tracker).
+        Returns the next step's profiling-window mark (the tracker puts it on its span)."""
+        window = self._boundary(seconds, lambda: self._live_native(number), number)
+        if self.straggler is not None:
+            self.straggler.observe(seconds)
+        if self.otlp_metrics is not None:
+            self._otlp_native()
+        return window
+
+    def _otlp_native(self) -> None:
+        """The OTLP metrics of the step the native sink just folded."""
+        assert self.otlp_metrics is not None and self.spans is not None
+        folded = self._sink.folded()
+        if folded is None:
+            return
+        encoder = self.spans.encoder
+        trace_id = folded.trace_id or encoder.trace_ids(str(folded.number))
+        self.otlp_metrics.observe_folded(folded, trace_id, ids.span_id(encoder.span_base, folded.ordinal))
+
+    def _boundary(self, seconds: float, live: Callable[[], LiveStep | None], number: int) -> str | None:
+        """Every step, either path: root discovery, the profiler's step boundary; the next
+        step's profiling-window mark."""
+        self.hooks.step_done()
+        if self.windows is not None:
+            self._window = self.windows.boundary(seconds, live, number)
+        return self._window
+
+    def _live_native(self, number: int) -> LiveStep | None:
+        """A profiled step's span ids, from the native sink that just queued it."""
+        last = self._sink.last() if self._sink is not None and self.spans is not None else None
+        if last is None or last.number != number:  # the step's span was dropped (queue full)
+            return None
+        assert self.spans is not None
+        encoder = self.spans.encoder
+        trace_id = last.trace_id or encoder.trace_ids(str(number))
+        return _live_step(number, trace_id, encoder.span_base, last.ordinal, last.phases)
+
+    def _live_python(self, step: Step, ctx: StepContext) -> LiveStep:
+        assert self.spans is not None
+        phases = [(start, end) for _name, start, end in step.phases]
+        return _live_step(step.number, ctx.trace_id, self.spans.encoder.span_base, ctx.ordinal, phases)
+
+    def _on_step(self, step: Step) -> None:
+        """A step ended on the CPU (training thread): the profiler's step boundary is here."""
+        if self._failed or self.metrics is None or self.spans is None:
+            return
+        try:
+            ctx = self.spans.context(step)  # the application's current span is on this thread
+            if not step.evaluation:  # an evaluation is no training step: no boundary, no anomaly
+                step.window = self._window  # decided when the step began
+                self._boundary(step.duration_s, lambda: self._live_python(step, ctx), step.number)
+            if self.timing is not None:
+                self.timing.add(step, ctx)  # recorded once the GPU has run it
+            else:
+                self._record(step, ctx)
+        except Exception:  # never into the training loop
+            self._failed = True
+            _log.warning("otelprof stopped recording steps after an internal error", exc_info=True)
+
+    def _record(self, step: Step, ctx: StepContext) -> None:
+        assert self.metrics is not None and self.spans is not None
+        if not step.evaluation:  # a span, in no step metric
+            self.metrics.observe(step, ctx)
+            if self.straggler is not None:
+                self.straggler.observe(step.duration_s)
+            if self.otlp_metrics is not None:
+                self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
+        self.spans.add(step, ctx)
+
+    def _serve_metrics(self) -> None:
+        port = self.settings.metrics_port
+        if port:
+            port += self.identity.local_rank
+        try:
+            profile = self._profile_request if self.settings.http_trigger else None
+            server = metrics_server.serve(self.settings.metrics_host, port, self.registry, profile)
+        except OSError as exc:
+            _log.warning(
+                "cannot serve metrics on %s:%d (%s); set OTEL_EXPORTER_PROMETHEUS_PORT",
+                self.settings.metrics_host,
+                port,
+                exc.strerror or exc,
+            )
+            return
+        self.metrics_server = server
+        self.metrics_port = int(server.server_port)
+        _log.info("otelprof metrics on http://%s:%d/metrics", self.settings.metrics_host, self.metrics_port)
+
+    def _start_otlp_metrics(self, resource: Attrs) -> None:
+        try:
+            self.otlp_metrics = otlp_metrics.OtlpMetrics(
+                self.registry, self.identity.labels(), dict(resource), self._environ
+            )
+        except ImportError as exc:
+            _log.warning(
+                "OTEL_METRICS_EXPORTER=otlp needs the OpenTelemetry SDK and OTLP exporters "
+                "(pip install 'otelprof[metrics]'): %s; metrics stay on /metrics only",
+                exc,
+            )
+
+    def _profile_request(self, steps: int | None) -> bool:
+        """``POST /profile`` on the metrics port (a server thread)."""
+        if self.windows is None:
+            return False
+        self.windows.on_demand.request(steps)
+        return True
+
+    def close(self) -> None:
+        """The last step is closed first (its metrics scrapeable, its span in the final flush);
+        /metrics keeps serving until the spans are flushed."""
+        self.hooks.remove()
+        self.tracker.finish()
+        self.tracker.close()
+        if self.timing is not None and not self._failed:
+            try:
+                self.timing.drain(wait=True)
+            except Exception:
+                _log.warning("otelprof: reading the last steps' CUDA events failed", exc_info=True)
+        if self.windows is not None:
+            self.windows.close()
+        if self.spans is not None:
+            self.spans.close()
+        if self.exporter is not None:
+            if self._owns_exporter:
+                self.exporter.shutdown(5.0)  # flushes, spools what is left, stops its thread
+            else:
+                self.exporter.flush(5.0)
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.shutdown()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+        if self.metrics is not None:
+            self.metrics.unregister()
+        if self.straggler is not None:
+            self.straggler.unregister(self.registry)
+
+
+def _hint(forwards: int) -> None:
+    """The tracker's on_hint: forwards run, but nothing marks a step (logged once)."""
+    _log.warning(
+        "otelprof: %d forward passes and no optimizer.step() or otelprof.step(): no steps are recorded. "
+        "Call otelprof.step() at the end of each iteration, or wrap each unit of work in "
+        '`with otelprof.step_scope("name"):`',
+        forwards,
+    )
+
+
+def _live_step(number: int, trace_id: bytes, base: int, ordinal: int, phases: list[tuple[int, int]]) -> LiveStep:
+    """A step span's ids as the step encoders make them: the step's ordinal, then one per phase."""
+    return LiveStep(
+        number,
+        trace_id,
+        ids.span_id(base, ordinal),
+        tuple((ids.span_id(base, ordinal + k), start, end) for k, (start, end) in enumerate(phases, 1)),
+    )
+
+
+def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
+    import socket
+
+    computed: Attrs = [
+        ("host.name", socket.gethostname()),
+        ("process.pid", os.getpid()),
+        ("pytorch.distributed.rank", identity.rank),
+        ("pytorch.distributed.local_rank", identity.local_rank),
+        ("pytorch.distributed.world_size", identity.world_size),
+        ("otelprof.run.id", identity.run_id),
+    ]
+    # telemetry.sdk.version as the converter's window resource has it (scope_version)
+    return resource_attributes(list(resource_attributes_from_env(environ)), __version__, computed)
+
+
+def instrument(
+    *,
+    environ: Mapping[str, str] | None = None,
+    registry: CollectorRegistry | None = None,
+    exporter: Exporter | None = None,
+) -> Session | None:
+    """Starts step tracking, metrics and step spans for this process; returns the session,
+    or None when disabled (``OTELPROF_ENABLED=false``, ``OTEL_SDK_DISABLED=true``) or when
+    torch is missing. Calling it again returns the running session."""
+    global _session
+    env = os.environ if environ is None else environ
+    settings = settings_from_env(env)
+    with _lock:
+        if _session is not None:
+            _log.warning("otelprof is already instrumenting this process; ignoring the second instrument()")
+            return _session
+        if not settings.enabled:
+            return None
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            _log.warning("otelprof.auto needs torch (pip install 'otelprof[torch]'); not instrumenting")
+            return None
+        identity = identity_from_env(env)
+        session = Session(settings, identity, registry or REGISTRY, exporter, env)
+        _session = session
+    atexit.register(_at_exit, session)
+    integrations.install()  # the framework callbacks, for Trainers built from now on
+    return session
+
+
+def uninstrument() -> None:
+    """Removes every hook, flushes the last steps and stops the metrics endpoint."""
+    global _session
+    with _lock:
+        session, _session = _session, None
+    if session is not None:
+        integrations.uninstall()
+        session.close()
+
+
+def _at_exit(session: Session) -> None:
+    if _session is session:
+        uninstrument()
+
+
+def session() -> Session | None:
+    return _session
+
+
+def step(
+    *,
+    number: int | None = None,
+    samples: int | None = None,
+    tokens: int | None = None,
+    micro_batches: int | None = None,
+) -> None:
+    """Ends the current step now (after the optimizer update), for loops the automatic rules do
+    not fit and for framework callbacks; the automatic boundaries are off from then on.
+    ``number``: the step's number (the framework's global step; the next steps count on from
+    it); ``samples``/``tokens``: the step's sizes, replacing the sums over its DataLoader
+    fetches; ``micro_batches``: its micro-batch count, replacing the number of its fetches (a
+    loader that fetches ahead, a batch split into micro-batches). Negative values raise
+    ValueError."""
+    if _session is not None:
+        _session.tracker.step(number, samples, tokens, micro_batches)
+
+
+@contextlib.contextmanager
+def step_scope(name: str = "step") -> Iterator[None]:
+    """One step around the block (an inference request, an evaluation batch)."""
+    tracker = _session.tracker if _session is not None else None
+    if tracker is not None:
+        tracker.begin_scope(name)
+    try:
+        yield
+    finally:
+        if tracker is not None:
+            tracker.end_scope()
+
+
+def set_batch_size(samples: int | None = None, tokens: int | None = None) -> None:
+    """Samples and tokens of the current step, when they cannot be inferred from the batch
+    (they replace the sums over the step's DataLoader fetches)."""
+    if _session is not None:
+        _session.tracker.set_batch(samples, tokens)
