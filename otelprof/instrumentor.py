@@ -6,12 +6,27 @@ Registered under the ``opentelemetry_instrumentor`` entry point (pyproject.toml)
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Collection
-from typing import Any
-
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from typing import TYPE_CHECKING, Any
 
 from .instrumentation import instrument, uninstrument
+
+if TYPE_CHECKING:
+    # opentelemetry's instrumentor module opts out of type checking (a file-level
+    # ``# type: ignore``), so mypy sees no BaseInstrumentor there: this is the part of it that
+    # otelprof and its callers use.
+    class BaseInstrumentor:
+        def instrument(self, **kwargs: Any) -> Any: ...
+        def uninstrument(self, **kwargs: Any) -> Any: ...
+        @abstractmethod
+        def instrumentation_dependencies(self) -> Collection[str]: ...
+        def _instrument(self, **kwargs: Any) -> Any: ...
+        @abstractmethod
+        def _uninstrument(self, **kwargs: Any) -> Any: ...
+
+else:
+    from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 
 class TorchInstrumentor(BaseInstrumentor):

@@ -284,7 +284,7 @@ def _check_cupti() -> Check:
     import torch as t
     from torch.profiler import ProfilerActivity, profile
 
-    if ProfilerActivity.CUDA not in t.profiler.supported_activities():
+    if ProfilerActivity.CUDA not in t.profiler.supported_activities():  # type: ignore[no-untyped-call]  # unannotated in torch
         return Check("cupti", FAIL, "torch.profiler cannot trace CUDA (CUPTI missing): kernels will not be recorded")
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

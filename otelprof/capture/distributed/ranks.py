@@ -162,6 +162,9 @@ class Straggler:
     def _issue(self, mean: float) -> None:
         import torch
 
+        # torch.autograd's own switch, imported from where torch's stubs declare it
+        from torch._C._autograd import _enable_record_function
+
         if len(self._pending) >= MAX_PENDING:
             raise TimeoutError(f"{MAX_PENDING} straggler exchanges outstanding: a rank is far behind or gone")
         gather = getattr(self._dist, "all_gather_single", None) or self._dist.all_gather_into_tensor
@@ -171,11 +174,11 @@ class Straggler:
         # rank) its end is written into the stopped profiler's freed event storage: heap
         # corruption (torch 2.13, plain torch.profiler too). The exchange is otelprof's own
         # work, never the user's operators, so no profiler should see it anyway.
-        torch.autograd._enable_record_function(False)
+        _enable_record_function(False)
         try:
             work = gather(output, torch.tensor([mean], dtype=torch.float64), group=self._group, async_op=True)
         finally:
-            torch.autograd._enable_record_function(True)
+            _enable_record_function(True)
         self._pending.append((work, output, mean))
 
     def _poll(self) -> None:

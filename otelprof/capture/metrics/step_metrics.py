@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 LABELS = ("run", "rank", "local_rank")
 #: From 1 ms to 10 minutes: tiny CPU steps to giant LLM steps.
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-_LE = [floatToGoString(b) for b in STEP_BUCKETS] + ["+Inf"]
+_LE: list[str] = [floatToGoString(b) for b in STEP_BUCKETS] + ["+Inf"]  # type: ignore[no-untyped-call]  # unannotated: prometheus_client
 #: Steps queued before the training thread folds them into the series.
 FOLD_STEPS = 64
 

@@ -131,4 +131,5 @@ def cuda_timing(emit: Callable[[Step, Any], None]) -> DeviceTiming | None:
 
     if not torch.cuda.is_available():
         return None
-    return DeviceTiming(emit, lambda: torch.cuda.Event(enable_timing=True), torch.cuda.is_initialized)
+    # torch.cuda.Event.__new__ is unannotated (the Event protocol above types what is used)
+    return DeviceTiming(emit, lambda: torch.cuda.Event(enable_timing=True), torch.cuda.is_initialized)  # type: ignore[no-untyped-call]

@@ -119,7 +119,7 @@ class DynamoHooks:
 
             # a compile can start under a compiled function (a lazy backward): our frames stay
             # out of sight there too
-            self._callback = dynamo.disable(started)
+            self._callback = dynamo.disable(started)  # type: ignore[no-untyped-call]  # unannotated in torch
         self._attach()
         # torch._dynamo.reset() forgets the compile callbacks and the frames to skip
         original = dynamo.reset
