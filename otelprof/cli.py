@@ -34,8 +34,8 @@ from ._cli_common import (
 )
 from ._version import __version__
 from .converter import ConvertOptions, ConvertResult, TraceFormatError, convert
-from .otlp_file import atomic_writer, write_delimited
-from .otlp_json import encode_jsonl
+from .otlp.file import atomic_writer, write_delimited
+from .otlp.jsonl import encode_jsonl
 
 FORMATS = ("otlp-proto", "otlp-json")
 

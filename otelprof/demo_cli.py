@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cli_common import int_at_least
-from .converter.reference import ids
+from .otlp import ids
 
 DEFAULT_DIR = "otelprof-demo"
 SUMMARY = "summary.json"

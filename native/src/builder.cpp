@@ -5,8 +5,10 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
+#include <variant>
 
 #include "otelprof/ids.hpp"
 #include "otelprof/names.hpp"
@@ -1432,45 +1434,26 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
     }
 
-    // --- resource ----------------------------------------------------------------------------------
+    // --- resource: composed by the caller (otelprof/otlp/resource.py), from what the trace says ----
     {
-        std::vector<ResourceAttr>& res = out.resource;
-        std::unordered_set<std::string_view> keys;
-        for (const auto& [k, v] : opts.resource_attributes) {
-            res.emplace_back(k, AttrValue::str(v));
-            keys.insert(k);
+        ResourceFacts facts;
+        facts.host_name = trace.host_name;
+        facts.rank = rank;
+        facts.world_size = world;
+        facts.backend = trace.backend;
+        facts.gpu_models = &trace.gpu_models;
+        facts.run_id = run_id;
+        if (!opts.compose_resource) throw std::invalid_argument("Options.compose_resource is required");
+        ComposedResource composed = opts.compose_resource(facts);
+        for (const auto& [key, value] : composed.attributes) {
+            AttrValue v;
+            if (const auto* s = std::get_if<std::string>(&value)) v = AttrValue::str(keep_str(*s));
+            else if (const auto* i = std::get_if<int64_t>(&value)) v = AttrValue::integer(*i);
+            else if (const auto* d = std::get_if<double>(&value)) v = AttrValue::dbl(*d);
+            else v = AttrValue::boolean(std::get<bool>(value));
+            out.resource.emplace_back(keep_str(key), v);
         }
-        if (!keys.count("service.name")) {
-            res.insert(res.begin(), ResourceAttr{"service.name", AttrValue::str("unknown_service")});
-            keys.insert("service.name");
-        }
-        std::vector<ResourceAttr> computed;
-        computed.emplace_back("telemetry.sdk.name", AttrValue::str("otelprof"));
-        computed.emplace_back("telemetry.sdk.language", AttrValue::str("python"));
-        if (!opts.scope_version.empty()) computed.emplace_back("telemetry.sdk.version", AttrValue::str(opts.scope_version));
-        const size_t first_cut = computed.size();  // the SDK's own values are not cut; the trace's are
-        if (trace.host_name) computed.emplace_back("host.name", AttrValue::str(*trace.host_name));
-        else if (opts.host_name && !opts.host_name->empty()) computed.emplace_back("host.name", AttrValue::str(*opts.host_name));
-        if (rank) computed.emplace_back("pytorch.distributed.rank", AttrValue::integer(*rank));
-        if (world) computed.emplace_back("pytorch.distributed.world_size", AttrValue::integer(*world));
-        if (!trace.backend.empty()) computed.emplace_back("pytorch.distributed.backend", AttrValue::str(trace.backend));
-        if (!trace.gpu_models.empty()) {
-            computed.emplace_back("hw.gpu.model", AttrValue::str(trace.gpu_models[0]));
-            computed.emplace_back("hw.gpu.count", AttrValue::integer(static_cast<int64_t>(trace.gpu_models.size())));
-        }
-        computed.emplace_back("otelprof.run.id", AttrValue::str(keep_str(run_id)));
-        for (size_t k = 0; k < computed.size(); ++k) {
-            auto& [key, value] = computed[k];
-            if (keys.count(key)) continue;
-            if (k >= first_cut && value.type == AttrValue::Type::Str) {
-                const std::string_view s = cut_chars(std::string_view(value.s, value.len), opts.resource_value_limit);
-                if (s.size() != value.len) {
-                    value.len = static_cast<uint32_t>(s.size());
-                    ++stats[VALUES_TRUNCATED];
-                }
-            }
-            res.push_back(computed[k]);
-        }
+        stats[VALUES_TRUNCATED] += composed.values_cut;
     }
     for (int k = 0; k < kStatCount; ++k) out.stats.emplace_back(kStatNames[k], stats[k]);
     return out;

@@ -13,9 +13,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-from ..converter._text import clean
-from ..converter.reference import encoder as reference
-from ..converter.reference.builder import Attrs, Span
+from ..otlp import encoder as reference
+from ..otlp._text import clean
+from ..otlp.spans import Attrs, Span
 
 _FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
@@ -56,7 +56,7 @@ class StepEncoder:
     """Encodes spans without events or links; anything else goes to the reference encoder."""
 
     def __init__(self, resource: Attrs, scope_version: str) -> None:
-        self._resource_pb = reference.Resource(attributes=reference._attrs(resource))
+        self._resource_pb = reference.Resource(attributes=reference.attributes(resource))
         self._scope_pb = reference.InstrumentationScope(name=reference.SCOPE_NAME, version=clean(scope_version))
         self._resource = self._resource_pb.SerializeToString(deterministic=True)
         self._scope = self._scope_pb.SerializeToString(deterministic=True)
@@ -66,14 +66,14 @@ class StepEncoder:
         requests: list[bytes] = []
         batch: list[bytes] = []
         body = 0
-        scope_field = reference._field_len(len(self._scope))
-        resource_field = reference._field_len(len(self._resource))
+        scope_field = reference.field_len(len(self._scope))
+        resource_field = reference.field_len(len(self._resource))
         for sp in spans:
             data = self._span(sp)
-            extra = reference._field_len(len(data))
+            extra = reference.field_len(len(data))
             if batch:
                 scope_spans = scope_field + body + extra
-                if reference._field_len(resource_field + reference._field_len(scope_spans)) > max_bytes:
+                if reference.field_len(resource_field + reference.field_len(scope_spans)) > max_bytes:
                     requests.append(self._request(batch))
                     batch, body = [], 0
             batch.append(data)
@@ -89,7 +89,7 @@ class StepEncoder:
 
     def _span(self, sp: Span) -> bytes:
         if sp.events or sp.links or sp.dropped_events or sp.dropped_links:
-            return reference._span(sp).SerializeToString(deterministic=True)
+            return reference.span_message(sp).SerializeToString(deterministic=True)
         trace_id, span_id, parent_id = sp.trace_id, sp.span_id, sp.parent_id
         # the usual sizes have their tag and length as one constant
         parts = [

@@ -12,7 +12,6 @@ model's training thread by as much); the Python StepEncoder, byte-identical, is 
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import threading
@@ -20,21 +19,19 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .._native_module import native as _native_typed
 from .._version import __version__
-from ..converter.reference import ids
-from ..converter.reference.builder import Attrs, Span, millis
-from ..converter.reference.ids import TraceIds
 from ..export.exporter import Exporter
+from ..otlp import ids
+from ..otlp.ids import TraceIds
+from ..otlp.spans import Attrs, Span, millis
 from .identity import Identity
 from .step_encoder import StepEncoder
 from .steps import Step
 
 _log = logging.getLogger(__name__)
 
-try:
-    _native: Any = importlib.import_module("otelprof._native")
-except ImportError:  # pragma: no cover - a broken build; the Python encoder takes over
-    _native = None
+_native: Any = _native_typed  # Any until _native.pyi covers the live side (StepSink, attach)
 
 MAX_PENDING = 10_000  # steps waiting for the encoder; beyond that they are dropped (counted)
 BATCH_STEPS = 512

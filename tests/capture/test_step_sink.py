@@ -17,7 +17,7 @@ from otelprof.capture.identity import Identity
 from otelprof.capture.step_metrics import StepMetrics
 from otelprof.capture.step_spans import StepContext, StepRecordEncoder, native_sink, record
 from otelprof.capture.steps import PHASES, Step, step_tracker
-from otelprof.converter.reference.builder import Attrs
+from otelprof.otlp.spans import Attrs
 
 from .test_step_metrics import IDENTITY, exposition
 
