@@ -53,7 +53,7 @@ def schema() -> dict[str, list[tuple[str, ...]]]:
     """The argument and memory attribute tables, for consistency tests."""
 
 def category_kind(category: str) -> int:
-    """The Kind a Kineto category maps to (same numbering as reference.schema.Kind)."""
+    """The Kind a Kineto category maps to (same numbering as otelprof.otlp.schema.Kind)."""
 
 def fold_kernel_name(name: str) -> str:
     """A kernel's span name (reference.names.fold_kernel_name), for consistency tests."""

@@ -1,4 +1,8 @@
-// Every step here has its counterpart, in the same order, in reference/builder.py.
+// The assembly of a trace's spans (reference/builder.py's build): the stages of their own files
+// (tree.cpp, volume.cpp, links.cpp, aggregates.cpp) run from here, in the reference's order; the
+// ones left here decide trace ids and roots, the span budget, what hidden spans leave behind, span
+// events, the spans themselves, their order and length limits. Every step has its counterpart, in
+// the same order, in reference/builder.py.
 #include "otelprof/builder.hpp"
 
 #include <algorithm>
@@ -13,11 +17,11 @@
 #include "otelprof/aggregates.hpp"
 #include "otelprof/ids.hpp"
 #include "otelprof/links.hpp"
+#include "otelprof/names.hpp"
 #include "otelprof/tree.hpp"
 #include "otelprof/volume.hpp"
 
 #include "build_common.hpp"
-#include "otelprof/names.hpp"
 
 namespace otelprof {
 
@@ -105,6 +109,67 @@ int memory_arg(std::string_view key) {
     return -1;
 }
 
+// Copies `s` into `strings`: large chunks that never reallocate, so the views stay valid.
+std::string_view keep_string(std::deque<std::string>& strings, std::string_view s) {
+    constexpr size_t kChunk = 1 << 20;
+    if (strings.empty() || strings.back().capacity() - strings.back().size() < s.size()) {
+        strings.emplace_back();
+        strings.back().reserve(std::max(kChunk, s.size()));
+    }
+    std::string& chunk = strings.back();
+    size_t at = chunk.size();
+    chunk.append(s);
+    return std::string_view(chunk.data() + at, s.size());
+}
+
+// Span names and string attribute values cut to their limits, as the OpenTelemetry SDK's
+// attribute value length limit does (in characters); returns how many were cut.
+int64_t cut_strings(Built& out, int64_t attribute_value_length_limit) {
+    int64_t cut = 0;
+    for (Span& sp : out.spans) {
+        if (const std::string_view name = cut_chars(sp.name, kSpanNameLengthLimit); name.size() != sp.name.size()) {
+            sp.name = name;
+            ++cut;
+        }
+        if (attribute_value_length_limit < 0) continue;
+        for (uint32_t k = 0; k < sp.attrs.count; ++k) {
+            AttrValue& v = out.attrs[sp.attrs.begin + k];
+            if (v.type != AttrValue::Type::Str) continue;
+            const std::string_view s = cut_chars(std::string_view(v.s, v.len), attribute_value_length_limit);
+            if (s.size() != v.len) {
+                v.len = static_cast<uint32_t>(s.size());
+                ++cut;
+            }
+        }
+    }
+    return cut;
+}
+
+// The resource: the core does not compose it (one composer for every resource otelprof sends,
+// otelprof/otlp/resource.py); it hands the caller what the trace says and keeps the answer.
+// Returns how many computed values the composer cut.
+int64_t add_resource(Built& out, const Trace& trace, const Options& opts, std::optional<int64_t> rank,
+                     std::optional<int64_t> world, std::string_view run_id) {
+    ResourceFacts facts;
+    facts.host_name = trace.host_name;
+    facts.rank = rank;
+    facts.world_size = world;
+    facts.backend = trace.backend;
+    facts.gpu_models = &trace.gpu_models;
+    facts.run_id = run_id;
+    if (!opts.compose_resource) throw std::invalid_argument("Options.compose_resource is required");
+    ComposedResource composed = opts.compose_resource(facts);
+    for (const auto& [key, value] : composed.attributes) {
+        AttrValue v;
+        if (const auto* s = std::get_if<std::string>(&value)) v = AttrValue::str(keep_string(out.strings, *s));
+        else if (const auto* i = std::get_if<int64_t>(&value)) v = AttrValue::integer(*i);
+        else if (const auto* d = std::get_if<double>(&value)) v = AttrValue::dbl(*d);
+        else v = AttrValue::boolean(std::get<bool>(value));
+        out.resource.emplace_back(keep_string(out.strings, key), v);
+    }
+    return composed.values_cut;
+}
+
 // Why an event is hidden (reference: volume.HIDDEN_*), and the counter each reason adds to.
 const StatKey kHiddenStat[] = {DROPPED_SHORT, DROPPED_SHORT, DROPPED_PYTHON, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS};
 
@@ -118,17 +183,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     Built out;
     auto& strings = out.strings;
     // Rendered strings go into large chunks that never reallocate, so views stay valid.
-    auto keep_str = [&](std::string_view s) -> std::string_view {
-        constexpr size_t kChunk = 1 << 20;
-        if (strings.empty() || strings.back().capacity() - strings.back().size() < s.size()) {
-            strings.emplace_back();
-            strings.back().reserve(std::max(kChunk, s.size()));
-        }
-        std::string& chunk = strings.back();
-        size_t at = chunk.size();
-        chunk.append(s);
-        return std::string_view(chunk.data() + at, s.size());
-    };
+    auto keep_str = [&](std::string_view s) { return keep_string(strings, s); };
     Attrs& pool = out.attrs;
     pool.reserve(static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount + 64);
     // Appends an attribute to `sp`, whose range must be the last one in the pool.
@@ -1010,47 +1065,13 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     stats[SPANS] = static_cast<int64_t>(out.order.size());
 
     // --- length limits: span names and string attribute values (reference: _cut_strings) ------------
-    for (Span& sp : out.spans) {
-        if (const std::string_view name = cut_chars(sp.name, kSpanNameLengthLimit); name.size() != sp.name.size()) {
-            sp.name = name;
-            ++stats[VALUES_TRUNCATED];
-        }
-        if (opts.attribute_value_length_limit < 0) continue;
-        for (uint32_t k = 0; k < sp.attrs.count; ++k) {
-            AttrValue& v = pool[sp.attrs.begin + k];
-            if (v.type != AttrValue::Type::Str) continue;
-            const std::string_view s = cut_chars(std::string_view(v.s, v.len), opts.attribute_value_length_limit);
-            if (s.size() != v.len) {
-                v.len = static_cast<uint32_t>(s.size());
-                ++stats[VALUES_TRUNCATED];
-            }
-        }
-    }
+    stats[VALUES_TRUNCATED] += cut_strings(out, opts.attribute_value_length_limit);
 
     // --- key_averages rows (aggregates.cpp; reference: builder._aggregate_ops) ---------------------
     out.ops = aggregate_ops(doc, trace, self, sweep_order, opts.group_by_input_shapes);
 
     // --- resource: composed by the caller (otelprof/otlp/resource.py), from what the trace says ----
-    {
-        ResourceFacts facts;
-        facts.host_name = trace.host_name;
-        facts.rank = rank;
-        facts.world_size = world;
-        facts.backend = trace.backend;
-        facts.gpu_models = &trace.gpu_models;
-        facts.run_id = run_id;
-        if (!opts.compose_resource) throw std::invalid_argument("Options.compose_resource is required");
-        ComposedResource composed = opts.compose_resource(facts);
-        for (const auto& [key, value] : composed.attributes) {
-            AttrValue v;
-            if (const auto* s = std::get_if<std::string>(&value)) v = AttrValue::str(keep_str(*s));
-            else if (const auto* i = std::get_if<int64_t>(&value)) v = AttrValue::integer(*i);
-            else if (const auto* d = std::get_if<double>(&value)) v = AttrValue::dbl(*d);
-            else v = AttrValue::boolean(std::get<bool>(value));
-            out.resource.emplace_back(keep_str(key), v);
-        }
-        stats[VALUES_TRUNCATED] += composed.values_cut;
-    }
+    stats[VALUES_TRUNCATED] += add_resource(out, trace, opts, rank, world, run_id);
     for (int k = 0; k < kStatCount; ++k) out.stats.emplace_back(kStatNames[k], stats[k]);
     return out;
 }
