@@ -110,6 +110,39 @@ int memory_arg(std::string_view key) {
     return -1;
 }
 
+// Runs of two or more consecutive hidden siblings (not Python) with one name and category, all in
+// one trace, become one aggregate span each (reference: builder.py, the same stage). Returns the
+// runs (the first member leads) and marks their members in `aggregated`.
+std::vector<std::vector<int>> aggregate_sibling_runs(const std::vector<Event>& ev, const EventTree& tree,
+                                                     const std::vector<char>& keep, std::vector<char>& aggregated) {
+    const int n = static_cast<int>(ev.size());
+    std::vector<std::vector<int>> aggs;
+    const Children children = children_in_order(tree.parent, tree.sweep_order);
+    std::vector<int> run;
+    for (int p = 0; p < n; ++p) {
+        if (!keep[p] || ev[p].device()) continue;
+        run.clear();
+        const int* kids = children.kids.data() + children.begin[p];
+        const size_t n_kids = children.begin[p + 1] - children.begin[p];
+        for (size_t idx = 0; idx <= n_kids; ++idx) {
+            int c = idx < n_kids ? kids[idx] : -1;
+            bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
+            const bool same = cand && !run.empty() && tree.owner[c] == tree.owner[run[0]];  // one trace per run
+            if (same && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
+                run.push_back(c);
+                continue;
+            }
+            if (run.size() >= 2) {
+                for (int r : run) aggregated[r] = 1;
+                aggs.push_back(run);
+            }
+            run.clear();
+            if (cand) run.push_back(c);
+        }
+    }
+    return aggs;
+}
+
 // Copies `s` into `strings`: large chunks that never reallocate, so the views stay valid.
 std::string_view keep_string(std::deque<std::string>& strings, std::string_view s) {
     constexpr size_t kChunk = 1 << 20;
@@ -393,31 +426,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     // --- aggregation of runs of identical tiny siblings -----------------------------------------
     std::vector<char> aggregated(n, 0);
     std::vector<std::vector<int>> aggs;  // members of each aggregate, the first leads; empty: dropped
-    if (!full) {
-        const Children children = children_in_order(parent, sweep_order);
-        std::vector<int> run;
-        for (int p = 0; p < n; ++p) {
-            if (!keep[p] || ev[p].device()) continue;
-            run.clear();
-            const int* kids = children.kids.data() + children.begin[p];
-            const size_t n_kids = children.begin[p + 1] - children.begin[p];
-            for (size_t idx = 0; idx <= n_kids; ++idx) {
-                int c = idx < n_kids ? kids[idx] : -1;
-                bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
-                const bool same = cand && !run.empty() && owner[c] == owner[run[0]];  // one trace per run
-                if (same && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
-                    run.push_back(c);
-                    continue;
-                }
-                if (run.size() >= 2) {
-                    for (int r : run) aggregated[r] = 1;
-                    aggs.push_back(run);
-                }
-                run.clear();
-                if (cand) run.push_back(c);
-            }
-        }
-    }
+    if (!full) aggs = aggregate_sibling_runs(ev, tree, keep, aggregated);
 
     // --- the span budget per trace: aggregate repeated leaves, then drop the least significant ----
     // (reference: volume.Budget)
