@@ -35,10 +35,10 @@ def native_run(data: bytes | bytearray, repeat: int) -> dict[str, float]:
     best: dict[str, float] = {}
     for _ in range(repeat):
         start = time.perf_counter()
-        _requests, _rows, stats, phases, _window = _native.convert(data, opts)
+        out = _native.convert(data, opts)
         wall = time.perf_counter() - start
         if not best or wall < best["wall_s"]:
-            best = {"wall_s": wall, "spans": stats["spans"], **{k: v / 1e9 for k, v in phases.items()}}
+            best = {"wall_s": wall, "spans": out.stats["spans"], **{k: v / 1e9 for k, v in out.phases.items()}}
     return best
 
 

@@ -198,7 +198,7 @@ def simulate(world: int, steps: int, trace: Path, exporter_series: int) -> dict[
 
 
 def _step_trace(n: int) -> bytes:
-    from otelprof.converter.reference import ids
+    from otelprof.otlp import ids
 
     return ids.trace_id(f"step|{RUN_ID}|{n}")
 

@@ -8,12 +8,44 @@ from otelprof.capture.spans.step_spans import StepRecord
 class TraceError(ValueError):
     """Input that cannot be read as a Kineto trace."""
 
-OpRowTuple = tuple[str, str, str, int, int, int, int, int]
+class OpRow:
+    """One ``key_averages()`` row; times in nanoseconds."""
 
-def convert(
-    data: bytes | bytearray | memoryview, options: dict[str, Any]
-) -> tuple[list[bytes], list[OpRowTuple], dict[str, int], dict[str, int], str]:
-    """Kineto JSON bytes -> (requests, op rows, stats, phase wall times in ns, window id). Releases the GIL."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def input_shapes(self) -> str: ...
+    @property
+    def calls(self) -> int: ...
+    @property
+    def cpu_total_ns(self) -> int: ...
+    @property
+    def self_cpu_ns(self) -> int: ...
+    @property
+    def device_total_ns(self) -> int: ...
+    @property
+    def self_device_ns(self) -> int: ...
+
+class ConvertOutput:
+    """What ``convert`` returns."""
+
+    @property
+    def requests(self) -> list[bytes]: ...
+    @property
+    def ops(self) -> list[OpRow]: ...
+    @property
+    def stats(self) -> dict[str, int]: ...
+    @property
+    def phases(self) -> dict[str, int]:
+        """Wall time of parse / read / build / encode in ns, for benchmarks."""
+    @property
+    def window_id(self) -> str: ...
+
+def convert(data: bytes | bytearray | memoryview, options: dict[str, Any]) -> ConvertOutput:
+    """Kineto JSON bytes -> ConvertOutput. ``options``: ``ConvertOptions.as_native()``, whose
+    ``resource`` is called once (with the GIL) to compose the resource. Releases the GIL."""
 
 def gunzip(data: bytes | bytearray | memoryview, limit: int) -> bytearray:
     """Every gzip member inflated into one bytearray (absent when built without zlib). Corrupt or
@@ -23,7 +55,7 @@ def schema() -> dict[str, list[tuple[str, ...]]]:
     """The argument and memory attribute tables, for consistency tests."""
 
 def category_kind(category: str) -> int:
-    """The Kind a Kineto category maps to (same numbering as reference.schema.Kind)."""
+    """The Kind a Kineto category maps to (same numbering as otelprof.otlp.schema.Kind)."""
 
 def fold_kernel_name(name: str) -> str:
     """A kernel's span name (reference.names.fold_kernel_name), for consistency tests."""

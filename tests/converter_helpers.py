@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from otelprof.converter import ConvertOptions, ConvertResult, convert, native_available
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 #: ``../shared/traces`` beside the repository root.
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -15,8 +15,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otelprof import __version__, convert
 from otelprof.cli import main
-from otelprof.otlp_file import read_delimited_file
-from otelprof.otlp_json import json_to_request
+from otelprof.otlp.file import read_delimited_file
+from otelprof.otlp.jsonl import json_to_request
 from otelprof.resource import options_from_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otelprof.otlp_file import (
+from otelprof.otlp.file import (
     atomic_writer,
     encode_varint,
     iter_delimited,
@@ -22,7 +22,7 @@ from otelprof.otlp_file import (
     write_delimited,
     write_delimited_file,
 )
-from otelprof.otlp_json import json_to_request, request_to_dict, request_to_json
+from otelprof.otlp.jsonl import json_to_request, request_to_dict, request_to_json
 
 
 @given(st.integers(min_value=0, max_value=2**64 - 1))

@@ -1,13 +1,15 @@
-// Glue only: Python objects <-> otelprof::Options / ConvertOutput. The GIL is released while converting.
+// Glue only: Python objects <-> otelprof::Options / ConvertOutput. The GIL is released while
+// converting, and taken again only to call the resource composer (once per trace).
+#include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "otelprof/convert.hpp"
 #include "otelprof/json.hpp"
-#include "otelprof/names.hpp"
-#include "otelprof/schema.hpp"
 
 namespace py = pybind11;
 
@@ -24,6 +26,40 @@ std::optional<int64_t> non_negative(const py::dict& d, const char* key) {
     return v >= 0 ? std::optional<int64_t>(v) : std::nullopt;
 }
 
+// ConvertOptions._native_resource(host_name, rank, world_size, backend, gpu_models, run_id)
+// -> ([(key, str | int | float | bool)], values cut), called with the GIL taken.
+otelprof::ResourceComposer resource_composer(py::function compose) {
+    auto shared = std::make_shared<py::function>(std::move(compose));
+    return [shared](const otelprof::ResourceFacts& f) {
+        py::gil_scoped_acquire gil;
+        auto opt_str = [](const std::optional<std::string_view>& v) -> py::object {
+            return v ? py::object(py::str(v->data(), v->size())) : py::object(py::none());
+        };
+        auto opt_int = [](const std::optional<int64_t>& v) -> py::object {
+            return v ? py::object(py::int_(*v)) : py::object(py::none());
+        };
+        py::list gpus;
+        if (f.gpu_models)
+            for (std::string_view g : *f.gpu_models) gpus.append(py::str(g.data(), g.size()));
+        const py::tuple result = (*shared)(opt_str(f.host_name), opt_int(f.rank), opt_int(f.world_size),
+                                           py::str(f.backend.data(), f.backend.size()), gpus,
+                                           py::str(f.run_id.data(), f.run_id.size()));
+        otelprof::ComposedResource out;
+        for (const py::handle& item : result[0].cast<py::list>()) {
+            const auto kv = item.cast<py::tuple>();
+            const py::handle v = kv[1];
+            otelprof::ResourceAttrValue value;
+            if (py::isinstance<py::bool_>(v)) value = v.cast<bool>();
+            else if (py::isinstance<py::int_>(v)) value = v.cast<int64_t>();
+            else if (py::isinstance<py::float_>(v)) value = v.cast<double>();
+            else value = v.cast<std::string>();
+            out.attributes.emplace_back(kv[0].cast<std::string>(), std::move(value));
+        }
+        out.values_cut = result[1].cast<int64_t>();
+        return out;
+    };
+}
+
 otelprof::Options to_options(const py::dict& d) {
     otelprof::Options o;
     if (d.contains("run_id") && !d["run_id"].is_none()) o.run_id = d["run_id"].cast<std::string>();
@@ -38,10 +74,9 @@ otelprof::Options to_options(const py::dict& d) {
     o.split_world_size = get_or<int64_t>(d, "split_world_size", o.split_world_size);
     o.max_request_bytes = get_or<int64_t>(d, "max_request_bytes", o.max_request_bytes);
     o.attribute_value_length_limit = get_or<int64_t>(d, "attribute_value_length_limit", o.attribute_value_length_limit);
-    o.resource_value_limit = get_or<int64_t>(d, "resource_value_limit", o.resource_value_limit);
-    o.resource_attributes =
-        get_or<std::vector<std::pair<std::string, std::string>>>(d, "resource_attributes", {});
-    if (d.contains("host_name") && !d["host_name"].is_none()) o.host_name = d["host_name"].cast<std::string>();
+    // required by the time a trace is built (build_spans throws std::invalid_argument without it)
+    if (d.contains("resource") && !d["resource"].is_none())
+        o.compose_resource = resource_composer(d["resource"].cast<py::function>());
     o.group_by_input_shapes = get_or<bool>(d, "group_by_input_shapes", false);
     o.scope_version = get_or<std::string>(d, "scope_version", "");
     if (d.contains("live_steps")) {
@@ -72,9 +107,18 @@ otelprof::Options to_options(const py::dict& d) {
     return o;
 }
 
+// What convert() returns: named fields, not a tuple (otelprof/_native.pyi ConvertOutput).
+struct PyConvertOutput {
+    py::list requests;
+    std::vector<otelprof::OpRow> ops;
+    py::dict stats;
+    py::dict phases;
+    std::string window_id;
+};
+
 // `data`: bytes, or a bytearray/memoryview (inflated gzip is converted without a copy). The
 // buffer stays exported, so it cannot be resized, while the GIL is released.
-py::tuple convert(const py::buffer& data, const py::dict& options) {
+PyConvertOutput convert(const py::buffer& data, const py::dict& options) {
     otelprof::Options opts = to_options(options);
     const py::buffer_info buf = data.request();
     if (buf.ndim > 1 || (buf.ndim == 1 && buf.strides[0] != buf.itemsize))
@@ -85,57 +129,38 @@ py::tuple convert(const py::buffer& data, const py::dict& options) {
         py::gil_scoped_release release;
         out = otelprof::convert_trace(json, opts);
     }
-    py::dict phases;
-    for (const auto& [k, v] : out.phase_ns) phases[py::str(k)] = v;
-    py::list requests;
+    PyConvertOutput result;
+    for (const auto& [k, v] : out.phase_ns) result.phases[py::str(k)] = v;
     for (auto& r : out.requests) {
         std::string_view b = r.bytes();
-        requests.append(py::bytes(b.data(), b.size()));
+        result.requests.append(py::bytes(b.data(), b.size()));
         r.data.reset();  // each request's buffer is freed once copied, so they are not all held twice
     }
-    py::list ops;
-    for (const auto& row : out.ops)
-        ops.append(py::make_tuple(row.name, row.kind, row.input_shapes, row.calls, row.cpu_total_ns, row.self_cpu_ns,
-                                  row.device_total_ns, row.self_device_ns));
-    py::dict stats;
-    for (const auto& [k, v] : out.stats) stats[py::str(k)] = v;
-    return py::make_tuple(requests, ops, stats, phases, out.window_id);
-}
-
-py::dict schema() {
-    py::list args;
-    static const char* type_names[] = {"int", "double", "string", "json"};
-    for (int k = 0; k < otelprof::kArgAttributeCount; ++k) {
-        const auto& a = otelprof::kArgAttributes[k];
-        args.append(py::make_tuple(std::string(a.key), std::string(a.attr), type_names[static_cast<int>(a.type)]));
-    }
-    py::list memory;
-    for (int k = 0; k < otelprof::kMemoryAttributeCount; ++k)
-        memory.append(py::make_tuple(std::string(otelprof::kMemoryAttributes[k][0]), std::string(otelprof::kMemoryAttributes[k][1])));
-    py::dict d;
-    d["arg_attributes"] = args;
-    d["memory_attributes"] = memory;
-    return d;
-}
-
-int category_kind(const std::string& cat) { return static_cast<int>(otelprof::category_kind(cat)); }
-
-py::object device_name(int64_t device_type, std::optional<int64_t> device_id) {
-    std::string name = otelprof::device_name(device_type, device_id.has_value(), device_id.value_or(0));
-    if (name.empty()) return py::none();
-    return py::str(name);
+    result.ops = std::move(out.ops);
+    for (const auto& [k, v] : out.stats) result.stats[py::str(k)] = v;
+    result.window_id = std::move(out.window_id);
+    return result;
 }
 
 }  // namespace
 
 void bind_convert(py::module_& m) {
     py::register_exception<otelprof::TraceError>(m, "TraceError", PyExc_ValueError);
+    py::class_<otelprof::OpRow>(m, "OpRow", "One key_averages() row; times in nanoseconds.")
+        .def_readonly("name", &otelprof::OpRow::name)
+        .def_readonly("kind", &otelprof::OpRow::kind)
+        .def_readonly("input_shapes", &otelprof::OpRow::input_shapes)
+        .def_readonly("calls", &otelprof::OpRow::calls)
+        .def_readonly("cpu_total_ns", &otelprof::OpRow::cpu_total_ns)
+        .def_readonly("self_cpu_ns", &otelprof::OpRow::self_cpu_ns)
+        .def_readonly("device_total_ns", &otelprof::OpRow::device_total_ns)
+        .def_readonly("self_device_ns", &otelprof::OpRow::self_device_ns);
+    py::class_<PyConvertOutput>(m, "ConvertOutput", "What convert() returns.")
+        .def_readonly("requests", &PyConvertOutput::requests)
+        .def_readonly("ops", &PyConvertOutput::ops)
+        .def_readonly("stats", &PyConvertOutput::stats)
+        .def_readonly("phases", &PyConvertOutput::phases)
+        .def_readonly("window_id", &PyConvertOutput::window_id);
     m.def("convert", &convert, py::arg("data"), py::arg("options"),
-          "Convert Kineto JSON bytes into (requests, op rows, stats, phases, window id). Raises TraceError (ValueError).");
-    m.def("schema", &schema, "The category and argument tables, for consistency tests.");
-    m.def("category_kind", &category_kind, py::arg("category"));
-    m.def("fold_kernel_name", [](const std::string& name) { return otelprof::fold_kernel_name(name); }, py::arg("name"),
-          "A kernel's span name (reference/names.py: fold_kernel_name), for consistency tests.");
-    m.def("device_name", &device_name, py::arg("device_type"), py::arg("device_id"),
-          "cpu, cuda:0, ... (reference/names.py: device_name), for consistency tests.");
+          "Convert Kineto JSON bytes into a ConvertOutput. Raises TraceError (ValueError).");
 }

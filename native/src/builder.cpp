@@ -1,21 +1,34 @@
-// Every step here has its counterpart, in the same order, in reference/builder.py.
+// The assembly of a trace's spans (reference/builder.py's build): the stages of their own files
+// (tree.cpp, volume.cpp, links.cpp, aggregates.cpp) run from here, in the reference's order; the
+// ones left here decide trace ids and roots, the span budget, what hidden spans leave behind, span
+// events, the spans themselves, their order and length limits. Every step has its counterpart, in
+// the same order, in reference/builder.py.
 #include "otelprof/builder.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
+#include <variant>
 
+#include "otelprof/aggregates.hpp"
 #include "otelprof/ids.hpp"
+#include "otelprof/iterations.hpp"
+#include "otelprof/links.hpp"
 #include "otelprof/names.hpp"
+#include "otelprof/tree.hpp"
+#include "otelprof/volume.hpp"
+
+#include "build_common.hpp"
 
 namespace otelprof {
 
-namespace {
+using namespace detail;
 
-constexpr int kUnset = -2;
+namespace {
 
 // Counters returned with every conversion (same names and order as the reference's STAT_KEYS).
 enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, ITERATIONS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, kStatCount };
@@ -23,52 +36,6 @@ const char* const kStatNames[] = {"events_total", "complete_events", "metadata_e
 
 // Characters kept of a span name (reference: SPAN_NAME_LENGTH_LIMIT).
 constexpr int64_t kSpanNameLengthLimit = 8192;
-
-struct IdentPairHash {
-    size_t operator()(const std::pair<Ident, Ident>& k) const {
-        uint64_t h = static_cast<uint64_t>(k.first.value) * 0x9E3779B97F4A7C15ULL;
-        h ^= static_cast<uint64_t>(k.second.value) + 0x7F4A7C159E3779B9ULL + (h << 6) + (h >> 2);
-        h ^= (k.first.is_str ? 1u : 0u) | (k.second.is_str ? 2u : 0u);
-        return static_cast<size_t>(h);
-    }
-};
-struct IdentPairEq {
-    bool operator()(const std::pair<Ident, Ident>& a, const std::pair<Ident, Ident>& b) const {
-        return a.first == b.first && a.second == b.second;
-    }
-};
-
-struct Item {
-    int64_t t;
-    int probe;  // 0 = event, 1 = probe
-    int64_t neg_end;
-    uint32_t ordinal;
-    int32_t idx;  // >= 0 event index, < 0: -1 - probe index
-    bool operator<(const Item& o) const {
-        if (t != o.t) return t < o.t;
-        if (probe != o.probe) return probe < o.probe;
-        if (neg_end != o.neg_end) return neg_end < o.neg_end;
-        return ordinal < o.ordinal;
-    }
-};
-
-// Sorts items that mostly arrive as a few ascending runs (events in file order, then probes):
-// merging the runs is linear per run where a full sort is not. The order is total, so the result
-// is the same as std::sort's.
-void sort_items(std::vector<Item>& items) {
-    constexpr size_t kMaxRuns = 8;
-    std::vector<size_t> run_starts;
-    for (size_t k = 1; k < items.size() && run_starts.size() < kMaxRuns; ++k)
-        if (items[k] < items[k - 1]) run_starts.push_back(k);
-    if (run_starts.size() >= kMaxRuns) {
-        std::sort(items.begin(), items.end());
-        return;
-    }
-    run_starts.push_back(items.size());
-    for (size_t r = 0; r + 1 < run_starts.size(); ++r)
-        std::inplace_merge(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(run_starts[r]),
-                           items.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 1]));
-}
 
 // Per-slot lists where few slots have any: an index per slot, the lists allocated on demand.
 template <typename T>
@@ -111,50 +78,6 @@ Children children_in_order(const std::vector<int>& parent, const std::vector<int
     return out;
 }
 
-// int64 -> event index where the first insertion of a key wins (as unordered_map::try_emplace),
-// with open addressing: one probe array instead of a heap node per entry.
-class EventByInt {
-  public:
-    explicit EventByInt(size_t expected) {
-        size_t cap = 16;
-        while (cap < expected * 2) cap *= 2;
-        slots_.assign(cap, Slot{0, -1});
-    }
-    void try_emplace(int64_t key, int event) {
-        const size_t at = slot_of(key);
-        if (slots_[at].event >= 0) return;
-        slots_[at] = Slot{key, event};
-        if (++size_ * 2 > slots_.size()) grow();
-    }
-    int find(int64_t key) const { return slots_[slot_of(key)].event; }  // -1 if absent
-
-  private:
-    struct Slot {
-        int64_t key;
-        int event;  // -1: empty
-    };
-    std::vector<Slot> slots_;
-    size_t size_ = 0;
-
-    // The slot holding `key`, or the empty slot where it belongs.
-    size_t slot_of(int64_t key) const {
-        const size_t mask = slots_.size() - 1;
-        size_t at = static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
-        while (slots_[at].event >= 0 && slots_[at].key != key) at = (at + 1) & mask;
-        return at;
-    }
-    void grow() {
-        std::vector<Slot> old(slots_.size() * 2, Slot{0, -1});
-        old.swap(slots_);
-        for (const Slot& s : old)
-            if (s.event >= 0) slots_[slot_of(s.key)] = s;
-    }
-};
-
-const JNode* arg(const Document& doc, const JNode* args, KeyId key) {
-    return args ? doc.get(*args, key) : nullptr;
-}
-
 // found[k] = the member of `args` whose key has table index k in `index` (see key_table; last
 // duplicate wins), in one pass over args. Returns the set of k found, bit k for index k (tables
 // have at most 64 names): callers visit only those instead of every name of the table, and
@@ -187,8 +110,101 @@ int memory_arg(std::string_view key) {
     return -1;
 }
 
+// Runs of two or more consecutive hidden siblings (not Python) with one name and category, all in
+// one trace, become one aggregate span each (reference: builder.py, the same stage). Returns the
+// runs (the first member leads) and marks their members in `aggregated`.
+std::vector<std::vector<int>> aggregate_sibling_runs(const std::vector<Event>& ev, const EventTree& tree,
+                                                     const std::vector<char>& keep, std::vector<char>& aggregated) {
+    const int n = static_cast<int>(ev.size());
+    std::vector<std::vector<int>> aggs;
+    const Children children = children_in_order(tree.parent, tree.sweep_order);
+    std::vector<int> run;
+    for (int p = 0; p < n; ++p) {
+        if (!keep[p] || ev[p].device()) continue;
+        run.clear();
+        const int* kids = children.kids.data() + children.begin[p];
+        const size_t n_kids = children.begin[p + 1] - children.begin[p];
+        for (size_t idx = 0; idx <= n_kids; ++idx) {
+            int c = idx < n_kids ? kids[idx] : -1;
+            bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
+            const bool same = cand && !run.empty() && tree.owner[c] == tree.owner[run[0]];  // one trace per run
+            if (same && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
+                run.push_back(c);
+                continue;
+            }
+            if (run.size() >= 2) {
+                for (int r : run) aggregated[r] = 1;
+                aggs.push_back(run);
+            }
+            run.clear();
+            if (cand) run.push_back(c);
+        }
+    }
+    return aggs;
+}
+
+// Copies `s` into `strings`: large chunks that never reallocate, so the views stay valid.
+std::string_view keep_string(std::deque<std::string>& strings, std::string_view s) {
+    constexpr size_t kChunk = 1 << 20;
+    if (strings.empty() || strings.back().capacity() - strings.back().size() < s.size()) {
+        strings.emplace_back();
+        strings.back().reserve(std::max(kChunk, s.size()));
+    }
+    std::string& chunk = strings.back();
+    size_t at = chunk.size();
+    chunk.append(s);
+    return std::string_view(chunk.data() + at, s.size());
+}
+
+// Span names and string attribute values cut to their limits, as the OpenTelemetry SDK's
+// attribute value length limit does (in characters); returns how many were cut.
+int64_t cut_strings(Built& out, int64_t attribute_value_length_limit) {
+    int64_t cut = 0;
+    for (Span& sp : out.spans) {
+        if (const std::string_view name = cut_chars(sp.name, kSpanNameLengthLimit); name.size() != sp.name.size()) {
+            sp.name = name;
+            ++cut;
+        }
+        if (attribute_value_length_limit < 0) continue;
+        for (uint32_t k = 0; k < sp.attrs.count; ++k) {
+            AttrValue& v = out.attrs[sp.attrs.begin + k];
+            if (v.type != AttrValue::Type::Str) continue;
+            const std::string_view s = cut_chars(std::string_view(v.s, v.len), attribute_value_length_limit);
+            if (s.size() != v.len) {
+                v.len = static_cast<uint32_t>(s.size());
+                ++cut;
+            }
+        }
+    }
+    return cut;
+}
+
+// The resource: the core does not compose it (one composer for every resource otelprof sends,
+// otelprof/otlp/resource.py); it hands the caller what the trace says and keeps the answer.
+// Returns how many computed values the composer cut.
+int64_t add_resource(Built& out, const Trace& trace, const Options& opts, std::optional<int64_t> rank,
+                     std::optional<int64_t> world, std::string_view run_id) {
+    ResourceFacts facts;
+    facts.host_name = trace.host_name;
+    facts.rank = rank;
+    facts.world_size = world;
+    facts.backend = trace.backend;
+    facts.gpu_models = &trace.gpu_models;
+    facts.run_id = run_id;
+    if (!opts.compose_resource) throw std::invalid_argument("Options.compose_resource is required");
+    ComposedResource composed = opts.compose_resource(facts);
+    for (const auto& [key, value] : composed.attributes) {
+        AttrValue v;
+        if (const auto* s = std::get_if<std::string>(&value)) v = AttrValue::str(keep_string(out.strings, *s));
+        else if (const auto* i = std::get_if<int64_t>(&value)) v = AttrValue::integer(*i);
+        else if (const auto* d = std::get_if<double>(&value)) v = AttrValue::dbl(*d);
+        else v = AttrValue::boolean(std::get<bool>(value));
+        out.resource.emplace_back(keep_string(out.strings, key), v);
+    }
+    return composed.values_cut;
+}
+
 // Why an event is hidden (reference: volume.HIDDEN_*), and the counter each reason adds to.
-enum Hidden : uint8_t { kHiddenShort = 1, kHiddenPython, kHiddenBudget, kHiddenStepCopy, kHiddenWindowRoot };
 const StatKey kHiddenStat[] = {DROPPED_SHORT, DROPPED_SHORT, DROPPED_PYTHON, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS};
 
 }  // namespace
@@ -201,17 +217,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     Built out;
     auto& strings = out.strings;
     // Rendered strings go into large chunks that never reallocate, so views stay valid.
-    auto keep_str = [&](std::string_view s) -> std::string_view {
-        constexpr size_t kChunk = 1 << 20;
-        if (strings.empty() || strings.back().capacity() - strings.back().size() < s.size()) {
-            strings.emplace_back();
-            strings.back().reserve(std::max(kChunk, s.size()));
-        }
-        std::string& chunk = strings.back();
-        size_t at = chunk.size();
-        chunk.append(s);
-        return std::string_view(chunk.data() + at, s.size());
-    };
+    auto keep_str = [&](std::string_view s) { return keep_string(strings, s); };
     Attrs& pool = out.attrs;
     pool.reserve(static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount + 64);
     // Appends an attribute to `sp`, whose range must be the last one in the pool.
@@ -253,167 +259,29 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     const uint64_t base = fnv1a64("span|" + run_id + "|" + rank_s + "|" + out.window_id, kSeedHi);
     auto sid = [&](uint64_t ordinal) { return make_span_id(base, ordinal); };
 
-    // --- steps ---------------------------------------------------------------------------
-    std::vector<int64_t> step_num(n, -1);
-    std::vector<int> steps;
-    {
-        std::unordered_set<int64_t> seen;
-        for (int i = 0; i < n; ++i) {
-            const int64_t num = names[ev[i].name_id].step;
-            if (!ev[i].device() && num >= 0 && seen.insert(num).second) {
-                step_num[i] = num;
-                steps.push_back(i);
-            }
-        }
-    }
-    std::sort(steps.begin(), steps.end(), [&](int a, int b) {
-        return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
-    });
-    std::vector<int> step_index(n, -1);
-    std::vector<int64_t> step_starts;
-    for (size_t k = 0; k < steps.size(); ++k) {
-        step_index[steps[k]] = static_cast<int>(k);
-        step_starts.push_back(ev[steps[k]].start);
-    }
-    stats[STEPS] = static_cast<int64_t>(steps.size());
-    auto is_step = [&](int i) { return i >= 0 && i < n && step_num[i] >= 0; };
-    auto step_at = [&](int64_t t) -> int {
-        auto it = std::upper_bound(step_starts.begin(), step_starts.end(), t);
-        if (it == step_starts.begin()) return -1;
-        int s = steps[static_cast<size_t>(it - step_starts.begin() - 1)];
-        return t < ev[s].end ? s : -1;
-    };
-
-    // --- CPU-side nesting per thread, with probes ------------------------------------------
-    std::vector<int> parent(n, -1);
-    std::unordered_map<std::pair<Ident, Ident>, std::vector<Item>, IdentPairHash, IdentPairEq> groups;
-    for (int i = 0; i < n; ++i) {
-        const Event& e = ev[i];
-        if (!e.device()) groups[{e.pid, e.tid}].push_back(Item{e.start, 0, -e.end, e.ordinal, i});
-    }
+    // --- the event tree (tree.cpp; reference: tree.py): steps, nesting, launches, owners -------
+    EventTree tree = build_tree(doc, trace);
+    stats[STEPS] = static_cast<int64_t>(tree.steps.size());
+    stats[DEVICE_EVENTS_UNLINKED] = tree.device_events_unlinked;
+    const std::vector<int64_t>& step_num = tree.step_num;
+    const std::vector<int>& steps = tree.steps;
+    const std::vector<int>& step_index = tree.step_index;
+    const std::vector<int>& parent = tree.parent;
+    const std::vector<int>& probe_owner = tree.probe_owner;
+    const std::vector<int>& sweep_order = tree.sweep_order;
+    std::vector<int>& owner = tree.owner;
     const int n_mem = static_cast<int>(trace.memory.size());
-    for (int k = 0; k < n_mem; ++k) {
-        const Instant& m = trace.memory[k];
-        groups[{m.pid, m.tid}].push_back(Item{m.ts, 1, 0, m.ordinal, -1 - k});
-    }
-    std::vector<const Flow*> fwd_flows;
-    for (const Flow& f : trace.flows)
-        if (f.fwdbwd) fwd_flows.push_back(&f);
-    for (size_t k = 0; k < fwd_flows.size(); ++k) {
-        const Flow& f = *fwd_flows[k];
-        groups[{f.pid, f.tid}].push_back(Item{f.ts, 1, 0, f.ordinal, -1 - n_mem - static_cast<int>(k)});
-    }
-    std::vector<int> probe_owner(static_cast<size_t>(n_mem) + fwd_flows.size(), -1);
-    std::vector<int> stack;
-    std::vector<int> sweep_order;  // CPU-side events, thread by thread, parents before children
-    sweep_order.reserve(static_cast<size_t>(n));
-    for (auto& [key, items] : groups) {
-        sort_items(items);
-        stack.clear();
-        for (const Item& item : items) {
-            if (item.idx >= 0) {
-                sweep_order.push_back(item.idx);
-                const Event& e = ev[item.idx];
-                while (!stack.empty()) {
-                    const Event& top = ev[stack.back()];
-                    if (e.start >= top.end || e.end > top.end) {
-                        stack.pop_back();
-                    } else {
-                        break;
-                    }
-                }
-                if (!stack.empty()) parent[item.idx] = stack.back();
-                stack.push_back(item.idx);
-            } else {
-                while (!stack.empty() && item.t >= ev[stack.back()].end) stack.pop_back();
-                probe_owner[static_cast<size_t>(-1 - item.idx)] = stack.empty() ? -1 : stack.back();
-            }
-        }
-    }
+    auto is_step = [&](int i) { return tree.is_step(i); };
+    auto step_at = [&](int64_t t) { return tree.step_at(t); };
+    std::vector<int> chain;  // scratch: a walk up the tree
 
-    // --- device events under their launch ---------------------------------------------------
-    const KeyId correlation_key = doc.key_id("correlation"), external_id_key = doc.key_id("External id");
-    EventByInt launcher_by_corr(static_cast<size_t>(n) / 2), annotation_by_ext(64);
-    for (int i = 0; i < n; ++i) {
-        int64_t v;
-        if (ev[i].kind == Kind::Runtime) {
-            if (as_int64(arg(doc, ev[i].args, correlation_key), v)) launcher_by_corr.try_emplace(v, i);
-        } else if (ev[i].kind == Kind::Annotation) {
-            if (as_int64(arg(doc, ev[i].args, external_id_key), v)) annotation_by_ext.try_emplace(v, i);
-        }
-    }
-    for (int i = 0; i < n; ++i) {
-        if (!ev[i].device()) continue;
-        int64_t v;
-        int p = -1;
-        if (ev[i].kind == Kind::GpuAnnotation) {
-            if (as_int64(arg(doc, ev[i].args, external_id_key), v)) p = annotation_by_ext.find(v);
-        } else if (as_int64(arg(doc, ev[i].args, correlation_key), v)) {
-            p = launcher_by_corr.find(v);
-        }
-        parent[i] = p;
-        if (p < 0) ++stats[DEVICE_EVENTS_UNLINKED];
-    }
-
-    // --- owning step of every event ----------------------------------------------------------
-    std::vector<int> owner(n, kUnset);
-    std::vector<int> chain;
-    for (int i = 0; i < n; ++i) {
-        chain.clear();
-        int j = i;
-        while (owner[j] == kUnset) {
-            if (is_step(j)) {
-                owner[j] = j;
-                break;
-            }
-            int p = parent[j];
-            if (p < 0) {
-                owner[j] = step_at(ev[j].start);
-                break;
-            }
-            chain.push_back(j);
-            j = p;
-        }
-        for (int c : chain) owner[c] = owner[j];
-    }
-
-    // --- volume control ------------------------------------------------------------------------
-    // At default detail an op stays when its CPU time or the device time of what it launched
-    // passes the threshold, and the op that launched a kept kernel stays when nothing between the
-    // launch and the trace root would (reference: volume.keep_rule). The device copy of a step goes.
+    // --- volume control (volume.cpp; reference: volume.keep_rule): what default detail keeps ------
     std::vector<char> keep(n, 1);
     std::vector<uint8_t> reason(n, 0);  // why hidden, beyond kind or length (kHidden*)
     std::vector<int64_t> launched;      // device time launched from each CPU-side subtree
     if (!full) {
-        launched.assign(n, 0);
-        for (int d = 0; d < n; ++d)
-            if (is_device_time(ev[d].kind) && parent[d] >= 0) launched[parent[d]] += ev[d].dur();
-        for (auto it = sweep_order.rbegin(); it != sweep_order.rend(); ++it)  // children first
-            if (parent[*it] >= 0) launched[parent[*it]] += launched[*it];
-        const int64_t min_ns = opts.min_duration_ns;
-        for (int i = 0; i < n; ++i) {
-            const Event& e = ev[i];
-            keep[i] = e.device() || is_step(i) ||
-                      (e.kind != Kind::Python && (e.kind == Kind::TraceSpan || e.dur() >= min_ns ||
-                                                  (e.kind != Kind::Runtime && launched[i] >= min_ns)));
-        }
-        const std::vector<char> base = keep;
-        for (int d = 0; d < n; ++d) {
-            if (!is_device_time(ev[d].kind) || parent[d] < 0) continue;
-            int j = parent[d], op = -1;
-            while (j >= 0 && !(base[j] && ev[j].kind != Kind::Runtime)) {
-                const Kind k = ev[j].kind;
-                if (op < 0 && k != Kind::Runtime && k != Kind::Python && k != Kind::TraceSpan) op = j;
-                j = parent[j];
-            }
-            if (op >= 0 && (j < 0 || is_step(j) || ev[j].kind == Kind::TraceSpan)) keep[op] = 1;
-        }
-        for (int i = 0; i < n; ++i) {
-            if (ev[i].kind == Kind::GpuAnnotation && is_step(parent[i])) {
-                keep[i] = 0;
-                reason[i] = kHiddenStepCopy;
-            }
-        }
+        launched = launched_device_time(trace, tree);
+        keep = keep_rule(trace, tree, launched, opts.min_duration_ns, reason);
     }
     std::vector<int> nearest(n, kUnset);
     auto nearest_kept = [&](int i) -> int {
@@ -429,111 +297,14 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         return result;
     };
 
-    // --- iterations (a window without steps) -----------------------------------------------------
+    // --- iterations (iterations.cpp; reference: builder.py's iterations, tree.iteration_owners) ---
     // Iteration k's owner is its root's slot (see slots below): it_base + k, k 0-based.
     const int it_base = n + static_cast<int>(steps.size()) + 1;
-    std::vector<int64_t> it_lo, it_hi;
-    const char* it_source = nullptr;
-    if (steps.empty() && n) {
-        constexpr std::string_view kOptPrefix = "Optimizer.step#", kOptSuffix = ".step";
-        std::vector<char> marked(n, 0);
-        for (int i = 0; i < n; ++i) {
-            const std::string_view name = ev[i].name;
-            marked[i] = !ev[i].device() && name.size() > kOptPrefix.size() + kOptSuffix.size() &&
-                        name.substr(0, kOptPrefix.size()) == kOptPrefix &&
-                        name.substr(name.size() - kOptSuffix.size()) == kOptSuffix;
-        }
-        std::vector<int> marks;
-        for (int i = 0; i < n; ++i) {
-            if (!marked[i]) continue;
-            int j = parent[i];
-            while (j >= 0 && !marked[j]) j = parent[j];
-            if (j < 0) marks.push_back(i);  // not nested in another
-        }
-        std::sort(marks.begin(), marks.end(), [&](int a, int b) {
-            return ev[a].end != ev[b].end ? ev[a].end < ev[b].end : ev[a].ordinal < ev[b].ordinal;
-        });
-        std::vector<int> chunk_of;  // span_budget: chunk of each top-level CPU event, or -1
-        const int64_t budget = opts.span_budget;
-        int64_t n_keep = 0;
-        for (int i = 0; i < n; ++i) n_keep += keep[i];
-        if (!marks.empty()) {
-            it_source = "optimizer_step";
-            int64_t lo = INT64_MAX;
-            for (const Event& e : ev)
-                if (!e.device()) lo = std::min(lo, e.start);
-            for (int m : marks) {
-                it_lo.push_back(it_hi.empty() ? lo : it_hi.back());
-                it_hi.push_back(ev[m].end);
-            }
-        } else if (budget > 0 && n_keep > budget) {
-            std::vector<int> top(n, -1);  // top-level ancestor (device work through its launch)
-            for (int i = 0; i < n; ++i) {
-                chain.clear();
-                int j = i;
-                while (top[j] < 0) {
-                    if (parent[j] < 0) {
-                        top[j] = j;
-                        break;
-                    }
-                    chain.push_back(j);
-                    j = parent[j];
-                }
-                for (int c : chain) top[c] = top[j];
-            }
-            std::vector<int64_t> size(n, 0);
-            for (int i = 0; i < n; ++i) size[top[i]] += keep[i];
-            std::vector<int> tops;
-            for (int i = 0; i < n; ++i)
-                if (parent[i] < 0 && !ev[i].device() && ev[i].kind != Kind::TraceSpan) tops.push_back(i);
-            std::sort(tops.begin(), tops.end(), [&](int a, int b) {
-                return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
-            });
-            chunk_of.assign(n, -1);
-            int64_t held = 0;
-            for (int i : tops) {
-                if (it_lo.empty() || (held && held + size[i] > budget)) {
-                    it_lo.push_back(ev[i].start);
-                    it_hi.push_back(ev[i].end);
-                    held = 0;
-                }
-                held += size[i];
-                chunk_of[i] = static_cast<int>(it_lo.size()) - 1;
-            }
-            if (!it_lo.empty()) it_source = "span_budget";
-        }
-        auto own_at = [&](int i) -> int {
-            if (!chunk_of.empty()) return chunk_of[i] >= 0 ? it_base + chunk_of[i] : -1;
-            const Event& e = ev[i];
-            const size_t k = static_cast<size_t>(std::upper_bound(it_hi.begin(), it_hi.end(), e.start) - it_hi.begin());
-            if (e.kind == Kind::TraceSpan || e.start < it_lo[0] || k == it_hi.size() || e.end > it_hi[k]) return -1;
-            return it_base + static_cast<int>(k);
-        };
-        if (it_source) {
-            // the iteration of the parent, or when the parent is in none (or there is none), own_at
-            std::fill(owner.begin(), owner.end(), kUnset);
-            for (int i = 0; i < n; ++i) {
-                chain.clear();
-                int j = i;
-                while (owner[j] == kUnset) {
-                    chain.push_back(j);
-                    j = parent[j];
-                    if (j < 0) break;
-                }
-                for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-                    const int p = parent[*it];
-                    const int o = p >= 0 ? owner[p] : -1;
-                    owner[*it] = o >= 0 ? o : own_at(*it);
-                }
-            }
-            for (int i = 0; i < n; ++i) {
-                if (owner[i] < it_base) continue;
-                const size_t k = static_cast<size_t>(owner[i] - it_base);
-                it_lo[k] = std::min(it_lo[k], ev[i].start);
-                it_hi[k] = std::max(it_hi[k], ev[i].end);
-            }
-        }
-    }
+    Iterations iterations;
+    if (steps.empty() && n) iterations = find_iterations(trace, tree, keep, opts.span_budget, it_base, owner);
+    std::vector<int64_t>& it_lo = iterations.lo;
+    std::vector<int64_t>& it_hi = iterations.hi;
+    const char* it_source = iterations.source;
     const int n_iter = static_cast<int>(it_lo.size());
     stats[ITERATIONS] = n_iter;
 
@@ -655,31 +426,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     // --- aggregation of runs of identical tiny siblings -----------------------------------------
     std::vector<char> aggregated(n, 0);
     std::vector<std::vector<int>> aggs;  // members of each aggregate, the first leads; empty: dropped
-    if (!full) {
-        const Children children = children_in_order(parent, sweep_order);
-        std::vector<int> run;
-        for (int p = 0; p < n; ++p) {
-            if (!keep[p] || ev[p].device()) continue;
-            run.clear();
-            const int* kids = children.kids.data() + children.begin[p];
-            const size_t n_kids = children.begin[p + 1] - children.begin[p];
-            for (size_t idx = 0; idx <= n_kids; ++idx) {
-                int c = idx < n_kids ? kids[idx] : -1;
-                bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
-                const bool same = cand && !run.empty() && owner[c] == owner[run[0]];  // one trace per run
-                if (same && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
-                    run.push_back(c);
-                    continue;
-                }
-                if (run.size() >= 2) {
-                    for (int r : run) aggregated[r] = 1;
-                    aggs.push_back(run);
-                }
-                run.clear();
-                if (cand) run.push_back(c);
-            }
-        }
-    }
+    if (!full) aggs = aggregate_sibling_runs(ev, tree, keep, aggregated);
 
     // --- the span budget per trace: aggregate repeated leaves, then drop the least significant ----
     // (reference: volume.Budget)
@@ -928,31 +675,11 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
     };
 
-    // --- key_averages tree: self CPU / device time ---------------------------------------------
-    std::vector<char> in_a(n);
-    for (int i = 0; i < n; ++i)
-        in_a[i] = !ev[i].device() && in_aggregate_kinds(ev[i].kind) && !names[ev[i].name_id].filtered;
-    std::vector<int> a_parent(n, -1), a_children(n, 0);
-    std::vector<int64_t> child_dur(n, 0), self_dev(n, 0);
-    for (int i = 0; i < n; ++i) {
-        if (!in_a[i]) continue;
-        int p = parent[i];
-        while (p >= 0 && !in_a[p]) p = parent[p];
-        a_parent[i] = p;
-        if (p >= 0) {
-            ++a_children[p];
-            child_dur[p] += ev[i].dur();
-        }
-    }
-    for (int i = 0; i < n; ++i) {
-        if (!is_device_time(ev[i].kind) || parent[i] < 0) continue;
-        int o = parent[i];
-        while (o >= 0 && !in_a[o]) o = parent[o];
-        int first_a = o;
-        while (o >= 0 && ev[o].kind == Kind::Runtime) o = a_parent[o];
-        if (o < 0) o = first_a;
-        if (o >= 0) self_dev[o] += ev[i].dur();
-    }
+    // --- key_averages tree: self CPU / device time (aggregates.cpp; reference: tree.self_times) ---
+    const SelfTimes self = self_times(trace, parent);
+    const std::vector<char>& in_a = self.in_aggregate;
+    const std::vector<int64_t>& child_dur = self.child_dur;
+    const std::vector<int64_t>& self_dev = self.self_device;
 
     // --- span events (memory) and step peaks ------------------------------------------------------
     SparseLists<SpanEvent> span_events(n_slots);
@@ -1008,93 +735,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         span_events.at(static_cast<size_t>(target)).push_back(event);
     }
 
-    // --- forward -> backward links -----------------------------------------------------------------
-    const KeyId sequence_key = doc.key_id("Sequence number"), fwd_thread_key = doc.key_id("Fwd thread id");
-    std::vector<std::pair<int, int>> pairs;
-    if (!fwd_flows.empty()) {
-        struct ExactKey {
-            Ident pid, tid;
-            int64_t ts;
-            bool operator==(const ExactKey& o) const { return pid == o.pid && tid == o.tid && ts == o.ts; }
-        };
-        struct ExactHash {
-            size_t operator()(const ExactKey& k) const {
-                return IdentPairHash()({k.pid, k.tid}) ^ static_cast<size_t>(static_cast<uint64_t>(k.ts) * 0xC2B2AE3D27D4EB4FULL);
-            }
-        };
-        std::unordered_map<ExactKey, std::vector<int>, ExactHash> exact;
-        for (auto& [key, items] : groups)
-            for (const Item& item : items)
-                if (item.idx >= 0) {
-                    const Event& e = ev[item.idx];
-                    exact[ExactKey{e.pid, e.tid, e.start}].push_back(item.idx);
-                }
-        auto bind = [&](size_t k) -> int {
-            const Flow& f = *fwd_flows[k];
-            auto it = exact.find(ExactKey{f.pid, f.tid, f.ts});
-            if (it != exact.end() && !it->second.empty()) {
-                int last_seq = -1;
-                for (int c : it->second)
-                    if (arg(doc, ev[c].args, sequence_key)) last_seq = c;
-                return last_seq >= 0 ? last_seq : it->second.back();
-            }
-            return probe_owner[static_cast<size_t>(n_mem) + k];
-        };
-        struct FlowKeyHash {
-            size_t operator()(const Ident& i) const { return static_cast<size_t>(static_cast<uint64_t>(i.value) * 31 + i.is_str); }
-        };
-        std::unordered_map<Ident, size_t, FlowKeyHash> starts, ends;
-        for (size_t k = 0; k < fwd_flows.size(); ++k) {
-            const Flow& f = *fwd_flows[k];
-            if (f.ph == 's') starts.try_emplace(f.id, k);
-            else if (f.ph == 'f') ends.try_emplace(f.id, k);
-        }
-        std::vector<std::pair<Ident, size_t>> ends_sorted(ends.begin(), ends.end());
-        std::sort(ends_sorted.begin(), ends_sorted.end(),
-                  [&](const auto& a, const auto& b) { return fwd_flows[a.second]->ordinal < fwd_flows[b.second]->ordinal; });
-        for (const auto& [key, k_end] : ends_sorted) {
-            auto it = starts.find(key);
-            if (it == starts.end()) continue;
-            int fw = bind(it->second), bw = bind(k_end);
-            if (fw >= 0 && bw >= 0) pairs.emplace_back(fw, bw);
-        }
-    } else {
-        struct SeqKeyHash {
-            size_t operator()(const std::pair<Ident, int64_t>& k) const {
-                return static_cast<size_t>(static_cast<uint64_t>(k.first.value) * 0x9E3779B97F4A7C15ULL ^ static_cast<uint64_t>(k.second) ^ k.first.is_str);
-            }
-        };
-        struct SeqKeyEq {
-            bool operator()(const std::pair<Ident, int64_t>& a, const std::pair<Ident, int64_t>& b) const {
-                return a.first == b.first && a.second == b.second;
-            }
-        };
-        std::unordered_map<std::pair<Ident, int64_t>, int, SeqKeyHash, SeqKeyEq> fwd_by_seq, bwd_by_seq;
-        std::vector<Item> order;  // (start, -end, ordinal) inline: no indirection while sorting
-        for (int i = 0; i < n; ++i)
-            if (ev[i].kind == Kind::CpuOp) order.push_back(Item{ev[i].start, 0, -ev[i].end, ev[i].ordinal, i});
-        sort_items(order);
-        for (const Item& item : order) {
-            const int i = item.idx;
-            int64_t seq;
-            if (!as_int64(arg(doc, ev[i].args, sequence_key), seq) || seq < 0) continue;
-            std::pair<Ident, int64_t> key{ev[i].pid, seq};
-            const JNode* fwd_node = arg(doc, ev[i].args, fwd_thread_key);
-            int64_t fwd_tid = 0;
-            bool fwd_is_int = as_int64(fwd_node, fwd_tid);
-            if (fwd_is_int && fwd_tid != 0) {
-                bwd_by_seq.try_emplace(key, i);
-            } else if (!fwd_node || (fwd_is_int && fwd_tid == 0)) {
-                fwd_by_seq[key] = i;
-            }
-        }
-        std::vector<std::pair<std::pair<Ident, int64_t>, int>> bwd(bwd_by_seq.begin(), bwd_by_seq.end());
-        std::sort(bwd.begin(), bwd.end(), [&](const auto& a, const auto& b) { return ev[a.second].ordinal < ev[b.second].ordinal; });
-        for (const auto& [key, bw] : bwd) {
-            auto it = fwd_by_seq.find(key);
-            if (it != fwd_by_seq.end()) pairs.emplace_back(it->second, bw);
-        }
-    }
+    // --- forward -> backward links (links.cpp; reference: tree.fwdbwd_pairs), kept ones only ------
+    const std::vector<std::pair<int, int>> pairs = fwdbwd_pairs(doc, trace, tree);
     SparseLists<SpanLink> links(static_cast<size_t>(n));
     for (const auto& [fw, bw] : pairs) {
         // a link joins the two ops it names: when either is not a span, it is dropped and counted
@@ -1336,142 +978,13 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     stats[SPANS] = static_cast<int64_t>(out.order.size());
 
     // --- length limits: span names and string attribute values (reference: _cut_strings) ------------
-    for (Span& sp : out.spans) {
-        if (const std::string_view name = cut_chars(sp.name, kSpanNameLengthLimit); name.size() != sp.name.size()) {
-            sp.name = name;
-            ++stats[VALUES_TRUNCATED];
-        }
-        if (opts.attribute_value_length_limit < 0) continue;
-        for (uint32_t k = 0; k < sp.attrs.count; ++k) {
-            AttrValue& v = pool[sp.attrs.begin + k];
-            if (v.type != AttrValue::Type::Str) continue;
-            const std::string_view s = cut_chars(std::string_view(v.s, v.len), opts.attribute_value_length_limit);
-            if (s.size() != v.len) {
-                v.len = static_cast<uint32_t>(s.size());
-                ++stats[VALUES_TRUNCATED];
-            }
-        }
-    }
+    stats[VALUES_TRUNCATED] += cut_strings(out, opts.attribute_value_length_limit);
 
-    // --- key_averages rows ---------------------------------------------------------------------------
-    {
-        std::vector<char> merged(n, 0);
-        for (int i = 0; i < n; ++i)
-            merged[i] = in_a[i] && a_parent[i] >= 0 && a_children[a_parent[i]] == 1 && ev[a_parent[i]].name_id == ev[i].name_id;
-        // the sweep order puts every parent before its children (a parent is on the child's thread)
-        std::vector<int> sorted_a;
-        for (int i : sweep_order)
-            if (in_a[i]) sorted_a.push_back(i);
-        std::vector<int> survivor(n);
-        for (int i = 0; i < n; ++i) survivor[i] = i;
-        for (int i : sorted_a)
-            if (merged[i]) survivor[i] = survivor[a_parent[i]];
-        std::vector<int64_t> self_cpu(n, 0), self_device(n, 0), device_total(n, 0);
-        for (int i = 0; i < n; ++i) {
-            if (!in_a[i]) continue;
-            self_cpu[survivor[i]] += ev[i].dur() - child_dur[i];
-            self_device[survivor[i]] += self_dev[i];
-        }
-        for (auto it = sorted_a.rbegin(); it != sorted_a.rend(); ++it) {
-            int i = *it;
-            device_total[i] += self_dev[i];
-            if (a_parent[i] >= 0) device_total[a_parent[i]] += device_total[i];
-        }
-        // rows keyed by (name, kind[, shapes]): by name id (see Name::row) and kind, or by text with shapes
-        constexpr size_t kNoRow = SIZE_MAX;
-        std::vector<size_t> row_index[3];
-        for (auto& rows : row_index) rows.assign(names.size(), kNoRow);
-        std::unordered_map<std::string, size_t> shaped_index;
-        std::string key;
-        for (int i = 0; i < n; ++i) {
-            const Event& e = ev[i];
-            bool a_row = in_a[i] && !merged[i];
-            if (!a_row && !is_device_time(e.kind)) continue;
-            const uint32_t name_id = a_row ? names[e.name_id].row : e.name_id;
-            const std::string_view name = names[name_id].text;
-            const char* kind = "device";
-            std::string shapes;
-            if (a_row) {
-                kind = e.kind == Kind::Annotation ? "annotation" : "op";
-                if (opts.group_by_input_shapes && e.args) {
-                    const JNode* dims = doc.get(*e.args, "Input Dims");
-                    if (!dims) dims = doc.get(*e.args, "Input dims");
-                    if (dims && dims->type != JType::Null) render_json(doc, *dims, shapes);
-                }
-            }
-            size_t row_at;
-            bool inserted;
-            if (opts.group_by_input_shapes && a_row) {
-                key.assign(name);
-                key.push_back('\0');
-                key.append(kind);
-                key.push_back('\0');
-                key.append(shapes);
-                auto res = shaped_index.try_emplace(key, out.ops.size());
-                row_at = res.first->second;
-                inserted = res.second;
-            } else {
-                int slot = kind[0] == 'd' ? 0 : kind[0] == 'a' ? 1 : 2;
-                size_t& at = row_index[slot][name_id];
-                inserted = at == kNoRow;
-                if (inserted) at = out.ops.size();
-                row_at = at;
-            }
-            if (inserted) out.ops.push_back(OpRow{std::string(name), kind, shapes});
-            OpRow& row = out.ops[row_at];
-            ++row.calls;
-            if (a_row) {
-                row.cpu_total_ns += e.dur();
-                row.self_cpu_ns += self_cpu[i];
-                row.device_total_ns += device_total[i];
-                row.self_device_ns += self_device[i];
-            } else {
-                row.device_total_ns += e.dur();
-                row.self_device_ns += e.dur();
-            }
-        }
-    }
+    // --- key_averages rows (aggregates.cpp; reference: builder._aggregate_ops) ---------------------
+    out.ops = aggregate_ops(doc, trace, self, sweep_order, opts.group_by_input_shapes);
 
-    // --- resource ----------------------------------------------------------------------------------
-    {
-        std::vector<ResourceAttr>& res = out.resource;
-        std::unordered_set<std::string_view> keys;
-        for (const auto& [k, v] : opts.resource_attributes) {
-            res.emplace_back(k, AttrValue::str(v));
-            keys.insert(k);
-        }
-        if (!keys.count("service.name")) {
-            res.insert(res.begin(), ResourceAttr{"service.name", AttrValue::str("unknown_service")});
-            keys.insert("service.name");
-        }
-        std::vector<ResourceAttr> computed;
-        computed.emplace_back("telemetry.sdk.name", AttrValue::str("otelprof"));
-        computed.emplace_back("telemetry.sdk.language", AttrValue::str("python"));
-        if (!opts.scope_version.empty()) computed.emplace_back("telemetry.sdk.version", AttrValue::str(opts.scope_version));
-        const size_t first_cut = computed.size();  // the SDK's own values are not cut; the trace's are
-        if (trace.host_name) computed.emplace_back("host.name", AttrValue::str(*trace.host_name));
-        else if (opts.host_name && !opts.host_name->empty()) computed.emplace_back("host.name", AttrValue::str(*opts.host_name));
-        if (rank) computed.emplace_back("pytorch.distributed.rank", AttrValue::integer(*rank));
-        if (world) computed.emplace_back("pytorch.distributed.world_size", AttrValue::integer(*world));
-        if (!trace.backend.empty()) computed.emplace_back("pytorch.distributed.backend", AttrValue::str(trace.backend));
-        if (!trace.gpu_models.empty()) {
-            computed.emplace_back("hw.gpu.model", AttrValue::str(trace.gpu_models[0]));
-            computed.emplace_back("hw.gpu.count", AttrValue::integer(static_cast<int64_t>(trace.gpu_models.size())));
-        }
-        computed.emplace_back("otelprof.run.id", AttrValue::str(keep_str(run_id)));
-        for (size_t k = 0; k < computed.size(); ++k) {
-            auto& [key, value] = computed[k];
-            if (keys.count(key)) continue;
-            if (k >= first_cut && value.type == AttrValue::Type::Str) {
-                const std::string_view s = cut_chars(std::string_view(value.s, value.len), opts.resource_value_limit);
-                if (s.size() != value.len) {
-                    value.len = static_cast<uint32_t>(s.size());
-                    ++stats[VALUES_TRUNCATED];
-                }
-            }
-            res.push_back(computed[k]);
-        }
-    }
+    // --- resource: composed by the caller (otelprof/otlp/resource.py), from what the trace says ----
+    stats[VALUES_TRUNCATED] += add_resource(out, trace, opts, rank, world, run_id);
     for (int k = 0; k < kStatCount; ++k) out.stats.emplace_back(kStatNames[k], stats[k]);
     return out;
 }

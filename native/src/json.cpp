@@ -84,7 +84,7 @@ uint64_t random_seed() { return (static_cast<uint64_t>(std::random_device{}()) <
 class Parser {
   public:
     Parser(Document& doc, std::string_view text, ElementSink* sink)
-        : doc_(doc), sink_(sink), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
+        : doc_(doc), sink_(sink), sink_key_(sink ? sink->array_key() : std::string_view()), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
 
     void run() {
         validate_utf8(std::string_view(begin_, end_ - begin_));
@@ -97,6 +97,7 @@ class Parser {
   private:
     Document& doc_;
     ElementSink* sink_;
+    std::string_view sink_key_;  // the root member whose array elements go to sink_
     const char* p_;
     const char* begin_;
     const char* end_;
@@ -442,9 +443,9 @@ class Parser {
         }
     }
 
-    // Whether the value at p_ is the root object's "traceEvents" array, for the sink.
+    // Whether the value at p_ is the array of the root object's member the sink streams.
     bool events_member(int depth, KeyId member, KeyId key) const {
-        return sink_ && depth == 1 && member == kNoKey && p_ < end_ && *p_ == '[' && doc_.keys_[key] == "traceEvents";
+        return sink_ && depth == 1 && member == kNoKey && p_ < end_ && *p_ == '[' && doc_.keys_[key] == sink_key_;
     }
 
     uint32_t object(int depth, KeyId member) {
@@ -621,61 +622,6 @@ bool as_double(const JNode* n, double& out) {
     if (n->type == JType::BigInt && std::fabs(v) > 1e308) return false;
     out = v;
     return true;
-}
-
-int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal) {
-    auto where = [&] { return "traceEvents[" + std::to_string(ordinal) + "]." + field; };
-    if (!n.is_number()) throw TraceError(where() + ": expected a number, got " + type_name(&n));
-    if (n.type == JType::Int) {
-        __int128 v = static_cast<__int128>(n.i) * 1000;
-        if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where() + ": " + std::to_string(n.i) + " microseconds is out of range");
-        return static_cast<int64_t>(v);
-    }
-    // digits D and exponent E with value = D * 10^E
-    const char* p = n.s;
-    const char* e = n.s + n.len;
-    bool neg = false;
-    if (*p == '-') {
-        neg = true;
-        ++p;
-    }
-    std::string digits;
-    int64_t exp10 = 0;
-    for (; p < e && *p >= '0' && *p <= '9'; ++p) digits.push_back(*p);
-    if (p < e && *p == '.') {
-        for (++p; p < e && *p >= '0' && *p <= '9'; ++p) {
-            digits.push_back(*p);
-            --exp10;
-        }
-    }
-    if (p < e && (*p == 'e' || *p == 'E')) {
-        ++p;
-        bool eneg = false;
-        if (*p == '+' || *p == '-') eneg = (*p++ == '-');
-        int64_t x = 0;
-        for (; p < e; ++p) x = std::min<int64_t>(x * 10 + (*p - '0'), 1000000000LL);
-        exp10 += eneg ? -x : x;
-    }
-    size_t lead = digits.find_first_not_of('0');
-    if (lead == std::string::npos) return 0;
-    digits.erase(0, lead);
-    int64_t adjusted = static_cast<int64_t>(digits.size()) - 1 + exp10;
-    if (adjusted > 15) throw TraceError(where() + ": " + std::string(n.s, n.len) + " microseconds is out of range");
-    if (adjusted < -30) return 0;
-    int64_t shift = exp10 + 3;  // value * 1000 = D * 10^shift
-    __int128 v = 0;
-    if (shift >= 0) {
-        for (char c : digits) v = v * 10 + (c - '0');
-        for (int64_t k = 0; k < shift; ++k) v *= 10;
-    } else {
-        int64_t keep = static_cast<int64_t>(digits.size()) + shift;
-        for (int64_t k = 0; k < keep; ++k) v = v * 10 + (digits[static_cast<size_t>(k)] - '0');
-        char first_dropped = keep >= 0 ? digits[static_cast<size_t>(keep)] : '0';
-        if (first_dropped >= '5') v += 1;
-    }
-    if (neg) v = -v;
-    if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where() + ": " + std::string(n.s, n.len) + " microseconds is out of range");
-    return static_cast<int64_t>(v);
 }
 
 const char* type_name(const JNode* n) {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -71,6 +72,61 @@ void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::op
 }
 
 }  // namespace
+
+int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal) {
+    auto where = [&] { return "traceEvents[" + std::to_string(ordinal) + "]." + field; };
+    if (!n.is_number()) throw TraceError(where() + ": expected a number, got " + type_name(&n));
+    if (n.type == JType::Int) {
+        __int128 v = static_cast<__int128>(n.i) * 1000;
+        if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where() + ": " + std::to_string(n.i) + " microseconds is out of range");
+        return static_cast<int64_t>(v);
+    }
+    // digits D and exponent E with value = D * 10^E
+    const char* p = n.s;
+    const char* e = n.s + n.len;
+    bool neg = false;
+    if (*p == '-') {
+        neg = true;
+        ++p;
+    }
+    std::string digits;
+    int64_t exp10 = 0;
+    for (; p < e && *p >= '0' && *p <= '9'; ++p) digits.push_back(*p);
+    if (p < e && *p == '.') {
+        for (++p; p < e && *p >= '0' && *p <= '9'; ++p) {
+            digits.push_back(*p);
+            --exp10;
+        }
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        ++p;
+        bool eneg = false;
+        if (*p == '+' || *p == '-') eneg = (*p++ == '-');
+        int64_t x = 0;
+        for (; p < e; ++p) x = std::min<int64_t>(x * 10 + (*p - '0'), 1000000000LL);
+        exp10 += eneg ? -x : x;
+    }
+    size_t lead = digits.find_first_not_of('0');
+    if (lead == std::string::npos) return 0;
+    digits.erase(0, lead);
+    int64_t adjusted = static_cast<int64_t>(digits.size()) - 1 + exp10;
+    if (adjusted > 15) throw TraceError(where() + ": " + std::string(n.s, n.len) + " microseconds is out of range");
+    if (adjusted < -30) return 0;
+    int64_t shift = exp10 + 3;  // value * 1000 = D * 10^shift
+    __int128 v = 0;
+    if (shift >= 0) {
+        for (char c : digits) v = v * 10 + (c - '0');
+        for (int64_t k = 0; k < shift; ++k) v *= 10;
+    } else {
+        int64_t keep = static_cast<int64_t>(digits.size()) + shift;
+        for (int64_t k = 0; k < keep; ++k) v = v * 10 + (digits[static_cast<size_t>(k)] - '0');
+        char first_dropped = keep >= 0 ? digits[static_cast<size_t>(keep)] : '0';
+        if (first_dropped >= '5') v += 1;
+    }
+    if (neg) v = -v;
+    if (v > INT64_MAX || v < INT64_MIN) throw TraceError(where() + ": " + std::string(n.s, n.len) + " microseconds is out of range");
+    return static_cast<int64_t>(v);
+}
 
 TraceReader::TraceReader(std::optional<int64_t> base_override, size_t json_size)
     : base_override_(base_override), json_size_(json_size), base_(base_override.value_or(0)), name_seed_(random_seed()) {}

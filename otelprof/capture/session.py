@@ -23,10 +23,11 @@ from .. import integrations
 from .._config import Settings, settings_from_env
 from .._version import __version__
 from ..converter import LiveStep
-from ..converter.reference import ids
-from ..converter.reference.builder import Attrs, resource_attributes
 from ..export import exporter_config_from_env
 from ..export.exporter import Exporter, spool_dir_from_env
+from ..otlp import ids
+from ..otlp.resource import ResourceFacts, compose_resource
+from ..otlp.spans import Attrs
 from ..resource import options_from_env, resource_attributes_from_env
 from ..settings import value
 from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES
@@ -323,16 +324,16 @@ def _live_step(number: int, trace_id: bytes, base: int, ordinal: int, phases: li
 def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
     import socket
 
-    computed: Attrs = [
-        ("host.name", socket.gethostname()),
-        ("process.pid", os.getpid()),
-        ("pytorch.distributed.rank", identity.rank),
-        ("pytorch.distributed.local_rank", identity.local_rank),
-        ("pytorch.distributed.world_size", identity.world_size),
-        ("otelprof.run.id", identity.run_id),
-    ]
+    facts = ResourceFacts(
+        host_name=socket.gethostname(),
+        pid=os.getpid(),
+        rank=identity.rank,
+        local_rank=identity.local_rank,
+        world_size=identity.world_size,
+        run_id=identity.run_id,
+    )
     # telemetry.sdk.version as the converter's window resource has it (scope_version)
-    return resource_attributes(list(resource_attributes_from_env(environ)), __version__, computed)
+    return compose_resource(resource_attributes_from_env(environ), __version__, facts)[0]
 
 
 def instrument(

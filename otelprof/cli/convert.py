@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError, convert
-from ..otlp_file import atomic_writer, write_delimited
-from ..otlp_json import encode_jsonl
+from ..otlp.file import atomic_writer, write_delimited
+from ..otlp.jsonl import encode_jsonl
 from .common import (
     ENGINES,
     EXIT_OK,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..converter.reference import ids
+from ..otlp import ids
 from .common import int_at_least
 
 DEFAULT_DIR = "otelprof-demo"

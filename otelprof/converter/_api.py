@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._native_module import native as _native
+from .._native_module import native_error as _native_error
 from ._errors import TraceFormatError
 from ._load import TraceBytes, TraceInput, load_bytes
 from ._options import ConvertOptions
 
-_log = logging.getLogger(__name__)
-_native: ModuleType | None = None
-_native_error: str | None = None
+if TYPE_CHECKING:
+    from .reference import OpRow
 
-try:
-    _native = importlib.import_module("otelprof._native")
-except ImportError as exc:  # pragma: no cover - exercised only on a broken build
-    _native_error = str(exc)
+_log = logging.getLogger(__name__)
 _warned = False
 
 
@@ -62,6 +58,13 @@ def _fallback_warning() -> None:
         _log.warning("otelprof._native could not be loaded (%s); using the slower Python converter", _native_error)
 
 
+def _op_stats(r: _native.OpRow | OpRow) -> OpStats:
+    """An op row of either engine (same field names) as the public ``OpStats``."""
+    return OpStats(
+        r.name, r.kind, r.input_shapes, r.calls, r.cpu_total_ns, r.self_cpu_ns, r.device_total_ns, r.self_device_ns
+    )
+
+
 def convert_bytes(data: TraceBytes, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
     """Convert raw Kineto JSON bytes. ``engine``: "auto", "native" or "reference"."""
     if engine not in ("auto", "native", "reference"):
@@ -70,21 +73,29 @@ def convert_bytes(data: TraceBytes, options: ConvertOptions, engine: str = "auto
         raise RuntimeError(f"otelprof._native is not available: {_native_error}")
     if engine != "reference" and _native is not None:
         try:
-            requests, rows, stats, _phases, window = _native.convert(data, options.as_native())
+            out = _native.convert(data, options.as_native())
         except _native.TraceError as exc:
             raise TraceFormatError(str(exc)) from None
-        return ConvertResult(list(requests), [OpStats(*row) for row in rows], dict(stats), "native", window)
+        ops = [
+            OpStats(
+                r.name,
+                r.kind,
+                r.input_shapes,
+                r.calls,
+                r.cpu_total_ns,
+                r.self_cpu_ns,
+                r.device_total_ns,
+                r.self_device_ns,
+            )
+            for r in out.ops
+        ]
+        return ConvertResult(list(out.requests), ops, dict(out.stats), "native", out.window_id)
     if engine == "auto":
         _fallback_warning()
     from . import reference
 
     requests, ref_rows, stats, window = reference.convert(data, options)
-    ops = [
-        OpStats(
-            r.name, r.kind, r.input_shapes, r.calls, r.cpu_total_ns, r.self_cpu_ns, r.device_total_ns, r.self_device_ns
-        )
-        for r in ref_rows
-    ]
+    ops = [_op_stats(r) for r in ref_rows]
     return ConvertResult(requests, ops, stats, "reference", window)
 
 

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import zlib
 from pathlib import Path
-from typing import Any
 
+from .._native_module import native
 from ._errors import TraceFormatError
 
-_native: Any
-try:  # the C++ inflater (native/src/gzip.cpp); absent when _native or zlib's headers were not there
-    _native = importlib.import_module("otelprof._native")
-    if not hasattr(_native, "gunzip"):
-        _native = None
-except ImportError:
-    _native = None
+# the C++ inflater (native/src/gzip.cpp); absent when _native or zlib's headers were not there
+_native = native if native is not None and hasattr(native, "gunzip") else None
 
 TraceInput = str | os.PathLike[str] | bytes | bytearray | memoryview
 #: Raw JSON as ``load_bytes`` returns it: inflated gzip stays the bytearray it was inflated into.

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..otlp.resource import ResourceFacts, compose_resource
+from ..otlp.spans import Attrs
 from ._text import clean
 
 Detail = Literal["full", "default"]
@@ -137,6 +140,28 @@ class ConvertOptions:
         limit = self.attribute_value_length_limit
         return share if limit is None else min(limit, share)
 
+    def resource(self, facts: ResourceFacts) -> tuple[Attrs, int]:
+        """A converted trace's resource and how many computed values were cut (both engines:
+        the native core calls this through ``as_native()["resource"]``); ``host_name`` names
+        the host when the trace does not."""
+        if not facts.host_name and self.host_name:
+            facts = dataclasses.replace(facts, host_name=self.host_name)
+        return compose_resource(self.resource_attributes, self.scope_version, facts, self.resource_value_limit)
+
+    def _native_resource(
+        self,
+        host_name: str | None,
+        rank: int | None,
+        world_size: int | None,
+        backend: str,
+        gpu_models: list[str],
+        run_id: str,
+    ) -> tuple[Attrs, int]:
+        facts = ResourceFacts(
+            host_name=host_name, rank=rank, world_size=world_size, backend=backend, gpu_models=gpu_models, run_id=run_id
+        )
+        return self.resource(facts)
+
     def as_native(self) -> dict[str, object]:
         """The flat dict the native core takes (same keys as the fields)."""
         return {
@@ -153,9 +178,7 @@ class ConvertOptions:
             "attribute_value_length_limit": -1
             if self.attribute_value_length_limit is None
             else self.attribute_value_length_limit,
-            "resource_value_limit": self.resource_value_limit,
-            "resource_attributes": [(clean(k), clean(v)) for k, v in self.resource_attributes],
-            "host_name": None if self.host_name is None else clean(self.host_name),
+            "resource": self._native_resource,
             "base_time_ns": -1 if self.base_time_ns is None else self.base_time_ns,
             "group_by_input_shapes": self.group_by_input_shapes,
             "scope_version": clean(self.scope_version),

@@ -1,10 +1,5 @@
-"""Text helpers shared by the options and the reference converter."""
+"""Text helpers: moved to ``otelprof.otlp._text``; re-exported for the converter."""
 
+from ..otlp._text import clean
 
-def clean(text: str) -> str:
-    """Replace lone surrogates (from ``\\ud800``-style escapes) with U+FFFD, as the native reader does."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+__all__ = ["clean"]

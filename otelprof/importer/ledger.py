@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..otlp_file import atomic_writer
+from ..otlp.file import atomic_writer
 
 VERSION = 1
 

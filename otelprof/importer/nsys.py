@@ -25,11 +25,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
-from ..converter._text import clean
-from ..converter.reference import ids
-from ..converter.reference.builder import Attrs, Span, resource_attributes
-from ..converter.reference.encoder import encode
 from ..converter.reference.names import fold_kernel_name
+from ..otlp import ids
+from ..otlp._text import clean
+from ..otlp.encoder import encode
+from ..otlp.resource import ResourceFacts, compose_resource
+from ..otlp.spans import Attrs, Span
 from . import nvtx_markup
 from .nvtx_markup import OpMarkup
 
@@ -476,22 +477,17 @@ def _gpu_models(db: _Db) -> list[str]:
 def _resource(
     opts: ConvertOptions, run_id: str, pid: int, exe: str, host: str | None, gpus: list[str], source: str
 ) -> Attrs:
-    computed: Attrs = []
-    if host:
-        computed.append(("host.name", clean(host)))
-    computed.append(("process.pid", pid))
-    if exe:
-        computed.append(("process.executable.path", exe))
-    if opts.rank is not None:
-        computed.append(("pytorch.distributed.rank", opts.rank))
-    if opts.world_size is not None:
-        computed.append(("pytorch.distributed.world_size", opts.world_size))
-    if gpus:
-        computed.append(("hw.gpu.model", gpus[0]))
-        computed.append(("hw.gpu.count", len(gpus)))
-    computed.append(("otelprof.run.id", run_id))
-    computed.append(("otelprof.source.format", source))
-    return resource_attributes(list(opts.resource_attributes), opts.scope_version, computed)
+    facts = ResourceFacts(
+        host_name=host,
+        pid=pid,
+        executable=exe,
+        rank=opts.rank,
+        world_size=opts.world_size,
+        gpu_models=gpus,
+        run_id=run_id,
+        source_format=source,
+    )
+    return compose_resource(opts.resource_attributes, opts.scope_version, facts)[0]
 
 
 __all__ = ["STAT_KEYS", "SUPPORTED_MAJORS", "convert_nsys", "pid_of", "tid_of"]

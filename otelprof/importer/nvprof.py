@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
-from ..converter._text import clean
-from ..converter.reference.builder import Attrs
+from ..otlp._text import clean
+from ..otlp.spans import Attrs
 from .nsys import (
     STAT_KEYS,
     _Db,

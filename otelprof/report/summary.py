@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from ..converter import ConvertOptions, OpStats, TraceFormatError, convert
-from ..converter.reference.schema import (
+from ..otlp.schema import (
     CATEGORY_KIND,
     DEVICE_TIME_KINDS,
     FILTERED_NAMES,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from export.receivers import http_receiver
 
-from otelprof.converter.reference import ids
 from otelprof.export.spool import Spool
+from otelprof.otlp import ids
 
 pytest.importorskip("torch")
 

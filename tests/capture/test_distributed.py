@@ -17,7 +17,7 @@ import pytest
 from export.receivers import HttpReceiver, free_port, http_receiver
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 pytest.importorskip("torch.distributed")
 pytestmark = [pytest.mark.torch, pytest.mark.slow]  # real training processes

@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 import otelprof
 from capture import live_session
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 torch = pytest.importorskip("torch")
 

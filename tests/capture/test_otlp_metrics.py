@@ -15,7 +15,7 @@ from export.receivers import grpc_receiver, http_receiver
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
 from otelprof.capture.metrics.otlp_metrics import BRIDGED, DIRECT, exporters, otel_name
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 pytest.importorskip("torch")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http.metric_exporter")

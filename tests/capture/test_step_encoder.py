@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelprof.converter.reference.builder import Attrs, Span
-from otelprof.converter.reference.encoder import encode
+from otelprof.otlp.encoder import encode
+from otelprof.otlp.spans import Attrs, Span
 
 RESOURCE: Attrs = [("service.name", "trainer"), ("pytorch.distributed.rank", 3), ("host.name", "h\udcff")]
 
@@ -24,7 +24,7 @@ RESOURCE: Attrs = [("service.name", "trainer"), ("pytorch.distributed.rank", 3),
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=40), st.text(max_size=12))
 def test_prefixed_trace_ids_equal_the_converters(prefix: str, suffix: str) -> None:
-    from otelprof.converter.reference import ids
+    from otelprof.otlp import ids
 
     assert ids.TraceIds(prefix)(suffix) == ids.trace_id(prefix + suffix)
 

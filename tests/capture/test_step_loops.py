@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import otelprof
 from capture import live_session
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 torch = pytest.importorskip("torch")
 

@@ -17,7 +17,7 @@ from otelprof.capture.distributed.identity import Identity
 from otelprof.capture.metrics.step_metrics import StepMetrics
 from otelprof.capture.spans.step_spans import StepContext, StepRecordEncoder, native_sink, record
 from otelprof.capture.steps.tracker import PHASES, Step, step_tracker
-from otelprof.converter.reference.builder import Attrs
+from otelprof.otlp.spans import Attrs
 
 from .test_step_metrics import IDENTITY, exposition
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otelprof.capture.windows.resource import MARGIN, LiveResource
-from otelprof.converter.reference.builder import Attrs, Span
-from otelprof.converter.reference.encoder import encode
+from otelprof.otlp.encoder import encode
+from otelprof.otlp.spans import Attrs, Span
 
 WINDOW: Attrs = [("service.name", "svc"), ("pytorch.distributed.rank", 1), ("hw.gpu.model", "H100")]
 LIVE: Attrs = [("service.name", "svc"), ("process.pid", 4242), ("pytorch.distributed.rank", 1), ("x.ok", True)]

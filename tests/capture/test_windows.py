@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 import otelprof
 from capture import live_session
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 torch = pytest.importorskip("torch")
 

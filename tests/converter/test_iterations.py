@@ -21,7 +21,7 @@ from converter_helpers import (
 )
 
 from otelprof.converter import convert, native_available
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 CPU_CATEGORIES = {"cpu_op", "Operator", "user_annotation"}
 RUNTIME_CATEGORIES = {"cuda_runtime", "Runtime"}

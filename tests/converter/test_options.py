@@ -17,7 +17,7 @@ from converter_helpers import (
 )
 
 from otelprof.converter import ConvertOptions, convert
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 # --- validation -------------------------------------------------------------------------------
 

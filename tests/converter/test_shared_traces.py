@@ -38,7 +38,7 @@ from converter_helpers import (
 
 from otelprof.converter import convert
 from otelprof.converter.reference.names import fold_kernel_name
-from otelprof.converter.reference.schema import CATEGORY_KIND, Kind
+from otelprof.otlp.schema import CATEGORY_KIND, Kind
 
 if not KINETO_TRACES:  # pragma: no cover - the shared folder is part of the workspace
     pytest.skip("no shared Kineto traces found", allow_module_level=True)
@@ -537,7 +537,7 @@ import hashlib, json, sys
 sys.path[:] = json.loads(sys.argv[4])  # import otelprof exactly as the parent did
 from otelprof.converter import convert
 from otelprof.converter.reference.names import fold_kernel_name
-from otelprof.converter.reference.schema import CATEGORY_KIND, Kind
+from otelprof.otlp.schema import CATEGORY_KIND, Kind
 r = convert(sys.argv[1], engine=sys.argv[2], detail=sys.argv[3])
 assert r.engine == sys.argv[2]
 h = hashlib.sha256()

@@ -25,7 +25,7 @@ from converter_helpers import (
 )
 
 from otelprof.converter import ConvertResult, convert
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 
 STEP = re.compile(r"ProfilerStep#([0-9]+)\Z")
 

@@ -43,11 +43,11 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from prometheus_client import CollectorRegistry
 
 from otelprof.converter import convert
-from otelprof.converter.reference import ids
 from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import Exporter
 from otelprof.export.http import send
 from otelprof.export.result import ExportResult
+from otelprof.otlp import ids
 from otelprof.resource import options_from_env
 
 from .mlflow_server import MlflowServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from otelprof.converter import native_available
-from otelprof.converter.reference import schema
+from otelprof.otlp import schema
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="otelprof._native is not built")
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from export.receivers import HttpReceiver, free_port, http_receiver, wait_until
 
-from otelprof.converter.reference import ids
+from otelprof.otlp import ids
 from stack import tools
 
 pytest.importorskip("torch")

@@ -1,4 +1,4 @@
-// Spans -> ExportTraceServiceRequest protobuf bytes, split by size (mirrors reference/encoder.py,
+// Spans -> ExportTraceServiceRequest protobuf bytes, split by size (mirrors otelprof/otlp/encoder.py,
 // and serializes exactly as the official protobuf runtime does for these messages).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Deterministic trace and span ids: FNV-1a 64 + SplitMix64 finisher (mirrors reference/ids.py).
+// Deterministic trace and span ids: FNV-1a 64 + SplitMix64 finisher (mirrors otelprof/otlp/ids.py).
 #pragma once
 
 #include <cstdint>
@@ -43,7 +43,7 @@ inline TraceId make_trace_id(std::string_view key) {
 }
 
 // 16 hex digits naming a window by its content: a fold of every complete event's (start, end)
-// in file order, and the count of all events (mirrors reference/ids.py window_id).
+// in file order, and the count of all events (mirrors otelprof/otlp/ids.py window_id).
 class WindowFold {
   public:
     void add(int64_t start, int64_t end) {

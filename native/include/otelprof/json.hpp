@@ -1,5 +1,5 @@
-// Minimal, strict JSON DOM for Kineto traces: numbers keep their source text (timestamps
-// convert to integer nanoseconds exactly), strings point into the input when unescaped.
+// Minimal, strict JSON DOM: numbers keep their source text (so a reader can convert them
+// exactly), strings point into the input when unescaped. Knows nothing of Kineto (trace.hpp).
 // Semantics mirror Python's json module (duplicate keys: last value wins).
 #pragma once
 
@@ -88,13 +88,15 @@ static_assert(sizeof(JNode) == 24, "a large trace has millions of nodes");
 
 class Document;
 
-// Takes the elements of the root object's "traceEvents" array as they are parsed, so that the
-// document need not keep them: most of a trace's nodes are event members read only once.
+// Takes the elements of one array member of the root object (array_key(); a trace's events) as
+// they are parsed, so that the document need not keep them: most nodes are read only once.
 class ElementSink {
   public:
     virtual ~ElementSink() = default;
-    // A "traceEvents" array of the root object starts at node `array` (a duplicate key starts
-    // another). The document keeps the array node, without elements.
+    // The root object's member whose array is streamed here.
+    virtual std::string_view array_key() const = 0;
+    // That array starts at node `array` (a duplicate key starts another). The document keeps
+    // the array node, without elements.
     virtual void begin(uint32_t array) = 0;
     // The array's next element, just parsed at node `at`. The document then drops the element's
     // nodes, except the subtree of the member returned (kNoNode: none), which moves to index `at`.
@@ -161,9 +163,6 @@ inline bool as_int64(const JNode* n, int64_t& out) {
 }
 // Finite double of a number node, or false (mirrors `as_double`).
 bool as_double(const JNode* n, double& out);
-// Exact round_half_away(value * 1000) of a JSON number of microseconds (mirrors `micros_to_ns`).
-// `where` is called only to build an error message.
-int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal);
 const char* type_name(const JNode* n);
 
 }  // namespace otelprof

@@ -1,4 +1,4 @@
-// Kineto categories and argument keys, mapped once (mirrors reference/schema.py).
+// Kineto categories and argument keys, mapped once (mirrors otelprof/otlp/schema.py).
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "otelprof/hugepages.hpp"
+#include "otelprof/resource.hpp"
 
 namespace otelprof {
 
@@ -134,9 +135,7 @@ struct Options {
     int64_t split_world_size = 4;
     int64_t max_request_bytes = 3 * 1024 * 1024;
     int64_t attribute_value_length_limit = 8192;  // characters of a string attribute; -1 = none
-    int64_t resource_value_limit = 3 * 1024 * 1024 / 64;  // characters of a computed resource value
-    std::vector<std::pair<std::string, std::string>> resource_attributes;
-    std::optional<std::string> host_name;
+    ResourceComposer compose_resource;  // required: the trace's resource (resource.hpp)
     bool group_by_input_shapes = false;
     std::string scope_version;
     std::vector<LiveStep> live_steps;

@@ -79,6 +79,10 @@ struct Trace {
 
 // Reads the events of a trace, as a Document's sink while it is parsed (convert_trace), or from
 // a whole Document (read). Either way the result refers to the document, which must outlive it.
+// Exact round_half_away(value * 1000) of a JSON number of Kineto microseconds (mirrors
+// reference/jsonload.py micros_to_ns); errors name traceEvents[ordinal].field.
+int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal);
+
 class TraceReader : public ElementSink {
   public:
     // `json_size`: the size of the JSON to be parsed with this reader as its sink, to size the
@@ -91,6 +95,8 @@ class TraceReader : public ElementSink {
     // rejects an event, or events cannot be read without the whole document, `json` is parsed
     // again (without a sink) into `doc`. Throws TraceError.
     Trace finish(std::unique_ptr<Document>& doc, std::string_view json);
+
+    std::string_view array_key() const override { return "traceEvents"; }
 
     void begin(uint32_t array) override;
     uint32_t element(const Document& doc, uint32_t at) override;

@@ -14,7 +14,6 @@ the fallback.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import threading
@@ -22,21 +21,19 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from ..._native_module import native as _native_typed
 from ..._version import __version__
-from ...converter.reference import encoder as reference
-from ...converter.reference import ids
-from ...converter.reference.builder import Attrs, Span, millis
-from ...converter.reference.ids import TraceIds
 from ...export.exporter import Exporter
+from ...otlp import encoder as reference
+from ...otlp import ids
+from ...otlp.ids import TraceIds
+from ...otlp.spans import Attrs, Span, millis
 from ..distributed.identity import Identity
 from ..steps.tracker import Step
 
 _log = logging.getLogger(__name__)
 
-try:
-    _native: Any = importlib.import_module("otelprof._native")
-except ImportError:  # pragma: no cover - a broken build; the Python encoder takes over
-    _native = None
+_native: Any = _native_typed  # Any until _native.pyi covers the live side (StepSink, attach)
 
 MAX_PENDING = 10_000  # steps waiting for the encoder; beyond that they are dropped (counted)
 BATCH_STEPS = 512

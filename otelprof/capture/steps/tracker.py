@@ -57,12 +57,13 @@ at a forward, ``grad_enabled()``.
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..._native_module import native as _native_typed
 
 PHASES = ("data", "forward", "backward", "optimizer")
 #: Phase intervals kept per step (gradient accumulation and closures make several); later ones
@@ -594,10 +595,7 @@ class StepTracker(TrackerHooks):
         self._on_step(step)
 
 
-try:
-    _native: Any = importlib.import_module("otelprof._native")
-except ImportError:  # pragma: no cover - a broken build; the Python tracker takes over
-    _native = None
+_native: Any = _native_typed  # Any until _native.pyi covers the live side (StepSink, attach)
 
 
 class NativeStepTracker(TrackerHooks):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from ...converter.reference.builder import Attrs
+from ...otlp.spans import Attrs
 
 #: Bytes a window request may grow by: ConvertOptions.max_request_bytes is lowered by this much
 #: plus the session resource's size, so rewritten requests stay under the configured limit.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ...otlp.encoder import encode
 from .._options import ConvertOptions
 from .builder import Built, OpRow, build
-from .encoder import encode
 from .reader import read
 
 __all__ = ["OpRow", "convert"]

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions, LiveStep
-from .._text import clean
-from . import ids, tree, volume
-from .jsonload import as_double, as_int64, render
-from .names import device_name, fold_kernel_name, hex_address
-from .reader import Event, Trace
-from .schema import (
+from ...otlp import ids
+from ...otlp._text import clean
+from ...otlp.resource import ResourceFacts
+from ...otlp.schema import (
     ARG_ATTRIBUTES,
     DEVICE_TIME_KINDS,
     DOUBLE,
@@ -27,27 +24,15 @@ from .schema import (
     STRING,
     Kind,
 )
+from ...otlp.spans import Attrs, AttrValue, Span, millis
+from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions, LiveStep
+from . import tree, volume
+from .jsonload import as_double, as_int64, render
+from .names import device_name, fold_kernel_name, hex_address
+from .reader import Event, Trace
 
 _STEP_RE = re.compile(r"ProfilerStep#([0-9]{1,18})\Z")
 _OPTIMIZER_STEP = ("Optimizer.step#", ".step")  # Optimizer.step#<Name>.step, <Name> not empty
-AttrValue = str | int | float | bool
-Attrs = list[tuple[str, AttrValue]]
-
-
-@dataclass
-class Span:
-    order: int
-    trace_id: bytes
-    span_id: bytes
-    parent_id: bytes
-    name: str
-    start: int
-    end: int
-    attrs: Attrs
-    events: list[tuple[int, int, Attrs]] = field(default_factory=list)
-    dropped_events: int = 0
-    links: list[tuple[bytes, bytes, Attrs]] = field(default_factory=list)
-    dropped_links: int = 0
 
 
 @dataclass
@@ -589,10 +574,6 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     return Built(ordered, ops, resource, stats, window)
 
 
-def _cut(text: str, limit: int | None) -> str:
-    return text if limit is None or len(text) <= limit else text[:limit]
-
-
 def _cut_strings(spans: list[Span], limit: int | None) -> int:
     """Cut span names and string attribute values longer than their limits (OpenTelemetry's
     attribute value length limit, in characters); returns how many were cut."""
@@ -608,13 +589,6 @@ def _cut_strings(spans: list[Span], limit: int | None) -> int:
                 sp.attrs[k] = (key, value[:limit])
                 cut += 1
     return cut
-
-
-def millis(ns: int) -> str:
-    """Nanoseconds as milliseconds with three decimals by integer arithmetic, truncated, as the
-    native core writes them (spans.hpp append_millis)."""
-    ns = max(0, ns)
-    return f"{ns // 1_000_000}.{ns % 1_000_000 // 1000:03d}"
 
 
 def step_list_attrs(step: int, duration_ns: int) -> Attrs:
@@ -735,42 +709,17 @@ def _aggregate_ops(
     return list(rows.values())
 
 
-def resource_attributes(user: Attrs, scope_version: str | None, computed: Attrs) -> Attrs:
-    """A resource: the user's attributes (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``),
-    ``service.name`` defaulting to ``unknown_service``, then otelprof's SDK attributes and
-    ``computed``, each unless the user set that key."""
-    attrs: Attrs = [(clean(k), clean(v) if isinstance(v, str) else v) for k, v in user]
-    keys = {k for k, _ in attrs}
-    if "service.name" not in keys:
-        attrs.insert(0, ("service.name", "unknown_service"))
-        keys.add("service.name")
-    sdk: Attrs = [("telemetry.sdk.name", "otelprof"), ("telemetry.sdk.language", "python")]
-    if scope_version:
-        sdk.append(("telemetry.sdk.version", scope_version))
-    attrs.extend((k, v) for k, v in [*sdk, *computed] if k not in keys)
-    return attrs
-
-
 def _resource(
     trace: Trace, opts: ConvertOptions, run_id: str, rank: int | None, world: int | None
 ) -> tuple[Attrs, int]:
-    """The resource, and how many of the values it computed were cut (the user's
-    ``resource_attributes`` are kept whole, as the OpenTelemetry spec exempts resources)."""
-    computed: Attrs = []
-    host = trace.host_name or (clean(opts.host_name) if opts.host_name else None)
-    if host:
-        computed.append(("host.name", host))
-    if rank is not None:
-        computed.append(("pytorch.distributed.rank", rank))
-    if world is not None:
-        computed.append(("pytorch.distributed.world_size", world))
-    if trace.backend:
-        computed.append(("pytorch.distributed.backend", trace.backend))
-    if trace.gpu_models:
-        computed.append(("hw.gpu.model", trace.gpu_models[0]))
-        computed.append(("hw.gpu.count", len(trace.gpu_models)))
-    computed.append(("otelprof.run.id", run_id))
-    limit, user_keys = opts.resource_value_limit, {clean(k) for k, _ in opts.resource_attributes}
-    long = {k for k, v in computed if isinstance(v, str) and len(v) > limit and k not in user_keys}
-    computed = [(k, _cut(v, limit) if k in long else v) for k, v in computed]  # type: ignore[arg-type]
-    return resource_attributes(list(opts.resource_attributes), opts.scope_version, computed), len(long)
+    """The resource (``otelprof.otlp.resource``'s composer, as the native core calls it), and
+    how many of the values it computed were cut."""
+    facts = ResourceFacts(
+        host_name=trace.host_name,
+        rank=rank,
+        world_size=world,
+        backend=trace.backend,
+        gpu_models=trace.gpu_models,
+        run_id=run_id,
+    )
+    return opts.resource(facts)

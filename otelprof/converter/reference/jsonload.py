@@ -10,8 +10,8 @@ import json
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
+from ...otlp._text import clean
 from .._errors import TraceFormatError
-from .._text import clean
 
 _I64_MAX = 2**63 - 1
 

@@ -6,10 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import TraceFormatError
-from .._text import clean
-from .jsonload import RawNumber, as_int64, loads, micros_to_ns, type_name
-from .schema import (
+from ...otlp._text import clean
+from ...otlp.schema import (
     CATEGORY_KIND,
     DEVICE_KINDS,
     FLOW_CATEGORIES_CORRELATION,
@@ -17,6 +15,8 @@ from .schema import (
     MEMORY_EVENT_NAME,
     Kind,
 )
+from .._errors import TraceFormatError
+from .jsonload import RawNumber, as_int64, loads, micros_to_ns, type_name
 
 _I64_MAX = 2**63 - 1
 _CANONICAL_INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...otlp.schema import AGGREGATE_KINDS, DEVICE_TIME_KINDS, FILTERED_NAMES, Kind
 from .jsonload import as_int64
 from .reader import Event, Flow, Instant
-from .schema import AGGREGATE_KINDS, DEVICE_TIME_KINDS, FILTERED_NAMES, Kind
 
 #: (time, 0 for an event / 1 for a probe, -end, ordinal, index or -1-probe)
 Item = tuple[int, int, int, int, int]

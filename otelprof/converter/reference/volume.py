@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from ...otlp.schema import DEVICE_TIME_KINDS, Kind
 from .reader import Event
-from .schema import DEVICE_TIME_KINDS, Kind
 
 #: Why an event is not a span, beyond its kind (python functions) or length (short).
 HIDDEN_SHORT, HIDDEN_PYTHON, HIDDEN_BUDGET, HIDDEN_STEP_COPY, HIDDEN_WINDOW_ROOT = 1, 2, 3, 4, 5

@@ -1,4 +1,4 @@
-"""Deterministic trace and span ids (mirrors native/src/ids.cpp).
+"""Deterministic trace and span ids (mirrors native/include/otelprof/ids.hpp).
 
 FNV-1a 64 over a key, finished with the SplitMix64 mixer: cheap, stable across
 platforms and languages, and well spread for backends that shard by trace id.

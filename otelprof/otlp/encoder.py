@@ -1,5 +1,6 @@
 """Spans -> ``ExportTraceServiceRequest`` bytes through the official opentelemetry-proto
-classes, split so no request exceeds ``max_request_bytes`` (the oracle for the native encoder).
+classes, split so no request exceeds ``max_request_bytes`` (the oracle for the native encoder,
+``native/src/encoder.cpp``, and for the live step encoders).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from .._text import clean
-from .builder import Attrs, Span
+from ._text import clean
+from .spans import Attrs, Span
 
 SCOPE_NAME = "otelprof"
 
@@ -26,11 +27,13 @@ def _value(value: object) -> AnyValue:
     return AnyValue(string_value=clean(str(value)))
 
 
-def _attrs(attrs: Attrs) -> list[KeyValue]:
+def attributes(attrs: Attrs) -> list[KeyValue]:
+    """``KeyValue`` messages of attributes, in order (strings cleaned of lone surrogates)."""
     return [KeyValue(key=k, value=_value(v)) for k, v in attrs]
 
 
-def _span(sp: Span) -> PbSpan:
+def span_message(sp: Span) -> PbSpan:
+    """The ``Span`` message of one span (its memory events named ``pytorch.memory``)."""
     out = PbSpan(
         trace_id=sp.trace_id,
         span_id=sp.span_id,
@@ -39,14 +42,14 @@ def _span(sp: Span) -> PbSpan:
         kind=PbSpan.SPAN_KIND_INTERNAL,
         start_time_unix_nano=sp.start,
         end_time_unix_nano=sp.end,
-        attributes=_attrs(sp.attrs),
+        attributes=attributes(sp.attrs),
         dropped_events_count=sp.dropped_events,
         dropped_links_count=sp.dropped_links,
     )
     for ts, _ordinal, attrs in sp.events:
-        out.events.add(time_unix_nano=ts, name="pytorch.memory", attributes=_attrs(attrs))
+        out.events.add(time_unix_nano=ts, name="pytorch.memory", attributes=attributes(attrs))
     for trace_id, span_id, attrs in sp.links:
-        out.links.add(trace_id=trace_id, span_id=span_id, attributes=_attrs(attrs))
+        out.links.add(trace_id=trace_id, span_id=span_id, attributes=attributes(attrs))
     return out
 
 
@@ -58,22 +61,24 @@ def _varint_len(n: int) -> int:
     return size
 
 
-def _field_len(n: int) -> int:
+def field_len(n: int) -> int:
     """Bytes taken by a length-delimited field (1-byte tag) holding ``n`` bytes."""
     return 1 + _varint_len(n) + n
 
 
 def encode(spans: list[Span], resource: Attrs, scope_version: str, max_bytes: int) -> list[bytes]:
-    res = Resource(attributes=_attrs(resource))
+    """Requests holding ``spans`` in order under one resource and scope, each at most
+    ``max_bytes`` long unless a single span is larger."""
+    res = Resource(attributes=attributes(resource))
     scope = InstrumentationScope(name=SCOPE_NAME, version=clean(scope_version))
     requests: list[bytes] = []
     batch: list[PbSpan] = []
     body = 0  # bytes of the spans fields inside ScopeSpans
 
     def size_with(extra: int) -> int:
-        scope_spans = _field_len(scope.ByteSize()) + body + extra
-        resource_spans = _field_len(res.ByteSize()) + _field_len(scope_spans)
-        return _field_len(resource_spans)
+        scope_spans = field_len(scope.ByteSize()) + body + extra
+        resource_spans = field_len(res.ByteSize()) + field_len(scope_spans)
+        return field_len(resource_spans)
 
     def flush() -> None:
         request = ExportTraceServiceRequest(
@@ -82,8 +87,8 @@ def encode(spans: list[Span], resource: Attrs, scope_version: str, max_bytes: in
         requests.append(request.SerializeToString(deterministic=True))
 
     for sp in spans:
-        pb = _span(sp)
-        extra = _field_len(pb.ByteSize())
+        pb = span_message(sp)
+        extra = field_len(pb.ByteSize())
         if batch and size_with(extra) > max_bytes:
             flush()
             batch, body = [], 0
@@ -92,3 +97,14 @@ def encode(spans: list[Span], resource: Attrs, scope_version: str, max_bytes: in
     if batch:
         flush()
     return requests
+
+
+__all__ = [
+    "SCOPE_NAME",
+    "InstrumentationScope",
+    "Resource",
+    "attributes",
+    "encode",
+    "field_len",
+    "span_message",
+]
