@@ -139,7 +139,7 @@ class StepTracker:
         step_type: Callable[..., Any],
         first_step: int = 0,
         clock: Callable[[], int] | None = None,
-        on_first_open: Callable[[int], None] | None = None,
+        on_first_open: Callable[[int], object] | None = None,  # returns the step's window mark
         on_error: Callable[[BaseException], None] | None = None,
         grad_enabled: Callable[[], bool] | None = None,
         on_hint: Callable[[int], None] | None = None,

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from ..._native_module import native as _native_typed
+from ..._native_module import native as _native
 from ..._version import __version__
 from ...export.exporter import Exporter
 from ...otlp import encoder as reference
@@ -33,7 +33,6 @@ from ..steps.tracker import Step
 
 _log = logging.getLogger(__name__)
 
-_native: Any = _native_typed  # Any until _native.pyi covers the live side (StepSink, attach)
 
 MAX_PENDING = 10_000  # steps waiting for the encoder; beyond that they are dropped (counted)
 BATCH_STEPS = 512

@@ -63,7 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._native_module import native as _native_typed
+from ..._native_module import native as _native
 
 PHASES = ("data", "forward", "backward", "optimizer")
 #: Phase intervals kept per step (gradient accumulation and closures make several); later ones
@@ -593,9 +593,6 @@ class StepTracker(TrackerHooks):
         # phases still running (a forward that spans the boundary) continue into the next step
         self._delivered = True
         self._on_step(step)
-
-
-_native: Any = _native_typed  # Any until _native.pyi covers the live side (StepSink, attach)
 
 
 class NativeStepTracker(TrackerHooks):
