@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from export.receivers import http_receiver
 
-from otelprof.capture.steps import tracker as steps_module
+from otelprof._native_module import native
 from otelprof.capture.steps.hooks import TorchHooks
 from otelprof.capture.steps.tracker import Step, step_tracker
 
@@ -91,9 +91,7 @@ def test_compiled_loops_compile_the_same_with_otelprof(backend: str, tmp_path: P
 
 KINDS = [
     pytest.param(False, id="python"),
-    pytest.param(
-        True, id="native", marks=pytest.mark.skipif(steps_module._native is None, reason="the native core is not built")
-    ),
+    pytest.param(True, id="native", marks=pytest.mark.skipif(native is None, reason="the native core is not built")),
 ]
 
 

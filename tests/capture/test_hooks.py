@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from otelprof._native_module import native
 from otelprof.capture.steps import hooks as hooks_module
-from otelprof.capture.steps import tracker as steps_module
 from otelprof.capture.steps.hooks import TorchHooks
 from otelprof.capture.steps.tracker import Step, step_tracker
 
@@ -21,9 +21,7 @@ def _global_forward_hooks() -> int:
 
 KINDS = [
     pytest.param(False, id="python"),
-    pytest.param(
-        True, id="native", marks=pytest.mark.skipif(steps_module._native is None, reason="the native core is not built")
-    ),
+    pytest.param(True, id="native", marks=pytest.mark.skipif(native is None, reason="the native core is not built")),
 ]
 
 

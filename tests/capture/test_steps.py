@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otelprof.capture.steps import tracker as steps_module
+from otelprof._native_module import native as native_module
 from otelprof.capture.steps.tracker import HOOKS, PHASES, NativeStepTracker, Step, StepTracker, step_tracker
 
-needs_native = pytest.mark.skipif(steps_module._native is None, reason="the native core is not built")
+needs_native = pytest.mark.skipif(native_module is None, reason="the native core is not built")
 KINDS = [pytest.param(False, id="python"), pytest.param(True, id="native", marks=needs_native)]
 
 
