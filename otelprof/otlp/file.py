@@ -33,7 +33,7 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _decode_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+def decode_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     """(value, position after it); ``ValueError`` when truncated or longer than 10 bytes."""
     value = shift = 0
     for i in range(pos, min(pos + 10, len(data))):
@@ -63,7 +63,7 @@ def iter_delimited(data: bytes | memoryview) -> Iterator[bytes]:
     view = memoryview(data)
     pos = 0
     while pos < len(view):
-        size, start = _decode_varint(view, pos)
+        size, start = decode_varint(view, pos)
         end = start + size
         if end > len(view):
             raise ValueError(f"message at byte {pos} needs {size} bytes, {len(view) - start} left")

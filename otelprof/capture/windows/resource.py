@@ -14,44 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from ...otlp.encoder import attributes
+from ...otlp.file import decode_varint, encode_varint
 from ...otlp.spans import Attrs
 
 #: Bytes a window request may grow by: ConvertOptions.max_request_bytes is lowered by this much
 #: plus the session resource's size, so rewritten requests stay under the configured limit.
 MARGIN = 64
-
-
-def _value(value: object) -> AnyValue:
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    return AnyValue(string_value=str(value))
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _read_varint(data: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        n |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return n, i
-        shift += 7
 
 
 def _fields(data: bytes) -> list[tuple[int, bytes]]:
@@ -62,21 +33,21 @@ def _fields(data: bytes) -> list[tuple[int, bytes]]:
         tag = data[i]
         if tag & 7 != 2:
             raise ValueError(f"unexpected wire type in tag {tag:#x}")
-        n, i = _read_varint(data, i + 1)
+        n, i = decode_varint(data, i + 1)
         out.append((tag, data[i : i + n]))
         i += n
     return out
 
 
 def _field(tag: int, payload: bytes) -> bytes:
-    return bytes((tag,)) + _varint(len(payload)) + payload
+    return bytes((tag,)) + encode_varint(len(payload)) + payload
 
 
 class LiveResource:
     """Rewrites window requests' resource to the session's (``apply``)."""
 
     def __init__(self, resource: Attrs) -> None:
-        self._attrs = [KeyValue(key=k, value=_value(v)) for k, v in resource]
+        self._attrs = attributes(resource)
         self._keys = {k for k, _v in resource}
         self.size = len(Resource(attributes=self._attrs).SerializeToString(deterministic=True))
         self._cache: dict[bytes, bytes] = {}
