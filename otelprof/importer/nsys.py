@@ -268,17 +268,8 @@ def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions) -> Conve
             if gpid is None or t is None:
                 stats["ignored_events"] += 1
                 continue
-            name, category, extra = _device_fields(table, r, strings)
             corr = _int(r["correlationId"])
-            attrs = [("pytorch.event.category", category)]
-            if category == "kernel":
-                name = kernel_span_name(name, attrs)
-            if corr is not None:
-                attrs.append(("pytorch.gpu.correlation_id", corr))
-            for key, col in (("device", "deviceId"), ("stream", "streamId"), ("context", "contextId")):
-                if (v := _int(r[col])) is not None:
-                    attrs.append((f"pytorch.gpu.{key}", v))
-            attrs.extend(extra)
+            name, attrs = device_span(table, r, strings, corr)
             item = _Item(table, int(str(r["rowid"])), name, *t, pid_of(gpid), -1, corr, attrs)
             proc(item.pid).device.append(item)
             stats[stat] += 1
@@ -394,6 +385,29 @@ def kernel_span_name(name: str, attrs: Attrs) -> str:
     if folded != name:
         attrs.append(("pytorch.gpu.kernel_name", name))
     return folded
+
+
+def device_span(
+    table: str,
+    r: dict[str, object],
+    strings: dict[int, str],
+    corr: int | None,
+    demangle: Callable[[str], str] | None = None,
+) -> tuple[str, Attrs]:
+    """The span name and attributes of a device activity row (nsys's columns; nvprof's rows are
+    renamed to them first): category, folded kernel name, correlation id, device, stream, context
+    and the table's own fields."""
+    name, category, extra = _device_fields(table, r, strings)
+    attrs: Attrs = [("pytorch.event.category", category)]
+    if category == "kernel":
+        name = kernel_span_name(demangle(name) if demangle else name, attrs)
+    if corr is not None:
+        attrs.append(("pytorch.gpu.correlation_id", corr))
+    for key, col in (("device", "deviceId"), ("stream", "streamId"), ("context", "contextId")):
+        if (v := _int(r[col])) is not None:
+            attrs.append((f"pytorch.gpu.{key}", v))
+    attrs.extend(extra)
+    return name, attrs
 
 
 def _device_fields(table: str, r: dict[str, object], strings: dict[int, str]) -> tuple[str, str, Attrs]:

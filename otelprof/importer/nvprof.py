@@ -25,12 +25,11 @@ from ..otlp.spans import Attrs
 from .nsys import (
     STAT_KEYS,
     _Db,
-    _device_fields,
     _Item,
     _Process,
     _resource,
     build_requests,
-    kernel_span_name,
+    device_span,
     nvtx_item,
 )
 
@@ -188,16 +187,7 @@ def convert(db: _Db, path: Path, opts: ConvertOptions) -> ConvertResult:
             if t is None or pid is None:
                 stats["ignored_events"] += 1
                 continue
-            name, category, extra = _device_fields(_nsys_table(table), _as_nsys_row(r), strings)
-            attrs = [("pytorch.event.category", category)]
-            if category == "kernel":
-                name = kernel_span_name(demangle(name), attrs)
-            if corr is not None:
-                attrs.append(("pytorch.gpu.correlation_id", corr))
-            for key, col in (("device", "deviceId"), ("stream", "streamId"), ("context", "contextId")):
-                if (v := _int(r[col])) is not None:
-                    attrs.append((f"pytorch.gpu.{key}", v))
-            attrs.extend(extra)
+            name, attrs = device_span(_nsys_table(table), _as_nsys_row(r), strings, corr, demangle)
             proc(pid).device.append(_Item(table, int(str(r["rowid"])), name, *t, pid, -1, corr, attrs))
             stats[stat] += 1
 
