@@ -205,7 +205,7 @@ def _native_cuda_path(events: list[tuple[str, Any]], max_bytes: int, max_pending
 
 
 def _python_cuda_path(events: list[tuple[str, Any]], max_bytes: int, max_pending: int) -> tuple[Any, ...]:
-    """Session._on_step with device timing (DeviceTiming.add, then _record)."""
+    """The Python route: Session._on_step with device timing (DeviceTiming.add, then _record)."""
     now, nested, grad = [T0], [False], [True]
     device = _Device(now)
     encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, native=False, version="1.0")
@@ -237,7 +237,10 @@ def _python_cuda_path(events: list[tuple[str, Any]], max_bytes: int, max_pending
             boundaries.append((step.number, ctx.ordinal, parent and parent[0], phases))
         timing.add(step, ctx)
 
-    tracker: Any = step_tracker(on_step, clock=timing.clock, native=False, grad_enabled=lambda: grad[0])
+    # the native tracker handing Python Steps over, as the session did before the sink held
+    # them: the same clock reads, so the same events (the Python tracker reads the clock at
+    # other moments, and with CUDA toggled a timestamp may have an event on one side only)
+    tracker: Any = step_tracker(on_step, clock=timing.clock, native=True, grad_enabled=lambda: grad[0])
     metrics.count_eval(lambda: tracker.eval_forwards)
     _drive(tracker, events, now, nested, grad, device)
     timing.drain(wait=True)
