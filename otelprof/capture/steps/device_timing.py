@@ -151,14 +151,15 @@ class DeviceTiming:
         step_end = at(end_ns)
         assert step_end is not None
         intervals = []
-        last_ns, last_at = end_ns, step_end  # a phase mostly starts where the previous one ended
+        # a phase mostly starts where the previous one ended: its device time is known
+        last_ns, last_at = end_ns, step_end
         for s, e in phases:
             ds = last_at if s == last_ns else at(s)
             de = at(e)
-            last_ns, last_at = e, de
             if ds is None or de is None:  # a phase that began before CUDA was initialised
                 self._fallback(number, "a phase has no CUDA event")
                 return None
+            last_ns, last_at = e, de
             intervals.append((ds, max(ds, de)))
         return max(step_end, anchor), intervals
 
