@@ -3,9 +3,10 @@
     python benchmarks/step_route.py [--rounds N] [--steps N]
 
 - ``native``: the default CPU-timed step (the native tracker folding the step into its sink);
-- ``cuda``: the route CUDA-timed steps take, forced on the CPU: the session's device timing
-  runs over stand-in events (recorded at the tracker's timestamps, always complete, durations
-  from the CPU clock), so everything but the CUDA calls themselves is paid;
+- ``cuda``: the route CUDA-timed steps take (held in the native sink until their events
+  complete), forced on the CPU: the session's device timing runs over stand-in events
+  (recorded at the tracker's timestamps, always complete, durations from the CPU clock), so
+  everything but the CUDA calls themselves is paid;
 - ``otlp``: ``OTEL_METRICS_EXPORTER=prometheus,otlp`` (histograms recorded per step through
   the SDK; the export interval is long, so no export runs inside the measurement).
 

@@ -129,6 +129,19 @@ class StepSink:
     def clear_queue(self) -> None: ...
     def last(self) -> LastStep | None: ...
     def folded(self) -> FoldedStep | None: ...
+    def hold(self, max_held: int) -> None:
+        """Device-timed steps: each closed step is held until release() (past max_held, the
+        oldest is released with its CPU times)."""
+    def held(self) -> tuple[int, int, int, list[tuple[int, int]], int] | None:
+        """The oldest held step: (number, start ns, end ns, [(start ns, end ns)] of its phases,
+        dropped phases), CPU times."""
+    def release(self, end: int | None = None, phases: list[tuple[int, int]] | None = None) -> tuple[bool, bool]:
+        """Folds and queues the oldest held step with its device times (end None: its CPU
+        times); returns (training step, wake the encoder)."""
+    @property
+    def held_count(self) -> int: ...
+    @property
+    def held_overflows(self) -> int: ...
 
 class StepTracker:
     """The step rules of capture/steps/tracker.py (its NativeStepTracker wraps it)."""
@@ -173,5 +186,6 @@ class StepTracker:
         parent: Callable[[], tuple[bytes, bytes] | None] | None = None,
         context_var: Any = None,
         notify: Callable[[], None] | None = None,
+        on_held: Callable[[], None] | None = None,
     ) -> None:
         """Closed steps go to ``sink`` (capture/steps/tracker.py's NativeStepTracker.attach)."""

@@ -129,6 +129,34 @@ py::object PyStepSink::last() const {
     return named(last_type, {py::int_(r->number), py::int_(r->ordinal), trace_bytes(r->trace_id), std::move(phases)});
 }
 
+py::object PyStepSink::held() const {
+    const otelprof::HeldStep* h = sink.held();
+    if (h == nullptr) return py::none();
+    py::list phases;
+    for (const otelprof::PhaseSpan& p : h->step.phases) phases.append(py::make_tuple(p.start, p.end));
+    return py::make_tuple(h->step.number, h->step.start, h->step.end, std::move(phases), h->step.dropped_phases);
+}
+
+py::tuple PyStepSink::release(const py::object& end, const py::object& phases) {
+    otelprof::StepAdded added;
+    if (end.is_none()) {
+        added = sink.release(nullptr);
+    } else {
+        otelprof::DeviceTimes device;
+        device.end = end.cast<int64_t>();
+        for (const py::handle p : phases) {
+            const auto pair = p.cast<py::tuple>();
+            device.phases.emplace_back(pair[0].cast<int64_t>(), pair[1].cast<int64_t>());
+        }
+        try {
+            added = sink.release(&device);
+        } catch (const std::invalid_argument& e) {
+            throw py::value_error(e.what());
+        }
+    }
+    return py::make_tuple(added.boundary, added.wake);
+}
+
 py::object PyStepSink::folded() const {
     const otelprof::StepFolded f = sink.folded();
     if (f.number < 0) return py::none();
@@ -162,5 +190,17 @@ void bind_step_sink(py::module_& m) {
         .def_property_readonly("spans_dropped", [](const PyStepSink& s) { return s.sink.metrics().spans_dropped; })
         .def("clear_queue", [](PyStepSink& s) { s.sink.clear_queue(); })
         .def("last", &PyStepSink::last, "The step queued last (a LastStep), or None.")
-        .def("folded", &PyStepSink::folded, "The training step folded last (a FoldedStep), or None.");
+        .def("folded", &PyStepSink::folded, "The training step folded last (a FoldedStep), or None.")
+        .def(
+            "hold", [](PyStepSink& s, size_t max_held) { s.sink.hold(max_held); }, py::arg("max_held"),
+            "Device-timed steps: hold each closed step until release() (past max_held, the oldest is "
+            "released with its CPU times).")
+        .def("held", &PyStepSink::held,
+             "The oldest held step as (number, start ns, end ns, [(start ns, end ns)] of its phases, "
+             "dropped phases), CPU times; or None.")
+        .def("release", &PyStepSink::release, py::arg("end") = py::none(), py::arg("phases") = py::none(),
+             "Folds and queues the oldest held step, with its device times (end ns, [(start ns, end ns)] per "
+             "phase) or, end None, its CPU times; returns (training step, wake the encoder).")
+        .def_property_readonly("held_count", [](const PyStepSink& s) { return s.sink.held_count(); })
+        .def_property_readonly("held_overflows", [](const PyStepSink& s) { return s.sink.held_overflows(); });
 }

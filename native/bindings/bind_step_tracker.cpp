@@ -170,9 +170,10 @@ class LiveTracker {
     // Closed steps go to `sink` from now on (CPU-timed steps): no Python Step per step; the
     // application's current span is looked up through `context_var` (OpenTelemetry's context
     // variable: an empty context, the usual case, costs no Python call) and `parent()`;
-    // `on_boundary(number, seconds)` runs per step when given; `notify()` when a batch is queued.
+    // `on_boundary(number, seconds)` runs per step when given; `notify()` when a batch is queued;
+    // `on_held()` after a step the sink holds for its device times (StepSink::hold), last.
     void attach(std::shared_ptr<PyStepSink> sink, py::object on_boundary, py::object parent, py::object context_var,
-                py::object notify) {
+                py::object notify, py::object on_held) {
         if (!context_var.is_none() && !PyContextVar_CheckExact(context_var.ptr()))
             throw py::type_error("context_var must be a contextvars.ContextVar or None");
         sink_ = std::move(sink);
@@ -180,6 +181,7 @@ class LiveTracker {
         parent_ = std::move(parent);
         context_var_ = std::move(context_var);
         notify_ = std::move(notify);
+        on_held_ = std::move(on_held);
     }
 
     // After the session: the callbacks go (they refer back to the session, through objects
@@ -187,7 +189,7 @@ class LiveTracker {
     void release() {
         failed_ = true;
         on_step_ = on_first_open_ = on_error_ = clock_ = grad_enabled_ = on_hint_ = py::none();
-        on_boundary_ = parent_ = context_var_ = notify_ = py::none();
+        on_boundary_ = parent_ = context_var_ = notify_ = on_held_ = py::none();
         sink_.reset();
     }
 
@@ -273,12 +275,15 @@ class LiveTracker {
             if (r == nullptr) return false;
             Py_DECREF(r);
         }
-        if (!added.boundary) return true;
-        if (!on_boundary_.is_none()) {
+        if (added.boundary && !on_boundary_.is_none()) {
             PyObject* r = PyObject_CallFunction(on_boundary_.ptr(), "Ld", static_cast<long long>(s.number),
                                                 static_cast<double>(s.end - s.start) / 1e9);
+            if (r == nullptr || !set_window(r)) return false;
+        }
+        if (added.held && !on_held_.is_none()) {
+            PyObject* r = PyObject_CallNoArgs(on_held_.ptr());
             if (r == nullptr) return false;
-            return set_window(r);
+            Py_DECREF(r);
         }
         return true;
     }
@@ -401,6 +406,7 @@ class LiveTracker {
     std::vector<std::string> name_utf8_;  // the same, as spans carry them
     bool failed_ = false;
     std::shared_ptr<PyStepSink> sink_;
+    py::object on_held_ = py::none();
     py::object on_boundary_, parent_, context_var_, notify_;
     std::vector<py::object> modules_{py::none()};  // forward phases' module names; slot 0: none
     std::vector<std::string> module_utf8_{std::string()};
@@ -513,7 +519,8 @@ void bind_step_tracker(py::module_& m) {
         .def("fail", &LiveTracker::fail_with)
         .def("release", &LiveTracker::release)
         .def("attach", &LiveTracker::attach, py::arg("sink"), py::arg("on_boundary") = py::none(),
-             py::arg("parent") = py::none(), py::arg("context_var") = py::none(), py::arg("notify") = py::none())
+             py::arg("parent") = py::none(), py::arg("context_var") = py::none(), py::arg("notify") = py::none(),
+             py::arg("on_held") = py::none())
         .def(
             "hook",
             [](const Holder& self, const std::string& name) {

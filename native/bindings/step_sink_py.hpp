@@ -24,6 +24,10 @@ class PyStepSink {
     pybind11::object last() const;
     // A FoldedStep of the training step folded last, or None.
     pybind11::object folded() const;
+    // The oldest held step (StepSink::held) as a tuple, or None.
+    pybind11::object held() const;
+    // StepSink::release: (training step, wake the encoder).
+    pybind11::tuple release(const pybind11::object& end, const pybind11::object& phases);
 
     otelprof::StepSink sink;
 };

@@ -150,27 +150,49 @@ class Session:
         return self._window
 
     def _native_steps(self) -> None:
-        """CPU-timed steps stay in the native core from the tracker to the metrics and the span
-        queue (no Python object per step); the OTLP metrics record each from the sink's reading
-        at the boundary. CUDA-timed steps (read back later) take the Python path, ``_on_step``."""
+        """Steps stay in the native core from the tracker to the metrics and the span queue (no
+        Python object per step); the OTLP metrics record each from the sink's reading. A
+        CUDA-timed step is held in the sink (its span ids and window mark taken) until its
+        events complete, then released with the device's times (``_on_held``); the Python path,
+        ``_on_step``, is the fallback without the native core."""
         assert self.metrics is not None and self.spans is not None
         attach = getattr(self.tracker, "attach", None)
-        if attach is None or self.timing is not None or not self.spans.native_queue:
+        if attach is None or not self.spans.native_queue:
             return
         sink = self._sink = native_sink()
+        if self.timing is not None:
+            sink.hold(self.timing.max_pending + 1)  # drain_sink() releases past max_pending
         self.metrics.read_from(sink, self.spans.encoder.trace_ids)
         self.spans.use_sink(sink)
-        attach(sink, self._on_boundary, current_parent, otel_context_var(), self.spans.wake)
+        on_held = self._on_held if self.timing is not None else None
+        attach(sink, self._on_boundary, current_parent, otel_context_var(), self.spans.wake, on_held)
 
     def _on_boundary(self, number: int, seconds: float) -> str | None:
         """What a native step still does in Python (training thread; errors stop the tracker).
         Returns the next step's profiling-window mark (the tracker puts it on its span)."""
         window = self._boundary(seconds, lambda: self._live_native(number), number)
-        if self.straggler is not None:
-            self.straggler.observe(seconds)
-        if self.otlp_metrics is not None:
-            self._otlp_native()
+        if self.timing is None:  # a CUDA-timed step: when the sink releases it
+            if self.straggler is not None:
+                self.straggler.observe(seconds)
+            if self.otlp_metrics is not None:
+                self._otlp_native()
         return window
+
+    def _on_held(self) -> None:
+        """The sink holds a CUDA-timed step: release those the device has run (training thread;
+        errors stop the tracker)."""
+        assert self.timing is not None
+        self.timing.drain_sink(self._sink, self._released)
+
+    def _released(self, training: bool, wake: bool) -> None:
+        """The sink folded and queued a CUDA-timed step with the device's times."""
+        if wake and self.spans is not None:
+            self.spans.wake()
+        if training:
+            if self.straggler is not None:
+                self.straggler.observe(self._sink.folded().seconds)
+            if self.otlp_metrics is not None:
+                self._otlp_native()
 
     def _otlp_native(self) -> None:
         """The OTLP metrics of the step the native sink just folded."""
@@ -278,7 +300,10 @@ class Session:
         self.tracker.close()
         if self.timing is not None and not self._failed:
             try:
-                self.timing.drain(wait=True)
+                if self._sink is not None:
+                    self.timing.drain_sink(self._sink, self._released, wait=True)
+                else:
+                    self.timing.drain(wait=True)
             except Exception:
                 _log.warning("otelprof: reading the last steps' CUDA events failed", exc_info=True)
         if self.windows is not None:

@@ -233,3 +233,52 @@ def test_step_span_requests_stay_under_the_configured_size(tmp_path: Path) -> No
     assert len(requests) > 1 and max(len(data) for data in requests) <= 2048
     steps = [s for data in requests for s in _decode(data) if s.name == "train.step"]
     assert len(steps) == STEPS
+
+
+class _StandInEvent:
+    """A CUDA event stand-in on a device that spends 1 ms between consecutive records and has
+    run everything recorded (query() is True): steps get device durations in whole ms."""
+
+    recorded = 0
+
+    def __init__(self) -> None:
+        self.at = 0
+
+    def record(self) -> None:
+        _StandInEvent.recorded += 1
+        self.at = _StandInEvent.recorded * 1_000_000
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: _StandInEvent) -> float:
+        return (end.at - self.at) / 1e6
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_cuda_timed_steps_take_the_native_sink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With device timing the session holds each step in the native step sink until its events
+    complete and releases it with the device's times: spans carry the device durations."""
+    from prometheus_client import CollectorRegistry
+
+    from otelprof.capture import session as session_module
+    from otelprof.capture.steps.device_timing import DeviceTiming
+    from otelprof.export.spool import Spool
+
+    pytest.importorskip("otelprof._native")
+    monkeypatch.setattr(session_module, "cuda_timing", lambda emit: DeviceTiming(emit, _StandInEvent, lambda: True))
+    spool = tmp_path / "spool"
+    environ = {"OTELPROF_SPOOL_DIR": str(spool), "OTEL_EXPORTER_PROMETHEUS_PORT": "0", "OTELPROF_PROFILE": "false"}
+    registry = CollectorRegistry()
+    session = otelprof.instrument(environ=environ, registry=registry)
+    assert session is not None and session.timing is not None
+    _train()
+    sink = session._sink
+    assert sink is not None and sink.held_count == 0  # every event complete: released at once
+    otelprof.uninstrument()
+    assert sink.metrics().steps == STEPS and sink.held_count == 0  # the last one released at close
+    steps = [s for _p, data in Spool(spool) for s in _decode(data) if s.name == "train.step"]
+    assert len(steps) == STEPS
+    assert all((s.end_time_unix_nano - s.start_time_unix_nano) % 1_000_000 == 0 for s in steps)

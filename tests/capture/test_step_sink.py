@@ -1,7 +1,8 @@
 """Native steps end to end: the C++ tracker folding steps into the native StepSink's metrics and
 span queue gives the same exposition (StepMetrics, itself checked against prometheus-client in
 test_step_metrics.py) and the same request bytes (the Python fallback: the reference encoder,
-the official classes) as the Python path fed the same activity."""
+the official classes) as the Python path fed the same activity; CUDA-timed steps too (held in
+the sink until stand-in CUDA events complete, then released with the device's times)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from otelprof.capture.distributed.identity import Identity
 from otelprof.capture.metrics.step_metrics import StepMetrics
 from otelprof.capture.spans.step_spans import StepContext, StepRecordEncoder, native_sink, record
+from otelprof.capture.steps.device_timing import DeviceTiming
 from otelprof.capture.steps.tracker import PHASES, Step, step_tracker
 from otelprof.otlp.spans import Attrs
 
@@ -38,29 +40,41 @@ MODULES = [Model(), CollectorRegistry(), None]
 MARKS = [None, "recorded:schedule", "warmup:early", "after"]
 
 
-def _events() -> Any:
-    """A loop's activity: hook events, batch sizes, clock ticks, scopes, and whether the
-    application's span is current when the next step closes."""
-    return st.lists(
-        st.one_of(
-            st.tuples(st.sampled_from(["begin", "end"]), st.sampled_from(PHASES)),
-            st.tuples(st.just("data_end"), st.tuples(st.none() | st.integers(0, 64), st.none() | st.integers(0, 999))),
-            st.tuples(st.just("tick"), st.integers(0, 3 * 10**9)),
-            st.tuples(st.just("nested"), st.booleans()),
-            st.tuples(st.just("scope"), st.tuples(st.sampled_from(["infer", "x\udcff"]), st.booleans())),
-            st.tuples(st.just("begin_optimizer"), st.integers(0, 1)),
-            st.tuples(st.just("begin_forward"), st.integers(0, 2)),
-            st.tuples(st.just("end_data"), st.none()),
-            st.tuples(st.just("grad"), st.booleans()),
-            st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 99), st.none() | st.integers(0, 9))),
-        ),
-        max_size=150,
+def _event() -> Any:
+    """One event of a loop's activity: a hook event, batch sizes, a clock tick, a scope, or
+    whether the application's span is current when the next step closes."""
+    return st.one_of(
+        st.tuples(st.sampled_from(["begin", "end"]), st.sampled_from(PHASES)),
+        st.tuples(st.just("data_end"), st.tuples(st.none() | st.integers(0, 64), st.none() | st.integers(0, 999))),
+        st.tuples(st.just("tick"), st.integers(0, 3 * 10**9)),
+        st.tuples(st.just("nested"), st.booleans()),
+        st.tuples(st.just("scope"), st.tuples(st.sampled_from(["infer", "x\udcff"]), st.booleans())),
+        st.tuples(st.just("begin_optimizer"), st.integers(0, 1)),
+        st.tuples(st.just("begin_forward"), st.integers(0, 2)),
+        st.tuples(st.just("end_data"), st.none()),
+        st.tuples(st.just("grad"), st.booleans()),
+        st.tuples(st.just("step"), st.tuples(st.none() | st.integers(0, 99), st.none() | st.integers(0, 9))),
     )
 
 
-def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: list[bool], grad: list[bool]) -> None:
+def _events() -> Any:
+    """A loop's activity."""
+    return st.lists(_event(), max_size=150)
+
+
+def _drive(
+    tracker: Any,
+    events: list[tuple[str, Any]],
+    now: list[int],
+    nested: list[bool],
+    grad: list[bool],
+    device: _Device | None = None,
+) -> None:
     for kind, arg in events:
-        if kind == "grad":
+        if kind in ("gpu", "cuda"):  # the device's progress; CUDA initialised or not
+            if device is not None:
+                device.event(kind, arg)
+        elif kind == "grad":
             grad[0] = arg
         elif kind == "begin_optimizer":
             tracker.begin_optimizer(OPTIMIZERS[arg], (), {})
@@ -83,6 +97,203 @@ def _drive(tracker: Any, events: list[tuple[str, Any]], now: list[int], nested: 
             getattr(tracker, f"{kind}_{arg}")(None, ())
     tracker.finish()
     assert not tracker.failed
+
+
+T0 = 1_700_000_000_000_000_000
+
+
+class _Device:
+    """Stand-in CUDA events on a device clock: an event recorded at CPU time ``t`` is reached at
+    device time ``(t - T0) * 3 // 2`` (durations unlike the CPU's) and completes once the
+    device's progress ``done`` has passed it. Deterministic in the timestamps only, so both
+    trackers see the same device whatever their clock reads in between."""
+
+    def __init__(self, now: list[int]) -> None:
+        self.now = now
+        self.done = 0
+        self.active = True
+
+    def event(self, kind: str, arg: Any) -> None:
+        if kind == "gpu":
+            self.done += arg
+        else:
+            self.active = arg
+
+    def timing(self, emit: Any, max_pending: int) -> DeviceTiming:
+        timing = DeviceTiming(emit, lambda: _Event(self), lambda: self.active, lambda: self.now[0])
+        timing.max_pending = max_pending
+        return timing
+
+
+class _Event:
+    def __init__(self, device: _Device) -> None:
+        self.device = device
+        self.at = -1
+
+    def record(self) -> None:
+        self.at = (self.device.now[0] - T0) * 3 // 2
+
+    def query(self) -> bool:
+        return self.at <= self.device.done
+
+    def elapsed_time(self, end: _Event) -> float:
+        assert self.query() and end.query()
+        return (end.at - self.at) / 1e6
+
+    def synchronize(self) -> None:
+        self.device.done = max(self.device.done, self.at)
+
+
+def _cuda_events() -> Any:
+    return st.lists(
+        st.one_of(
+            _event(),
+            st.tuples(st.just("gpu"), st.integers(0, 4 * 10**9)),
+            st.tuples(st.just("cuda"), st.booleans()),
+        ),
+        max_size=200,
+    )
+
+
+def _folded(number: int, seconds: float, phases: Any, *rest: Any) -> tuple[Any, ...]:
+    return (number, seconds, phases, *rest)
+
+
+def _native_cuda_path(events: list[tuple[str, Any]], max_bytes: int, max_pending: int) -> tuple[Any, ...]:
+    """Session._native_steps with device timing: the sink holds each step, on_held releases."""
+    now, nested, grad = [T0], [False], [True]
+    device = _Device(now)
+    timing = device.timing(lambda step, ctx: None, max_pending)
+    tracker: Any = step_tracker(
+        lambda s: None,
+        clock=timing.clock,
+        native=True,
+        grad_enabled=lambda: grad[0],
+        on_first_open=lambda n: "warmup",
+    )
+    sink = native_sink()
+    sink.hold(max_pending + 1)
+    encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, version="1.0")
+    registry = CollectorRegistry()
+    metrics = StepMetrics(IDENTITY, registry)
+    metrics.read_from(sink, encoder.trace_ids)
+    metrics.count_eval(lambda: tracker.eval_forwards)
+    boundaries: list[tuple[Any, ...]] = []
+    folded: list[tuple[Any, ...]] = []
+
+    def on_boundary(number: int, _seconds: float) -> str | None:
+        last = sink.last()  # a profiling window's live step ids (Session._live_native)
+        assert last is not None and last.number == number
+        boundaries.append((number, last.ordinal, last.trace_id, last.phases))
+        return MARKS[number % 4]
+
+    def released(training: bool, _wake: bool) -> None:
+        if training:  # the OTLP metrics and the straggler read the released step
+            f = sink.folded()
+            assert f is not None
+            folded.append(_folded(*f))
+
+    def on_held() -> None:
+        timing.drain_sink(sink, released)
+
+    tracker.attach(sink, on_boundary, lambda: PARENT if nested[0] else None, None, None, on_held)
+    _drive(tracker, events, now, nested, grad, device)
+    timing.drain_sink(sink, released, wait=True)
+    assert sink.held() is None
+    requests = sink.encode(encoder.native, max_bytes)
+    return exposition(registry, True), requests, boundaries, folded, timing.cpu_fallbacks
+
+
+def _python_cuda_path(events: list[tuple[str, Any]], max_bytes: int, max_pending: int) -> tuple[Any, ...]:
+    """The Python route: Session._on_step with device timing (DeviceTiming.add, then _record)."""
+    now, nested, grad = [T0], [False], [True]
+    device = _Device(now)
+    encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, native=False, version="1.0")
+    registry = CollectorRegistry()
+    metrics = StepMetrics(IDENTITY, registry)
+    records = []
+    ordinal = [0]
+    boundaries: list[tuple[Any, ...]] = []
+    folded: list[tuple[Any, ...]] = []
+    mark: list[str | None] = ["warmup"]
+
+    def emit(step: Step, ctx: StepContext) -> None:
+        if not step.evaluation:
+            phases = [(p, step.phase_totals_ns[p] / 1e9) for p in PHASES if p in step.phase_totals_ns]
+            sizes = (step.samples, step.tokens, step.micro_batches)
+            folded.append((step.number, step.duration_s, phases, *sizes, ctx.ordinal, ctx.parent_trace_id))
+        metrics.observe(step, ctx)
+        records.append(record(step, ctx))
+
+    timing = device.timing(emit, max_pending)
+
+    def on_step(step: Step) -> None:
+        parent = PARENT if nested[0] else None
+        ctx = StepContext(ordinal[0], step.number, encoder.trace_ids, parent)
+        ordinal[0] += 1 + len(step.phases)
+        if not step.evaluation:
+            step.window, mark[0] = mark[0], MARKS[step.number % 4]
+            phases = [(start, end) for _name, start, end in step.phases]
+            boundaries.append((step.number, ctx.ordinal, parent and parent[0], phases))
+        timing.add(step, ctx)
+
+    # the native tracker handing Python Steps over, as the session did before the sink held
+    # them: the same clock reads, so the same events (the Python tracker reads the clock at
+    # other moments, and with CUDA toggled a timestamp may have an event on one side only)
+    tracker: Any = step_tracker(on_step, clock=timing.clock, native=True, grad_enabled=lambda: grad[0])
+    metrics.count_eval(lambda: tracker.eval_forwards)
+    _drive(tracker, events, now, nested, grad, device)
+    timing.drain(wait=True)
+    requests = encoder.encode(records, max_bytes) if records else []
+    return exposition(registry, True), requests, boundaries, folded, timing.cpu_fallbacks
+
+
+@settings(max_examples=150, deadline=None)
+@given(_cuda_events(), st.sampled_from([900, 3 * 1024 * 1024]), st.sampled_from([1, 3, 64]))
+def test_cuda_timed_native_steps_equal_the_python_path(
+    events: list[tuple[str, Any]], max_bytes: int, max_pending: int
+) -> None:
+    """The sink holding CUDA-timed steps until their events complete gives what the Python
+    route gives: exposition, request bytes, live span ids at each boundary, OTLP readings, CPU
+    fallbacks (events missing, the device too far behind)."""
+    native_side = _native_cuda_path(events, max_bytes, max_pending)
+    assert native_side == _python_cuda_path(events, max_bytes, max_pending)
+
+
+def test_cuda_timed_steps_wait_for_the_device_in_the_sink() -> None:
+    now = [T0]
+    device = _Device(now)
+    timing = device.timing(lambda step, ctx: None, 64)
+    tracker: Any = step_tracker(lambda s: None, clock=timing.clock, native=True)
+    sink = native_sink()
+    sink.hold(65)
+    tracker.attach(sink, on_held=lambda: timing.drain_sink(sink, lambda training, wake: None))
+    for _ in range(3):
+        now[0] += 1000
+        tracker.begin_forward(None, ())
+        now[0] += 1000
+        tracker.end_forward(None, (), None)
+        tracker.begin_optimizer(None, (), {})
+        now[0] += 1000
+        tracker.end_optimizer(None, (), {})
+    tracker.step()
+    held = sink.held_count
+    assert held >= 3 and sink.metrics().steps == 0 and sink.pending == 0  # the device has run nothing
+    assert sink.last() is not None  # the newest step's span ids, for a profiling window
+    device.done = 10**9
+    timing.drain_sink(sink, lambda training, wake: None)
+    assert sink.held_count == 0 and sink.metrics().steps == held and sink.pending == held
+    device.done = 0
+    now[0] += 1000
+    tracker.begin_forward(None, ())
+    now[0] += 1000
+    tracker.step()
+    assert sink.held_count == 1
+    held_step = sink.held()
+    assert held_step is not None
+    with pytest.raises(ValueError, match="phases"):
+        sink.release(1, [(1, 2)] * (len(held_step[3]) + 1))
+    assert sink.held_count == 1  # nothing released
 
 
 def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:

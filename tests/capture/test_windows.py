@@ -435,3 +435,52 @@ def test_a_profiled_steps_span_and_its_window_spans_share_one_resource(
     assert resources["window"] and all(window == step for window in resources["window"])
     keys = {key for key, _kind, _value in step}
     assert {"process.pid", "pytorch.distributed.local_rank", "telemetry.sdk.version"} <= keys
+
+
+class _StandInEvent:
+    """A CUDA event stand-in: complete once recorded, timed by the CPU clock."""
+
+    def __init__(self) -> None:
+        self.at = 0
+
+    def record(self) -> None:
+        import time
+
+        self.at = time.perf_counter_ns()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: _StandInEvent) -> float:
+        return (end.at - self.at) / 1e6
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_a_cuda_timed_profiled_step_keeps_its_window_under_it(
+    receiver: HttpReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA-timed steps wait in the native sink for their events, but their span ids are taken
+    when they close: the window's ``ProfilerStep#N`` still hangs under the live ``train.step``."""
+    from otelprof.capture import session as session_module
+    from otelprof.capture.steps.device_timing import DeviceTiming
+
+    pytest.importorskip("otelprof._native")
+    monkeypatch.setattr(session_module, "cuda_timing", lambda emit: DeviceTiming(emit, _StandInEvent, lambda: True))
+    schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
+    session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_REPEAT="1")
+    _train(steps=8)
+    assert session.timing is not None and session._sink is not None  # the sink route
+    live_session.stop(session)
+    traces = _by_trace(receiver)
+    assert _profiled_steps(receiver, 8) == [3, 4]
+    for n in (3, 4):
+        spans = traces[_tid(n)]
+        [root] = [s for s in spans if not s.parent_span_id]
+        assert root.name == "train.step"
+        [marker] = [s for s in spans if s.name == f"ProfilerStep#{n}"]
+        assert marker.parent_span_id == root.span_id
+        step_phases = {s.span_id for s in spans if s.parent_span_id == root.span_id and s is not marker}
+        assert len(step_phases) >= 3  # the live phase spans
+        assert any(s.parent_span_id in step_phases for s in spans if s not in (root, marker))

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <utility>
@@ -65,6 +66,19 @@ struct StepAdded {
     bool wake = false;      // the queue has reached batch_steps: time to wake the encoder
     bool boundary = false;  // a training step ended: the session's per-step work runs (an
                             // evaluation span is none), and the next step's mark is set
+    bool held = false;      // the step is held for its device times (hold()): time to release
+};
+
+// A step held for its device times: what it closed with, and its span (ids and mark taken).
+struct HeldStep {
+    TrackedStep step;
+    StepRecord record;
+};
+
+// A held step's device times: its end and its phase intervals, in order (ns).
+struct DeviceTimes {
+    int64_t end = 0;
+    std::vector<std::pair<int64_t, int64_t>> phases;
 };
 
 class StepSink {
@@ -83,18 +97,44 @@ class StepSink {
     // record before it is marked).
     void set_window(std::string window) { window_ = std::move(window); }
 
+    // Device-timed steps (capture/steps/device_timing.py): from now on add() holds each closed
+    // step (its span ids and window mark taken, nothing folded or queued) until release(); past
+    // `max_held` held steps the oldest is released with its CPU times (counted: held_overflows).
+    void hold(size_t max_held) { max_held_ = max_held; }
+    // The oldest held step (its CPU times), or nullptr.
+    const HeldStep* held() const { return held_.empty() ? nullptr : &held_.front(); }
+    size_t held_count() const { return held_.size(); }
+    uint64_t held_overflows() const { return held_overflows_; }
+    // The oldest held step, folded and queued as add() does a CPU-timed one: with `device`, its
+    // end and phase intervals replaced (and, unless it dropped phases, its phase totals summed
+    // from them), else with its CPU times. Throws std::invalid_argument (nothing released) when
+    // `device` has another number of phases. boundary: it was a training step.
+    StepAdded release(const DeviceTimes* device);
+
     // Read under the caller's lock (the GIL): copy it before making Python objects.
     const StepMetricsState& metrics() const { return metrics_; }
     const StepFolded& folded() const { return folded_; }
     std::vector<StepRecord> take();
     size_t pending() const { return queue_.size(); }
     // The step queued last (capture/windows/profiling.py reads a profiled step's span ids right after add).
-    const StepRecord* last() const { return queue_.empty() ? nullptr : &queue_.back(); }
-    // After fork(): the child starts with no queued spans (its parent ships them).
-    void clear_queue() { queue_.clear(); }
+    // Held steps first: the newest step is the last held while any is.
+    const StepRecord* last() const {
+        if (!held_.empty()) return &held_.back().record;
+        return queue_.empty() ? nullptr : &queue_.back();
+    }
+    // After fork(): the child starts with no queued or held spans (its parent ships them).
+    void clear_queue() {
+        queue_.clear();
+        held_.clear();
+    }
 
   private:
-    void fold(const TrackedStep& step, const std::optional<TraceId>& parent_trace);
+    void fold(const TrackedStep& step, const std::optional<TraceId>& parent_trace, uint64_t ordinal);
+    StepRecord make_record(const TrackedStep& step, const std::string& name, uint64_t ordinal,
+                           const std::optional<TraceId>& parent_trace, const std::optional<SpanId>& parent_span,
+                           std::string window, const std::vector<std::string>* modules) const;
+    // Queues a record (dropped and counted when max_pending wait); wake: a batch is due.
+    bool enqueue(StepRecord&& r);
 
     size_t max_pending_, batch_steps_;
     uint64_t ordinal_ = 0;  // span id ordinals: a step's span, then one per phase interval
@@ -102,6 +142,9 @@ class StepSink {
     StepFolded folded_;
     std::vector<StepRecord> queue_;
     std::string window_;
+    size_t max_held_ = 0;  // 0: CPU-timed, nothing held
+    uint64_t held_overflows_ = 0;
+    std::deque<HeldStep> held_;
 };
 
 }  // namespace otelprof

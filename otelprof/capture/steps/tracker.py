@@ -650,14 +650,16 @@ class NativeStepTracker(TrackerHooks):
         parent: Callable[[], tuple[bytes, bytes] | None] | None = None,
         context_var: Any = None,
         notify: Callable[[], None] | None = None,
+        on_held: Callable[[], None] | None = None,
     ) -> None:
         """Closed steps go to ``sink`` (``_native.StepSink``: metrics folded, spans queued, in
         C++) instead of ``on_step``; ``parent()`` gives the application's current span (looked
         up only when ``context_var``, OpenTelemetry's context variable, is not empty), and
         ``on_boundary(number, seconds)`` runs per step for what Python still does there and
         returns the next step's profiling-window mark (``Step.window``; ``on_first_open``'s
-        return value is the first step's)."""
-        self._native.attach(sink, on_boundary, parent, context_var, notify)
+        return value is the first step's); ``on_held()`` runs after each step a device-timed sink
+        holds (``sink.hold()``), to release those the device has run."""
+        self._native.attach(sink, on_boundary, parent, context_var, notify, on_held)
 
 
 def step_tracker(
