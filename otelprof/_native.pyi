@@ -58,10 +58,10 @@ def category_kind(category: str) -> int:
     """The Kind a Kineto category maps to (same numbering as otelprof.otlp.schema.Kind)."""
 
 def fold_kernel_name(name: str) -> str:
-    """A kernel's span name (reference.names.fold_kernel_name), for consistency tests."""
+    """A kernel's span name (otlp.names.fold_kernel_name), for consistency tests."""
 
 def device_name(device_type: int, device_id: int | None) -> str | None:
-    """``cpu``, ``cuda:0``, … (reference.names.device_name), for consistency tests."""
+    """``cpu``, ``cuda:0``, … (otlp.names.device_name), for consistency tests."""
 
 class StepSpanEncoder:
     """Live step records -> ExportTraceServiceRequest bytes (capture/spans/step_spans.py)."""

@@ -1,5 +1,5 @@
 // Glue only: the converter's tables and naming rules, exposed for the consistency tests that
-// compare them with the reference (otelprof/otlp/schema.py, converter/reference/names.py).
+// compare them with the reference (otelprof/otlp/schema.py, otlp/names.py).
 #include <optional>
 #include <string>
 
@@ -43,7 +43,7 @@ void bind_tables(py::module_& m) {
     m.def("schema", &schema, "The category and argument tables, for consistency tests.");
     m.def("category_kind", &category_kind, py::arg("category"));
     m.def("fold_kernel_name", [](const std::string& name) { return otelprof::fold_kernel_name(name); }, py::arg("name"),
-          "A kernel's span name (reference/names.py: fold_kernel_name), for consistency tests.");
+          "A kernel's span name (otlp/names.py: fold_kernel_name), for consistency tests.");
     m.def("device_name", &device_name, py::arg("device_type"), py::arg("device_id"),
-          "cpu, cuda:0, ... (reference/names.py: device_name), for consistency tests.");
+          "cpu, cuda:0, ... (otlp/names.py: device_name), for consistency tests.");
 }

@@ -8,7 +8,7 @@ namespace otelprof {
 
 namespace {
 
-// reference/names.py: LIST_LIMIT, ARG_LIMIT, NAME_LIMIT (characters), ELLIPSIS
+// otlp/names.py: LIST_LIMIT, ARG_LIMIT, NAME_LIMIT (characters), ELLIPSIS
 constexpr size_t kListLimit = 64;
 constexpr size_t kArgLimit = 24;
 constexpr size_t kNameLimit = 128;
@@ -238,7 +238,7 @@ std::string fold_kernel_name(std::string_view name) {
 }
 
 std::string device_name(int64_t device_type, bool has_id, int64_t device_id) {
-    // c10::DeviceType (c10/core/DeviceType.h); reference/names.py: DEVICE_TYPES
+    // c10::DeviceType (c10/core/DeviceType.h); otlp/names.py: DEVICE_TYPES
     static constexpr std::string_view kTypes[] = {
         "cpu", "cuda", "mkldnn", "opengl", "opencl", "ideep", "hip", "fpga", "maia", "xla", "vulkan",
         "metal", "xpu", "mps", "meta", "hpu", "ve", "lazy", "ipu", "mtia", "privateuseone",

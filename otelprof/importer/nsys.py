@@ -25,10 +25,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
-from ..converter.reference.names import fold_kernel_name
 from ..otlp import ids
 from ..otlp._text import clean
 from ..otlp.encoder import encode
+from ..otlp.names import fold_kernel_name
 from ..otlp.resource import ResourceFacts, compose_resource
 from ..otlp.spans import Attrs, Span
 from . import nvtx_markup

@@ -1,4 +1,4 @@
-"""Kernel name folding and device names (reference/names.py; native/src/names.cpp the same).
+"""Kernel name folding and device names (otlp/names.py; native/src/names.cpp the same).
 
 The cases are real kernel names from the shared traces (../shared/traces), with the span name
 each gets. Both engines must give the same text for any input: checked here on random names,
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from otelprof.converter import native_available
-from otelprof.converter.reference.names import NAME_LIMIT, device_name, fold_kernel_name, hex_address
+from otelprof.otlp.names import NAME_LIMIT, device_name, fold_kernel_name, hex_address
 
 REAL = [
     (
@@ -152,7 +152,7 @@ def test_device_types_match_torch() -> None:
     """The table follows c10::DeviceType (the profiler's ``Device Type`` is its number), read
     from the installed torch's header."""
     torch = pytest.importorskip("torch")
-    from otelprof.converter.reference.names import DEVICE_TYPES
+    from otelprof.otlp.names import DEVICE_TYPES
 
     include = Path(torch.__file__).parent / "include"
     headers = [include / "torch/headeronly/core/DeviceType.h", include / "c10/core/DeviceType.h"]

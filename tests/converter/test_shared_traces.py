@@ -37,7 +37,7 @@ from converter_helpers import (
 )
 
 from otelprof.converter import convert
-from otelprof.converter.reference.names import fold_kernel_name
+from otelprof.otlp.names import fold_kernel_name
 from otelprof.otlp.schema import CATEGORY_KIND, Kind
 
 if not KINETO_TRACES:  # pragma: no cover - the shared folder is part of the workspace
@@ -536,7 +536,7 @@ _HASH_SCRIPT = """
 import hashlib, json, sys
 sys.path[:] = json.loads(sys.argv[4])  # import otelprof exactly as the parent did
 from otelprof.converter import convert
-from otelprof.converter.reference.names import fold_kernel_name
+from otelprof.otlp.names import fold_kernel_name
 from otelprof.otlp.schema import CATEGORY_KIND, Kind
 r = convert(sys.argv[1], engine=sys.argv[2], detail=sys.argv[3])
 assert r.engine == sys.argv[2]

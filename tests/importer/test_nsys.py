@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from otelprof.converter import ConvertOptions
-from otelprof.converter.reference.names import fold_kernel_name
 from otelprof.importer.nsys import convert_nsys
+from otelprof.otlp.names import fold_kernel_name
 
 from .helpers import NSYS, Got, decode, shared
 

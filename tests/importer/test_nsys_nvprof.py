@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from otelprof.converter import ConvertOptions
-from otelprof.converter.reference.names import fold_kernel_name
 from otelprof.importer import find_sources
 from otelprof.importer.nsys import convert_nsys
 from otelprof.importer.nvprof import demangle
 from otelprof.importer.nvtx_markup import parse
+from otelprof.otlp.names import fold_kernel_name
 
 from .helpers import Got, decode
 from .make_nvtx_fixture import KERNEL, NVPROF_PID, NVPROF_TID, Call, Op, make_nvprof_fixture

@@ -1,4 +1,4 @@
-// Readable span names (mirrors reference/names.py, which states the rules).
+// Readable span names (mirrors otlp/names.py, which states the rules).
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...otlp import ids
 from ...otlp._text import clean
+from ...otlp.names import device_name, fold_kernel_name, hex_address
 from ...otlp.resource import ResourceFacts
 from ...otlp.schema import (
     ARG_ATTRIBUTES,
@@ -28,7 +29,6 @@ from ...otlp.spans import Attrs, AttrValue, Span, millis
 from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions, LiveStep
 from . import tree, volume
 from .jsonload import as_double, as_int64, render
-from .names import device_name, fold_kernel_name, hex_address
 from .reader import Event, Trace
 
 _STEP_RE = re.compile(r"ProfilerStep#([0-9]{1,18})\Z")
