@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from otelprof import settings
-from otelprof._config import settings_from_env
+from otelprof.capture.config import settings_from_env
 from otelprof.capture.windows.profiling import WindowSettings
 from otelprof.converter import ConvertOptions
 from otelprof.export import exporter_config_from_env

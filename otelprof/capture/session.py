@@ -20,7 +20,6 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from .. import integrations
-from .._config import Settings, settings_from_env
 from .._version import __version__
 from ..converter import LiveStep
 from ..export import exporter_config_from_env
@@ -31,6 +30,7 @@ from ..otlp.spans import Attrs
 from ..resource import options_from_env, resource_attributes_from_env
 from ..settings import value
 from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES
+from .config import Settings, settings_from_env
 from .distributed import ranks as distributed
 from .distributed.identity import Identity, identity_from_env
 from .metrics import otlp_metrics

@@ -115,7 +115,7 @@ def _captured_warnings() -> Iterator[list[str]]:
 
 def check_configuration(environ: Mapping[str, str]) -> list[Check]:
     """Reads the environment as otelprof will: each bad value (and unknown OTELPROF_ name) is a warning."""
-    from .._config import settings_from_env
+    from ..capture.config import settings_from_env
     from ..resource import options_from_env
 
     with _captured_warnings() as warnings:
@@ -201,7 +201,7 @@ def _hint(cfg: ExporterConfig, message: str) -> str:
 
 def check_prometheus(environ: Mapping[str, str], timeout_s: float = 2.0) -> Check:
     """Whether the /metrics endpoint can listen where it is configured to."""
-    from .._config import settings_from_env
+    from ..capture.config import settings_from_env
 
     with _captured_warnings():
         config = settings_from_env(environ)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from otelprof._config import settings_from_env
+from otelprof.capture.config import settings_from_env
 from otelprof.capture.distributed.identity import Identity, identity_from_env
 
 

@@ -8,8 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .capture.windows.profiling import WindowSettings
-from .environment_variables import (
+from ..environment_variables import (
     OTEL_EXPORTER_PROMETHEUS_HOST,
     OTEL_EXPORTER_PROMETHEUS_PORT,
     OTELPROF_ANOMALY_FACTOR,
@@ -28,8 +27,9 @@ from .environment_variables import (
     OTELPROF_TRIGGER_HTTP,
     OTELPROF_TRIGGER_SIGNAL,
 )
-from .export.config import sdk_disabled
-from .settings import text, value
+from ..export.config import sdk_disabled
+from ..settings import text, value
+from .windows.profiling import WindowSettings
 
 PROFILER_OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 
