@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..otlp._text import clean
 from ..otlp.resource import ResourceFacts, compose_resource
 from ..otlp.spans import Attrs
-from ._text import clean
 
 Detail = Literal["full", "default"]
 

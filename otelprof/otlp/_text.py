@@ -1,4 +1,4 @@
-"""Text helpers shared by the options and the reference converter."""
+"""Text helpers shared by the span model, the options and the reference converter."""
 
 
 def clean(text: str) -> str:
