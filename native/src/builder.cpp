@@ -1,9 +1,10 @@
 // The assembly of a trace's spans (reference/builder.py's build): build_spans runs named stages,
-// each a function of a BuildState, in the reference's order and under its names (trace_identity,
+// each a function of a BuildState, in the reference's order and under its names: trace_identity,
 // event_tree, volume_keep, window_iterations, trace_ids_and_roots, aggregate_sibling_runs,
 // apply_budget, window_root_rule, aggregate_spans, hidden_counts, op_self_times,
-// memory_span_events, fwdbwd_links, assemble_spans, order_spans, finish_build). The stages of their
-// own files (tree.cpp, volume.cpp, iterations.cpp, links.cpp, aggregates.cpp) run from them.
+// memory_span_events, fwdbwd_links, assemble_synthetic_roots, assemble_event_spans, order_spans,
+// finish_build. The stages of their own files (tree.cpp, volume.cpp, iterations.cpp, links.cpp,
+// aggregates.cpp) run from them.
 #include "otelprof/builder.hpp"
 
 #include <algorithm>
@@ -273,7 +274,8 @@ struct BuildState {
     std::vector<int64_t> cpu_peak, acc_peak;
     // fwdbwd_links
     SparseLists<SpanLink> links;
-    // assemble_spans
+    // assemble_synthetic_roots, assemble_event_spans
+    int64_t fwdbwd_links = 0;  // fwdbwd links sent
     std::vector<uint32_t> by_order_idx;  // out.spans by ordinal: aggregates merged into kept events
 
     std::string_view keep_str(std::string_view s) { return keep_string(out.strings, s); }
@@ -339,6 +341,29 @@ struct BuildState {
         if (k >= 0 && owner[k] != owner[i]) k = -1;  // a parent in the window, i in an iteration
         int ps = parent_span(k);
         return ps >= 0 ? ps : level_target(owner[i]);
+    }
+    // Attaches the memory events of `slot` to `sp` (by time), and applies the event and link limits.
+    void finish_span(Span& sp, int slot) {
+        const auto event_limit = static_cast<size_t>(opts.event_limit);
+        const auto link_limit = static_cast<size_t>(opts.link_limit);
+        if (auto* found = span_events.find(static_cast<size_t>(slot))) {
+            auto& evs = *found;
+            std::sort(evs.begin(), evs.end(), [](const SpanEvent& a, const SpanEvent& b) {
+                return a.ts != b.ts ? a.ts < b.ts : a.ordinal < b.ordinal;
+            });
+            if (event_limit && evs.size() > event_limit) {
+                sp.dropped_events = static_cast<uint32_t>(evs.size() - event_limit);
+                stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
+                evs.resize(event_limit);
+            }
+            sp.events = std::move(evs);
+        }
+        if (link_limit && sp.links.size() > link_limit) {
+            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
+            stats[LINKS_DROPPED] += sp.dropped_links;
+            sp.links.resize(link_limit);
+        }
+        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
     }
     void add_hidden(Span& sp, int slot) {
         if (const int64_t c = hidden_count[static_cast<size_t>(slot)]) {
@@ -869,20 +894,13 @@ void fwdbwd_links(BuildState& st) {
     }
 }
 
-// The synthetic roots, then every kept event's span: attributes, parent, links, span events, limits.
-void assemble_spans(BuildState& st) {
-    const int n = st.n;
+// The synthetic roots (the window's, the iterations', the detail roots) with their attributes,
+// hidden counts, span events and limits.
+void assemble_synthetic_roots(BuildState& st) {
     const std::vector<Event>& ev = st.ev;
-    const std::vector<char>& keep = st.keep;
-    int64_t* stats = st.stats;
-    const Options& opts = st.opts;
-    const std::vector<Name>& names = st.trace.names;
-    const Document& doc = st.doc;
     const std::vector<int>& steps = st.tree.steps;
     const std::vector<int>& step_index = st.tree.step_index;
     const std::vector<int64_t>& step_num = st.tree.step_num;
-    const std::vector<int>& parent = st.tree.parent;
-    const std::vector<int>& owner = st.tree.owner;
     const bool split = st.split;
     const std::optional<int64_t>& rank = st.rank;
     std::vector<Span>& synthetic = st.synthetic;
@@ -890,7 +908,6 @@ void assemble_spans(BuildState& st) {
     const int it_base = st.it_base;
     const int window_slot = st.window_slot;
     const int window_root = st.window_root;
-    const int window_root_ev = st.window_root_ev;
     const std::vector<int64_t>& it_lo = st.iterations.lo;
     const std::vector<int64_t>& it_hi = st.iterations.hi;
     const char* it_source = st.iterations.source;
@@ -898,45 +915,11 @@ void assemble_spans(BuildState& st) {
     const TraceId& window_trace = st.window_trace;
     const std::vector<TraceId>& detail_trace = st.detail_trace;
     const std::vector<TraceId>& step_trace = st.step_trace;
-    const std::vector<char>& in_a = st.self.in_aggregate;
-    const std::vector<int64_t>& child_dur = st.self.child_dur;
-    const std::vector<int64_t>& self_dev = st.self.self_device;
-    std::vector<int64_t>& cpu_peak = st.cpu_peak;
-    std::vector<int64_t>& acc_peak = st.acc_peak;
-    SparseLists<SpanEvent>& span_events = st.span_events;
-    SparseLists<SpanLink>& links = st.links;
-    BigVector<Span>& by_order = st.out.spans;
-    const size_t n_aggregates = st.n_aggregates;
-    std::vector<uint32_t>& by_order_idx = st.by_order_idx;
-    const auto event_limit = static_cast<size_t>(opts.event_limit);
-    const auto link_limit = static_cast<size_t>(opts.link_limit);
-    int64_t fwdbwd_links = 0;
-    // Attaches the memory events of `slot` to `sp`, and applies the event and link limits.
-    auto finish = [&](Span& sp, int slot) {
-        if (auto* found = span_events.find(static_cast<size_t>(slot))) {
-            auto& evs = *found;
-            std::sort(evs.begin(), evs.end(), [](const SpanEvent& a, const SpanEvent& b) {
-                return a.ts != b.ts ? a.ts < b.ts : a.ordinal < b.ordinal;
-            });
-            if (event_limit && evs.size() > event_limit) {
-                sp.dropped_events = static_cast<uint32_t>(evs.size() - event_limit);
-                stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
-                evs.resize(event_limit);
-            }
-            sp.events = std::move(evs);
-        }
-        if (link_limit && sp.links.size() > link_limit) {
-            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
-            stats[LINKS_DROPPED] += sp.dropped_links;
-            sp.links.resize(link_limit);
-        }
-        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
-    };
     for (Span& sp : synthetic) {  // the window root, when synthetic
         st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
         st.add_hidden(sp, window_slot);
         st.add(sp, kSyntheticKey, AttrValue::boolean(true));
-        finish(sp, window_slot);
+        st.finish_span(sp, window_slot);
     }
     for (int k = 0; k < n_iter; ++k) {
         Span sp;
@@ -951,7 +934,7 @@ void assemble_spans(BuildState& st) {
         st.add_hidden(sp, it_base + k);
         st.add(sp, kSyntheticKey, AttrValue::boolean(true));
         sp.links.push_back(SpanLink{window_trace, st.slot_id(window_root), "window"});
-        finish(sp, it_base + k);
+        st.finish_span(sp, it_base + k);
         synthetic.push_back(std::move(sp));
     }
     if (split) {
@@ -968,10 +951,37 @@ void assemble_spans(BuildState& st) {
             st.add_hidden(sp, st.detail_root(s));
             st.add(sp, kSyntheticKey, AttrValue::boolean(true));
             sp.links.push_back(SpanLink{step_trace[step_index[s]], st.sid(ev[s].ordinal), "step"});
-            finish(sp, st.detail_root(s));
+            st.finish_span(sp, st.detail_root(s));
             synthetic.push_back(std::move(sp));
         }
     }
+}
+
+// Every kept event's span: attributes, parent, links, span events and limits; then their order
+// by ordinal, aggregates merged in.
+void assemble_event_spans(BuildState& st) {
+    const int n = st.n;
+    const std::vector<Event>& ev = st.ev;
+    const std::vector<char>& keep = st.keep;
+    int64_t* stats = st.stats;
+    const std::vector<Name>& names = st.trace.names;
+    const Document& doc = st.doc;
+    const std::vector<int>& step_index = st.tree.step_index;
+    const std::vector<int64_t>& step_num = st.tree.step_num;
+    const std::vector<int>& parent = st.tree.parent;
+    const std::vector<int>& owner = st.tree.owner;
+    const bool split = st.split;
+    const int window_root_ev = st.window_root_ev;
+    const std::vector<TraceId>& detail_trace = st.detail_trace;
+    const std::vector<char>& in_a = st.self.in_aggregate;
+    const std::vector<int64_t>& child_dur = st.self.child_dur;
+    const std::vector<int64_t>& self_dev = st.self.self_device;
+    std::vector<int64_t>& cpu_peak = st.cpu_peak;
+    std::vector<int64_t>& acc_peak = st.acc_peak;
+    SparseLists<SpanLink>& links = st.links;
+    BigVector<Span>& by_order = st.out.spans;
+    const size_t n_aggregates = st.n_aggregates;
+    std::vector<uint32_t>& by_order_idx = st.by_order_idx;
     std::string rendered;
     std::vector<std::string_view> kernel_names(names.size());  // folded kernel names by name id
     const std::vector<int> arg_attribute = key_table(doc, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; });
@@ -1069,7 +1079,7 @@ void assemble_spans(BuildState& st) {
         sp.end = e.end;
         if (auto* found = links.find(static_cast<size_t>(i))) sp.links = std::move(*found);
         if (split && st.is_step(i)) sp.links.push_back(SpanLink{detail_trace[step_index[i]], st.slot_id(st.detail_root(i)), "rank_detail"});
-        finish(sp, i);
+        st.finish_span(sp, i);
         by_order.push_back(std::move(sp));
     }
     // by_order holds the aggregates, then kept events (already in ordinal order): sort indices, not spans
@@ -1081,7 +1091,7 @@ void assemble_spans(BuildState& st) {
         std::sort(by_order_idx.begin(), mid, by_ordinal);
         std::inplace_merge(by_order_idx.begin(), mid, by_order_idx.end(), by_ordinal);
     }
-    stats[LINKS] = fwdbwd_links;
+    stats[LINKS] = st.fwdbwd_links;
 }
 
 // Traces in step order, then iterations, then the window; roots first in each.
@@ -1175,7 +1185,8 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     op_self_times(st);
     memory_span_events(st);
     fwdbwd_links(st);
-    assemble_spans(st);
+    assemble_synthetic_roots(st);
+    assemble_event_spans(st);
     order_spans(st);
     return finish_build(st);
 }

@@ -151,7 +151,7 @@ class _BuildState:
     # aggregate_sibling_runs / apply_budget
     aggregated: list[bool]
     aggs: list[list[int]]
-    # aggregate_spans, hidden_counts, self_times, span_events, fwdbwd_links, assemble_spans
+    # aggregate_spans, hidden_counts, op_self_times, memory_span_events, fwdbwd_links, assemble_event_spans
     agg_spans: list[Span]
     hidden_attrs: dict[bytes, list[tuple[str, int | str]]]
     times: tree.SelfTimes
@@ -230,6 +230,23 @@ class _BuildState:
             k = -1
         return self.parent_span(k) or self.level_target(owner[i])
 
+    def finish_span(self, sp: Span) -> None:
+        """Attaches the span's memory events (by time), applies the event and link limits, and
+        counts its fwdbwd links."""
+        stats, opts = self.stats, self.opts
+        evs = sorted(self.span_events.get(sp.span_id, []), key=lambda x: (x[0], x[1]))
+        event_limit, link_limit = opts.span_event_limit, opts.span_link_limit
+        if event_limit and len(evs) > event_limit:
+            sp.dropped_events = len(evs) - event_limit
+            stats["memory_events_dropped"] += sp.dropped_events
+            evs = evs[:event_limit]
+        sp.events = evs
+        if link_limit and len(sp.links) > link_limit:
+            sp.dropped_links = len(sp.links) - link_limit
+            stats["links_dropped"] += sp.dropped_links
+            sp.links = sp.links[:link_limit]
+        stats["links"] += sum(1 for link in sp.links if link[2][0][1] == "fwdbwd")
+
 
 def build(trace: Trace, opts: ConvertOptions) -> Built:
     """The stages, in order; builder.cpp's build_spans runs the same ones under the same names."""
@@ -247,7 +264,8 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     op_self_times(st)
     memory_span_events(st)
     fwdbwd_links(st)
-    assemble_spans(st)
+    assemble_synthetic_roots(st)
+    assemble_event_spans(st)
     ordered = order_spans(st)
     return finish_build(st, ordered)
 
@@ -630,19 +648,11 @@ def fwdbwd_links(st: _BuildState) -> None:
     st.links = links
 
 
-def assemble_spans(st: _BuildState) -> None:
-    """The synthetic roots (detail roots added here), then every kept event's span, with their
-    attributes, parents, links, span events and limits."""
-    ev, keep, parent, owner, step_num, live_of = st.ev, st.keep, st.parent, st.owner, st.step_num, st.live_of
-    split, synthetic, hidden_attrs, sid, opts, stats = (
-        st.split,
-        st.synthetic,
-        st.hidden_attrs,
-        st.sid,
-        st.opts,
-        st.stats,
-    )
-    for s in st.steps if split else ():
+def assemble_synthetic_roots(st: _BuildState) -> None:
+    """The synthetic roots (the window's, the iterations', the detail roots) with their
+    attributes, hidden counts, span events and limits."""
+    ev, step_num, synthetic, hidden_attrs, sid = st.ev, st.step_num, st.synthetic, st.hidden_attrs, st.sid
+    for s in st.steps if st.split else ():
         synthetic.append(
             Span(
                 -1,
@@ -659,6 +669,14 @@ def assemble_spans(st: _BuildState) -> None:
     for sp in synthetic:  # "otelprof.synthetic" stays last
         if sp.span_id in hidden_attrs:
             sp.attrs[len(sp.attrs) - 1 : len(sp.attrs) - 1] = hidden_attrs[sp.span_id]
+        st.finish_span(sp)
+
+
+def assemble_event_spans(st: _BuildState) -> None:
+    """Every kept event's span: attributes, parent, links, span events and limits; then their
+    order by ordinal, aggregates merged in."""
+    ev, keep, parent, owner, step_num, live_of = st.ev, st.keep, st.parent, st.owner, st.step_num, st.live_of
+    split, hidden_attrs, sid = st.split, st.hidden_attrs, st.sid
     in_a, child_dur, self_dev = st.times.in_a, st.times.child_dur, st.times.self_dev
     by_order: list[Span] = list(st.agg_spans)
     for i, e in enumerate(ev):
@@ -698,21 +716,9 @@ def assemble_spans(st: _BuildState) -> None:
         span.links = [(t, s_, [("otelprof.link.kind", "fwdbwd")]) for t, s_ in st.links.get(my_id, [])]
         if split and i in step_num:
             span.links.append((st.detail_trace[i], st.detail_root_id[i], [("otelprof.link.kind", "rank_detail")]))
+        st.finish_span(span)
         by_order.append(span)
     by_order.sort(key=lambda sp: sp.order)
-    for sp in synthetic + by_order:
-        evs = sorted(st.span_events.get(sp.span_id, []), key=lambda x: (x[0], x[1]))
-        event_limit, link_limit = opts.span_event_limit, opts.span_link_limit
-        if event_limit and len(evs) > event_limit:
-            sp.dropped_events = len(evs) - event_limit
-            stats["memory_events_dropped"] += sp.dropped_events
-            evs = evs[:event_limit]
-        sp.events = evs
-        if link_limit and len(sp.links) > link_limit:
-            sp.dropped_links = len(sp.links) - link_limit
-            stats["links_dropped"] += sp.dropped_links
-            sp.links = sp.links[:link_limit]
-    stats["links"] = sum(1 for sp in synthetic + by_order for link in sp.links if link[2][0][1] == "fwdbwd")
     st.by_order = by_order
 
 
