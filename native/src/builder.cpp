@@ -522,18 +522,139 @@ void aggregate_sibling_runs(BuildState& st) {
     if (!st.full) st.aggs = find_sibling_runs(st.ev, st.tree, st.keep, st.aggregated);
 }
 
-// The span budget per trace (reference: volume.Budget): aggregate repeated leaves, then drop the
-// least significant spans.
+// Scratch of the span budget, per event (has_child: per slot), allocated once for all traces.
+struct BudgetScratch {
+    std::vector<char> has_child, member;
+    std::vector<int> parents, depth;
+};
+
+// Over budget, first: runs of two or more consecutive leaf siblings with one name and category
+// become aggregates (reference: volume.Budget._aggregate_leaves).
+void budget_aggregate_leaves(BuildState& st, const std::vector<int>& events, std::vector<int>& trace_aggs, BudgetScratch& scratch) {
+    const std::vector<Event>& ev = st.ev;
+    std::vector<std::vector<int>>& aggs = st.aggs;
+    std::vector<char>& has_child = scratch.has_child;
+    std::vector<int>& parents = scratch.parents;
+    for (int i : events) {
+        parents[i] = st.parent_of(i);
+        if (parents[i] >= 0) has_child[static_cast<size_t>(parents[i])] = 1;
+    }
+    for (int a : trace_aggs) {
+        const int ps = st.parent_of(aggs[static_cast<size_t>(a)][0]);
+        if (ps >= 0) has_child[static_cast<size_t>(ps)] = 1;
+    }
+    std::vector<int> order = events;
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+        if (parents[a] != parents[b]) return parents[a] < parents[b];
+        return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
+    });
+    std::vector<int> run;
+    for (size_t idx = 0; idx <= order.size(); ++idx) {
+        const int c = idx < order.size() ? order[idx] : -1;
+        const bool leaf = c >= 0 && !has_child[static_cast<size_t>(c)];
+        if (leaf && !run.empty() && parents[c] == parents[run[0]] && ev[c].name_id == ev[run[0]].name_id &&
+            ev[c].cat == ev[run[0]].cat) {
+            run.push_back(c);
+            continue;
+        }
+        if (run.size() >= 2) {
+            for (int r : run) {
+                st.keep[r] = 0;
+                st.aggregated[r] = 1;
+            }
+            trace_aggs.push_back(static_cast<int>(aggs.size()));
+            aggs.push_back(run);
+        }
+        run.clear();
+        if (leaf) run.push_back(c);
+    }
+    std::fill(has_child.begin(), has_child.end(), 0);
+}
+
+// Then, still over budget: the least significant spans go, by (worth, -depth, -order)
+// (reference: volume.Budget._drop).
+void budget_drop(BuildState& st, const std::vector<int>& kept, int64_t n_roots, const std::vector<int>& trace_aggs,
+                 BudgetScratch& scratch) {
+    const std::vector<Event>& ev = st.ev;
+    const int n = st.n;
+    std::vector<std::vector<int>>& aggs = st.aggs;
+    const std::vector<int64_t>& launched = st.launched;
+    std::vector<char>& member = scratch.member;
+    std::vector<int>& parents = scratch.parents;
+    std::vector<int>& depth = scratch.depth;
+    int64_t live_aggs = 0;
+    for (int a : trace_aggs) live_aggs += !aggs[static_cast<size_t>(a)].empty();
+    const int64_t excess = n_roots + static_cast<int64_t>(kept.size()) + live_aggs - st.opts.span_budget;
+    if (excess <= 0) return;
+    for (int i : kept) {
+        member[i] = 1;
+        parents[i] = st.parent_of(i);
+    }
+    auto depth_of = [&](int i) -> int {
+        std::vector<int> walk;
+        int j = i;
+        while (j >= 0 && depth[j] < 0) {
+            walk.push_back(j);
+            const int ps = parents[j];
+            j = ps >= 0 && ps < n && member[ps] ? ps : -1;
+        }
+        int d = j < 0 ? 0 : depth[j];
+        for (auto it = walk.rbegin(); it != walk.rend(); ++it) depth[*it] = ++d;
+        return depth[i];
+    };
+    struct Cand {
+        int64_t worth;
+        int neg_depth;
+        int64_t neg_order;
+        int who;  // event, or -1 - aggregate
+    };
+    std::vector<Cand> cands;
+    for (int i : kept) {
+        const int64_t worth = ev[i].device() ? ev[i].dur() : std::max(ev[i].dur(), launched[i]);
+        cands.push_back(Cand{worth, -depth_of(i), -static_cast<int64_t>(ev[i].ordinal), i});
+    }
+    for (int a : trace_aggs) {
+        const std::vector<int>& run_a = aggs[static_cast<size_t>(a)];
+        if (run_a.empty()) continue;
+        const int ps = st.parent_of(run_a[0]);
+        const int d = 1 + (ps >= 0 && ps < n && member[ps] ? depth_of(ps) : 0);
+        int64_t worth = 0;
+        for (int r : run_a) worth += ev[r].dur();
+        cands.push_back(Cand{worth, -d, -static_cast<int64_t>(ev[run_a[0]].ordinal), -1 - a});
+    }
+    std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+        if (a.worth != b.worth) return a.worth < b.worth;
+        if (a.neg_depth != b.neg_depth) return a.neg_depth < b.neg_depth;
+        if (a.neg_order != b.neg_order) return a.neg_order < b.neg_order;
+        return a.who < b.who;
+    });
+    for (int64_t k = 0; k < excess; ++k) {
+        const int c = cands[static_cast<size_t>(k)].who;
+        if (c >= 0) {
+            st.keep[c] = 0;
+            st.reason[c] = kHiddenBudget;
+        } else {
+            for (int r : aggs[static_cast<size_t>(-1 - c)]) {
+                st.aggregated[r] = 0;
+                st.reason[r] = kHiddenBudget;
+            }
+            aggs[static_cast<size_t>(-1 - c)].clear();
+        }
+    }
+    for (int i : kept) {
+        member[i] = 0;
+        depth[i] = -1;
+    }
+}
+
+// The span budget per trace (reference: volume.Budget.apply): a trace over it has its repeated
+// leaves aggregated, then loses its least significant spans.
 void apply_budget(BuildState& st) {
     const int64_t budget = st.opts.span_budget;
     if (budget <= 0) return;
-    const std::vector<Event>& ev = st.ev;
     const int n = st.n;
-    std::vector<char>& keep = st.keep;
-    std::vector<uint8_t>& reason = st.reason;
-    std::vector<char>& aggregated = st.aggregated;
-    std::vector<std::vector<int>>& aggs = st.aggs;
-    const std::vector<int64_t>& launched = st.launched;
+    const std::vector<char>& keep = st.keep;
+    const std::vector<std::vector<int>>& aggs = st.aggs;
     auto is_root = [&](int i) { return st.is_step(i) || i == st.window_root_ev; };
     std::map<TraceId, int64_t> roots;
     std::map<TraceId, std::vector<int>> members, agg_of;
@@ -547,116 +668,18 @@ void apply_budget(BuildState& st) {
     if (st.split)
         for (int s : st.tree.steps) ++roots[st.detail_trace[st.tree.step_index[s]]];
     for (size_t a = 0; a < aggs.size(); ++a) agg_of[st.trace_of(aggs[a][0])].push_back(static_cast<int>(a));
-    std::vector<char> has_child(st.n_slots, 0), member(n, 0);
-    std::vector<int> parents(n, -1), depth(n, -1);
+    BudgetScratch scratch{std::vector<char>(st.n_slots, 0), std::vector<char>(n, 0), std::vector<int>(n, -1), std::vector<int>(n, -1)};
     for (auto& [tid, events] : members) {
         std::vector<int>& trace_aggs = agg_of[tid];
         const int64_t n_roots = roots[tid];
         if (n_roots + static_cast<int64_t>(events.size() + trace_aggs.size()) <= budget) continue;
-        // leaves: runs of two or more consecutive siblings with one name and category
         st.forget();
-        for (int i : events) {
-            parents[i] = st.parent_of(i);
-            if (parents[i] >= 0) has_child[static_cast<size_t>(parents[i])] = 1;
-        }
-        for (int a : trace_aggs) {
-            const int ps = st.parent_of(aggs[static_cast<size_t>(a)][0]);
-            if (ps >= 0) has_child[static_cast<size_t>(ps)] = 1;
-        }
-        std::vector<int> order = events;
-        std::sort(order.begin(), order.end(), [&](int a, int b) {
-            if (parents[a] != parents[b]) return parents[a] < parents[b];
-            return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
-        });
-        std::vector<int> run;
-        for (size_t idx = 0; idx <= order.size(); ++idx) {
-            const int c = idx < order.size() ? order[idx] : -1;
-            const bool leaf = c >= 0 && !has_child[static_cast<size_t>(c)];
-            if (leaf && !run.empty() && parents[c] == parents[run[0]] && ev[c].name_id == ev[run[0]].name_id &&
-                ev[c].cat == ev[run[0]].cat) {
-                run.push_back(c);
-                continue;
-            }
-            if (run.size() >= 2) {
-                for (int r : run) {
-                    keep[r] = 0;
-                    aggregated[r] = 1;
-                }
-                trace_aggs.push_back(static_cast<int>(aggs.size()));
-                aggs.push_back(run);
-            }
-            run.clear();
-            if (leaf) run.push_back(c);
-        }
-        std::fill(has_child.begin(), has_child.end(), 0);
-        // then the least significant spans: (worth, -depth, -order)
+        budget_aggregate_leaves(st, events, trace_aggs, scratch);
         st.forget();
         std::vector<int> kept;
         for (int i : events)
             if (keep[i]) kept.push_back(i);
-        int64_t live_aggs = 0;
-        for (int a : trace_aggs) live_aggs += !aggs[static_cast<size_t>(a)].empty();
-        const int64_t excess = n_roots + static_cast<int64_t>(kept.size()) + live_aggs - budget;
-        if (excess <= 0) continue;
-        for (int i : kept) {
-            member[i] = 1;
-            parents[i] = st.parent_of(i);
-        }
-        auto depth_of = [&](int i) -> int {
-            std::vector<int> walk;
-            int j = i;
-            while (j >= 0 && depth[j] < 0) {
-                walk.push_back(j);
-                const int ps = parents[j];
-                j = ps >= 0 && ps < n && member[ps] ? ps : -1;
-            }
-            int d = j < 0 ? 0 : depth[j];
-            for (auto it = walk.rbegin(); it != walk.rend(); ++it) depth[*it] = ++d;
-            return depth[i];
-        };
-        struct Cand {
-            int64_t worth;
-            int neg_depth;
-            int64_t neg_order;
-            int who;  // event, or -1 - aggregate
-        };
-        std::vector<Cand> cands;
-        for (int i : kept) {
-            const int64_t worth = ev[i].device() ? ev[i].dur() : std::max(ev[i].dur(), launched[i]);
-            cands.push_back(Cand{worth, -depth_of(i), -static_cast<int64_t>(ev[i].ordinal), i});
-        }
-        for (int a : trace_aggs) {
-            const std::vector<int>& run_a = aggs[static_cast<size_t>(a)];
-            if (run_a.empty()) continue;
-            const int ps = st.parent_of(run_a[0]);
-            const int d = 1 + (ps >= 0 && ps < n && member[ps] ? depth_of(ps) : 0);
-            int64_t worth = 0;
-            for (int r : run_a) worth += ev[r].dur();
-            cands.push_back(Cand{worth, -d, -static_cast<int64_t>(ev[run_a[0]].ordinal), -1 - a});
-        }
-        std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
-            if (a.worth != b.worth) return a.worth < b.worth;
-            if (a.neg_depth != b.neg_depth) return a.neg_depth < b.neg_depth;
-            if (a.neg_order != b.neg_order) return a.neg_order < b.neg_order;
-            return a.who < b.who;
-        });
-        for (int64_t k = 0; k < excess; ++k) {
-            const int c = cands[static_cast<size_t>(k)].who;
-            if (c >= 0) {
-                keep[c] = 0;
-                reason[c] = kHiddenBudget;
-            } else {
-                for (int r : aggs[static_cast<size_t>(-1 - c)]) {
-                    aggregated[r] = 0;
-                    reason[r] = kHiddenBudget;
-                }
-                aggs[static_cast<size_t>(-1 - c)].clear();
-            }
-        }
-        for (int i : kept) {
-            member[i] = 0;
-            depth[i] = -1;
-        }
+        budget_drop(st, kept, n_roots, trace_aggs, scratch);
     }
     st.forget();
 }
