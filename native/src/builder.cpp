@@ -980,6 +980,73 @@ void assemble_synthetic_roots(BuildState& st) {
     }
 }
 
+// What add_arg_attributes reads args with: the table of their keys, a slot per name, scratch.
+struct ArgReader {
+    explicit ArgReader(const Document& doc)
+        : table(key_table(doc, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; })),
+          found(static_cast<size_t>(kArgAttributeCount)) {}
+    std::vector<int> table;
+    std::vector<const JNode*> found;
+    std::string rendered;
+};
+
+// An event's args as attributes, in one pass over them; the table decides order and aliases (first
+// key present wins) (reference: _arg_attributes).
+inline void add_arg_attributes(BuildState& st, Span& sp, const JNode* event_args, ArgReader& reader) {
+    const Document& doc = st.doc;
+    std::string_view last_attr;
+    for (uint64_t rest = find_args(doc, event_args, reader.table, reader.found.data()); rest; rest &= rest - 1) {
+        const int a = __builtin_ctzll(rest);
+        const ArgAttribute& spec = kArgAttributes[a];
+        const JNode* v = reader.found[static_cast<size_t>(a)];
+        if (spec.attr == last_attr) continue;
+        uint32_t before = sp.attrs.count;
+        switch (spec.type) {
+            case ArgType::Int: {
+                int64_t x;
+                if (as_int64(v, x)) st.add(sp, arg_key(a), AttrValue::integer(x));
+                break;
+            }
+            case ArgType::Double: {
+                double x;
+                if (as_double(v, x)) st.add(sp, arg_key(a), AttrValue::dbl(x));
+                break;
+            }
+            case ArgType::String:
+                if (v->type == JType::Str && v->len) st.add(sp, arg_key(a), AttrValue::str(v->str()));
+                break;
+            case ArgType::Json:
+                reader.rendered.clear();
+                render_json(doc, *v, reader.rendered);
+                st.add(sp, arg_key(a), AttrValue::str(st.keep_str(reader.rendered)));
+                break;
+        }
+        if (sp.attrs.count != before) last_attr = spec.attr;
+    }
+}
+
+// A ProfilerStep span's own attributes: step number, memory peak, what a trace list shows, the
+// live window's trigger (reference: _step_attributes).
+inline void add_step_attributes(BuildState& st, Span& sp, int i, std::string& rendered) {
+    const Event& e = st.ev[i];
+    const int64_t step = st.tree.step_num[i];
+    st.add(sp, kStepKey, AttrValue::integer(step));
+    const int k = st.tree.step_index[i];
+    int64_t peak = st.acc_peak[k] >= 0 ? st.acc_peak[k] : st.cpu_peak[k];
+    if (peak >= 0) st.add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
+    // what a trace list shows (reference/builder.py step_list_attrs)
+    rendered = "{\"step\": " + std::to_string(step) + '}';
+    st.add(sp, kInputValueKey, AttrValue::str(st.keep_str(rendered)));
+    st.add(sp, kInputMimeTypeKey, AttrValue::str("application/json"));
+    rendered = "{\"step_ms\": ";
+    append_millis(rendered, e.end - e.start);
+    rendered += '}';
+    st.add(sp, kOutputValueKey, AttrValue::str(st.keep_str(rendered)));
+    st.add(sp, kOutputMimeTypeKey, AttrValue::str("application/json"));
+    if (const LiveStep* ls = st.live_step(i); ls && !ls->trigger.empty())
+        st.add(sp, kWindowTriggerKey, AttrValue::str(st.keep_str(ls->trigger)));
+}
+
 // Every kept event's span: attributes, parent, links, span events and limits; then their order
 // by ordinal, aggregates merged in.
 void assemble_event_spans(BuildState& st) {
@@ -988,9 +1055,7 @@ void assemble_event_spans(BuildState& st) {
     const std::vector<char>& keep = st.keep;
     int64_t* stats = st.stats;
     const std::vector<Name>& names = st.trace.names;
-    const Document& doc = st.doc;
     const std::vector<int>& step_index = st.tree.step_index;
-    const std::vector<int64_t>& step_num = st.tree.step_num;
     const std::vector<int>& parent = st.tree.parent;
     const std::vector<int>& owner = st.tree.owner;
     const bool split = st.split;
@@ -999,17 +1064,12 @@ void assemble_event_spans(BuildState& st) {
     const std::vector<char>& in_a = st.self.in_aggregate;
     const std::vector<int64_t>& child_dur = st.self.child_dur;
     const std::vector<int64_t>& self_dev = st.self.self_device;
-    std::vector<int64_t>& cpu_peak = st.cpu_peak;
-    std::vector<int64_t>& acc_peak = st.acc_peak;
     SparseLists<SpanLink>& links = st.links;
     BigVector<Span>& by_order = st.out.spans;
     const size_t n_aggregates = st.n_aggregates;
     std::vector<uint32_t>& by_order_idx = st.by_order_idx;
-    std::string rendered;
     std::vector<std::string_view> kernel_names(names.size());  // folded kernel names by name id
-    const std::vector<int> arg_attribute = key_table(doc, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; });
-    std::vector<const JNode*> found_storage(static_cast<size_t>(kArgAttributeCount));
-    const JNode** found = found_storage.data();
+    ArgReader args(st.doc);
     for (int i = 0; i < n; ++i) {
         if (!keep[i]) continue;
         const Event& e = ev[i];
@@ -1026,59 +1086,12 @@ void assemble_event_spans(BuildState& st) {
                 st.add(sp, kKernelNameKey, AttrValue::str(e.name));
             }
         }
-        if (e.args) {
-            // one pass over the args; the table decides order and aliases (first key present wins)
-            std::string_view last_attr;
-            for (uint64_t rest = find_args(doc, e.args, arg_attribute, found); rest; rest &= rest - 1) {
-                const int a = __builtin_ctzll(rest);
-                const ArgAttribute& spec = kArgAttributes[a];
-                const JNode* v = found[a];
-                if (spec.attr == last_attr) continue;
-                uint32_t before = sp.attrs.count;
-                switch (spec.type) {
-                    case ArgType::Int: {
-                        int64_t x;
-                        if (as_int64(v, x)) st.add(sp, arg_key(a), AttrValue::integer(x));
-                        break;
-                    }
-                    case ArgType::Double: {
-                        double x;
-                        if (as_double(v, x)) st.add(sp, arg_key(a), AttrValue::dbl(x));
-                        break;
-                    }
-                    case ArgType::String:
-                        if (v->type == JType::Str && v->len) st.add(sp, arg_key(a), AttrValue::str(v->str()));
-                        break;
-                    case ArgType::Json:
-                        rendered.clear();
-                        render_json(doc, *v, rendered);
-                        st.add(sp, arg_key(a), AttrValue::str(st.keep_str(rendered)));
-                        break;
-                }
-                if (sp.attrs.count != before) last_attr = spec.attr;
-            }
-        }
+        if (e.args) add_arg_attributes(st, sp, e.args, args);
         if (in_a[i]) {
             st.add(sp, kSelfCpuKey, AttrValue::integer(e.dur() - child_dur[i]));
             st.add(sp, kSelfDeviceKey, AttrValue::integer(self_dev[i]));
         }
-        if (st.is_step(i)) {
-            st.add(sp, kStepKey, AttrValue::integer(step_num[i]));
-            const int k = step_index[i];
-            int64_t peak = acc_peak[k] >= 0 ? acc_peak[k] : cpu_peak[k];
-            if (peak >= 0) st.add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
-            // what a trace list shows (reference/builder.py step_list_attrs)
-            rendered = "{\"step\": " + std::to_string(step_num[i]) + '}';
-            st.add(sp, kInputValueKey, AttrValue::str(st.keep_str(rendered)));
-            st.add(sp, kInputMimeTypeKey, AttrValue::str("application/json"));
-            rendered = "{\"step_ms\": ";
-            append_millis(rendered, e.end - e.start);
-            rendered += '}';
-            st.add(sp, kOutputValueKey, AttrValue::str(st.keep_str(rendered)));
-            st.add(sp, kOutputMimeTypeKey, AttrValue::str("application/json"));
-            if (const LiveStep* ls = st.live_step(i); ls && !ls->trigger.empty())
-                st.add(sp, kWindowTriggerKey, AttrValue::str(st.keep_str(ls->trigger)));
-        }
+        if (st.is_step(i)) add_step_attributes(st, sp, i, args.rendered);
         st.add_hidden(sp, i);
         int parent_slot = -1;
         if (!st.is_step(i) && i != window_root_ev) {

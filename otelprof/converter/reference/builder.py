@@ -693,14 +693,7 @@ def assemble_event_spans(st: _BuildState) -> None:
             attrs.append(("pytorch.op.self_cpu_time_ns", e.dur - child_dur[i]))
             attrs.append(("pytorch.op.self_device_time_ns", self_dev[i]))
         if i in step_num:
-            attrs.append(("pytorch.step", step_num[i]))
-            cpu_peak, acc_peak = st.peaks.get(i, (-1, -1))
-            peak = acc_peak if acc_peak >= 0 else cpu_peak
-            if peak >= 0:
-                attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
-            attrs.extend(step_list_attrs(step_num[i], e.end - e.start))
-            if i in live_of and live_of[i].trigger:
-                attrs.append(("otelprof.window.trigger", live_of[i].trigger))
+            attrs.extend(_step_attributes(st, i, e))
         my_id = sid(e.ordinal)
         if my_id in hidden_attrs:
             attrs.extend(hidden_attrs[my_id])
@@ -720,6 +713,22 @@ def assemble_event_spans(st: _BuildState) -> None:
         by_order.append(span)
     by_order.sort(key=lambda sp: sp.order)
     st.by_order = by_order
+
+
+def _step_attributes(st: _BuildState, i: int, e: Event) -> Attrs:
+    """A ProfilerStep span's own attributes: step number, memory peak, what a trace list shows,
+    the live window's trigger (native: add_step_attributes)."""
+    step = st.step_num[i]
+    attrs: Attrs = [("pytorch.step", step)]
+    cpu_peak, acc_peak = st.peaks.get(i, (-1, -1))
+    peak = acc_peak if acc_peak >= 0 else cpu_peak
+    if peak >= 0:
+        attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
+    attrs.extend(step_list_attrs(step, e.end - e.start))
+    live = st.live_of.get(i)
+    if live is not None and live.trigger:
+        attrs.append(("otelprof.window.trigger", live.trigger))
+    return attrs
 
 
 def order_spans(st: _BuildState) -> list[Span]:
