@@ -1,8 +1,10 @@
-// The assembly of a trace's spans (reference/builder.py's build): the stages of their own files
-// (tree.cpp, volume.cpp, links.cpp, aggregates.cpp) run from here, in the reference's order; the
-// ones left here decide trace ids and roots, the span budget, what hidden spans leave behind, span
-// events, the spans themselves, their order and length limits. Every step has its counterpart, in
-// the same order, in reference/builder.py.
+// The assembly of a trace's spans (reference/builder.py's build): build_spans runs named stages,
+// each a function of a BuildState, in the reference's order and under its names: trace_identity,
+// event_tree, volume_keep, window_iterations, trace_ids_and_roots, aggregate_sibling_runs,
+// apply_budget, window_root_rule, aggregate_spans, hidden_counts, op_self_times,
+// memory_span_events, fwdbwd_links, assemble_synthetic_roots, assemble_event_spans, order_spans,
+// finish_build. The stages of their own files (tree.cpp, volume.cpp, iterations.cpp, links.cpp,
+// aggregates.cpp) run from them.
 #include "otelprof/builder.hpp"
 
 #include <algorithm>
@@ -41,6 +43,7 @@ constexpr int64_t kSpanNameLengthLimit = 8192;
 template <typename T>
 class SparseLists {
   public:
+    SparseLists() = default;
     explicit SparseLists(size_t slots) : index_(slots, kNone) {}
     std::vector<T>& at(size_t slot) {
         uint32_t& k = index_[slot];
@@ -113,8 +116,8 @@ int memory_arg(std::string_view key) {
 // Runs of two or more consecutive hidden siblings (not Python) with one name and category, all in
 // one trace, become one aggregate span each (reference: builder.py, the same stage). Returns the
 // runs (the first member leads) and marks their members in `aggregated`.
-std::vector<std::vector<int>> aggregate_sibling_runs(const std::vector<Event>& ev, const EventTree& tree,
-                                                     const std::vector<char>& keep, std::vector<char>& aggregated) {
+std::vector<std::vector<int>> find_sibling_runs(const std::vector<Event>& ev, const EventTree& tree,
+                                                const std::vector<char>& keep, std::vector<char>& aggregated) {
     const int n = static_cast<int>(ev.size());
     std::vector<std::vector<int>> aggs;
     const Children children = children_in_order(tree.parent, tree.sweep_order);
@@ -207,28 +210,177 @@ int64_t add_resource(Built& out, const Trace& trace, const Options& opts, std::o
 // Why an event is hidden (reference: volume.HIDDEN_*), and the counter each reason adds to.
 const StatKey kHiddenStat[] = {DROPPED_SHORT, DROPPED_SHORT, DROPPED_PYTHON, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS};
 
-}  // namespace
+// Appends an attribute to `sp`, whose range must be the last one in the pool.
+inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
+    if (sp.attrs.count == 0) sp.attrs.begin = static_cast<uint32_t>(pool.size());
+    value.key = key;
+    pool.push_back(value);
+    ++sp.attrs.count;
+}
 
-Built build_spans(const Document& doc, const Trace& trace, const Options& opts) {
-    const std::vector<Event>& ev = trace.events;
-    const std::vector<Name>& names = trace.names;
-    const int n = static_cast<int>(ev.size());
-    const bool full = opts.full;
+// What the stages of build_spans share (reference: builder.py's _BuildState), filled in stage by
+// stage; the small questions every stage asks (whose trace, which parent) are its methods.
+struct BuildState {
+    BuildState(const Document& d, const Trace& t, const Options& o)
+        : doc(d), trace(t), opts(o), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full) {}
+
+    const Document& doc;
+    const Trace& trace;
+    const Options& opts;
+    const std::vector<Event>& ev;
+    const int n;
+    const bool full;
     Built out;
-    auto& strings = out.strings;
-    // Rendered strings go into large chunks that never reallocate, so views stay valid.
-    auto keep_str = [&](std::string_view s) { return keep_string(strings, s); };
-    Attrs& pool = out.attrs;
-    pool.reserve(static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount + 64);
-    // Appends an attribute to `sp`, whose range must be the last one in the pool.
-    auto add = [&pool](Span& sp, AttrKey key, AttrValue value) {
-        if (sp.attrs.count == 0) sp.attrs.begin = static_cast<uint32_t>(pool.size());
-        value.key = key;
-        pool.push_back(value);
-        ++sp.attrs.count;
-    };
-
     int64_t stats[kStatCount] = {};
+    // trace_identity
+    std::optional<int64_t> rank, world;
+    std::string rank_s, run_id;
+    bool split = false;
+    uint64_t base = 0;
+    // event_tree
+    EventTree tree;
+    // volume_keep
+    std::vector<char> keep;
+    std::vector<uint8_t> reason;  // why hidden, beyond kind or length (kHidden*)
+    std::vector<int64_t> launched;  // device time launched from each CPU-side subtree
+    std::vector<int> nearest;       // nearest_kept's memo
+    std::vector<int> chain;         // scratch: a walk up the tree
+    // window_iterations: iteration k's owner is its root's slot, it_base + k
+    int it_base = 0;
+    Iterations iterations;
+    int n_iter = 0;
+    // trace_ids_and_roots
+    uint32_t n_total = 0;
+    std::vector<TraceId> step_trace, detail_trace;  // by step index
+    std::vector<const LiveStep*> live_of;           // live train.step spans, by step index
+    bool any_live = false;
+    TraceId window_trace{};
+    std::vector<TraceId> iteration_trace;
+    int window_root_ev = -1, window_root = -1, window_slot = 0;
+    size_t n_slots = 0;
+    std::vector<Span> synthetic;
+    // aggregate_sibling_runs, apply_budget
+    std::vector<char> aggregated;
+    std::vector<std::vector<int>> aggs;  // members of each aggregate, the first leads; empty: dropped
+    // aggregate_spans
+    size_t n_aggregates = 0;
+    // hidden_counts
+    std::vector<int64_t> hidden_count;
+    std::vector<std::string_view> hidden_text;
+    // op_self_times
+    SelfTimes self;
+    // memory_span_events
+    SparseLists<SpanEvent> span_events;
+    std::vector<int64_t> cpu_peak, acc_peak;
+    // fwdbwd_links
+    SparseLists<SpanLink> links;
+    // assemble_synthetic_roots, assemble_event_spans
+    int64_t fwdbwd_links = 0;  // fwdbwd links sent
+    std::vector<uint32_t> by_order_idx;  // out.spans by ordinal: aggregates merged into kept events
+
+    std::string_view keep_str(std::string_view s) { return keep_string(out.strings, s); }
+    void add(Span& sp, AttrKey key, AttrValue value) { add_attr(out.attrs, sp, key, value); }
+    SpanId sid(uint64_t ordinal) const { return make_span_id(base, ordinal); }
+    bool is_step(int i) const { return tree.is_step(i); }
+    int step_at(int64_t t) const { return tree.step_at(t); }
+
+    int nearest_kept(int i) {
+        chain.clear();
+        int j = i;
+        while (j >= 0 && nearest[j] == kUnset && !keep[j]) {
+            chain.push_back(j);
+            j = tree.parent[j];
+        }
+        int result = j < 0 ? -1 : (keep[j] ? j : nearest[j]);
+        if (j >= 0) nearest[j] = result;
+        for (int c : chain) nearest[c] = result;
+        return result;
+    }
+    void forget() { std::fill(nearest.begin(), nearest.end(), kUnset); }
+
+    const LiveStep* live_step(int s) const { return any_live && is_step(s) ? live_of[tree.step_index[s]] : nullptr; }
+    const TraceId& trace_of(int i) const {
+        int o = tree.owner[i];
+        if (o < 0) return window_trace;
+        if (o >= it_base) return iteration_trace[static_cast<size_t>(o - it_base)];
+        return (i == o || !split) ? step_trace[tree.step_index[o]] : detail_trace[tree.step_index[o]];
+    }
+    // Spans that can receive children, drops, memory events or links are "slots": event i is
+    // slot i, step k's detail root slot n + k, the synthetic window root slot n + steps.size(),
+    // iteration k's root slot it_base + k; slot n + j has span id sid(n_total + j). -1 means "none".
+    SpanId slot_id(int slot) const { return slot < n ? sid(ev[slot].ordinal) : sid(n_total + static_cast<uint64_t>(slot - n)); }
+    int detail_root(int s) const { return n + tree.step_index[s]; }
+    int level_target(int o) const {
+        if (o < 0) return window_root;
+        if (o >= it_base) return o;
+        return split ? detail_root(o) : o;
+    }
+    int parent_span(int k) const { return k >= 0 && !(split && is_step(k)) ? k : -1; }
+    // a CPU span [ev[i].start, end) directly under live step s's ProfilerStep: the phase it
+    // overlaps most (the first such), else the ProfilerStep
+    SpanId under_phase(int s, int i, int64_t end) const {
+        SpanId best = sid(ev[s].ordinal);
+        int64_t most = 0;
+        if (!ev[i].device()) {
+            for (const LivePhase& phase : live_step(s)->phases) {
+                const int64_t hi = std::min(end, phase.end), lo = std::max(ev[i].start, phase.start);
+                if (hi <= lo) continue;  // lo >= phase.start >= 0: hi - lo cannot overflow
+                const int64_t overlap = hi - lo;
+                if (overlap > most) {
+                    best = phase.span_id;
+                    most = overlap;
+                }
+            }
+        }
+        return best;
+    }
+    // Slot of the parent of a non-root event i (or of an aggregate that i leads).
+    int parent_of(int i) {
+        const std::vector<int>& owner = tree.owner;
+        int k = tree.parent[i] >= 0 ? nearest_kept(tree.parent[i]) : -1;
+        if (k >= 0 && owner[k] != owner[i]) k = -1;  // a parent in the window, i in an iteration
+        int ps = parent_span(k);
+        return ps >= 0 ? ps : level_target(owner[i]);
+    }
+    // Attaches the memory events of `slot` to `sp` (by time), and applies the event and link limits.
+    void finish_span(Span& sp, int slot) {
+        const auto event_limit = static_cast<size_t>(opts.event_limit);
+        const auto link_limit = static_cast<size_t>(opts.link_limit);
+        if (auto* found = span_events.find(static_cast<size_t>(slot))) {
+            auto& evs = *found;
+            std::sort(evs.begin(), evs.end(), [](const SpanEvent& a, const SpanEvent& b) {
+                return a.ts != b.ts ? a.ts < b.ts : a.ordinal < b.ordinal;
+            });
+            if (event_limit && evs.size() > event_limit) {
+                sp.dropped_events = static_cast<uint32_t>(evs.size() - event_limit);
+                stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
+                evs.resize(event_limit);
+            }
+            sp.events = std::move(evs);
+        }
+        if (link_limit && sp.links.size() > link_limit) {
+            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
+            stats[LINKS_DROPPED] += sp.dropped_links;
+            sp.links.resize(link_limit);
+        }
+        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
+    }
+    void add_hidden(Span& sp, int slot) {
+        if (const int64_t c = hidden_count[static_cast<size_t>(slot)]) {
+            add(sp, kHiddenSpansKey, AttrValue::integer(c));
+            add(sp, kHiddenKey, AttrValue::str(hidden_text[static_cast<size_t>(slot)]));
+        }
+    }
+};
+
+// Counters, rank, run id and window id: what every id of the trace derives from.
+void trace_identity(BuildState& st) {
+    const Trace& trace = st.trace;
+    const Options& opts = st.opts;
+    const std::vector<Event>& ev = st.ev;
+    const int n = st.n;
+    st.out.attrs.reserve(static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount + 64);
+    int64_t* stats = st.stats;
     stats[EVENTS_TOTAL] = trace.total;
     stats[COMPLETE_EVENTS] = n;
     stats[METADATA_EVENTS] = trace.metadata_events;
@@ -236,111 +388,90 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
     stats[MEMORY_EVENTS] = static_cast<int64_t>(trace.memory.size());
     stats[FLOW_EVENTS] = static_cast<int64_t>(trace.flows.size());
 
-    std::optional<int64_t> rank = opts.rank ? opts.rank : trace.rank;
-    std::optional<int64_t> world = opts.world_size ? opts.world_size : trace.world_size;
-    std::string rank_s = rank ? std::to_string(*rank) : std::string();
+    st.rank = opts.rank ? opts.rank : trace.rank;
+    st.world = opts.world_size ? opts.world_size : trace.world_size;
+    st.rank_s = st.rank ? std::to_string(*st.rank) : std::string();
     int64_t min_start = 0;
     if (n) {
         min_start = ev[0].start;
         for (const Event& e : ev) min_start = std::min(min_start, e.start);
     }
-    std::string run_id;
     if (opts.run_id) {
-        run_id = *opts.run_id;
+        st.run_id = *opts.run_id;
     } else if (trace.trace_id) {
-        run_id = std::string(*trace.trace_id);
+        st.run_id = std::string(*trace.trace_id);
     } else {
-        run_id = "auto|" + std::string(trace.trace_name) + "|" + std::to_string(min_start);
+        st.run_id = "auto|" + std::string(trace.trace_name) + "|" + std::to_string(min_start);
     }
-    const bool split = opts.split_world_size > 0 && world.value_or(1) >= opts.split_world_size;
+    st.split = opts.split_world_size > 0 && st.world.value_or(1) >= opts.split_world_size;
     WindowFold fold;
     for (const Event& e : ev) fold.add(e.start, e.end);
-    out.window_id = fold.finish(trace.total);
-    const uint64_t base = fnv1a64("span|" + run_id + "|" + rank_s + "|" + out.window_id, kSeedHi);
-    auto sid = [&](uint64_t ordinal) { return make_span_id(base, ordinal); };
+    st.out.window_id = fold.finish(trace.total);
+    st.base = fnv1a64("span|" + st.run_id + "|" + st.rank_s + "|" + st.out.window_id, kSeedHi);
+}
 
-    // --- the event tree (tree.cpp; reference: tree.py): steps, nesting, launches, owners -------
-    EventTree tree = build_tree(doc, trace);
-    stats[STEPS] = static_cast<int64_t>(tree.steps.size());
-    stats[DEVICE_EVENTS_UNLINKED] = tree.device_events_unlinked;
-    const std::vector<int64_t>& step_num = tree.step_num;
-    const std::vector<int>& steps = tree.steps;
-    const std::vector<int>& step_index = tree.step_index;
-    const std::vector<int>& parent = tree.parent;
-    const std::vector<int>& probe_owner = tree.probe_owner;
-    const std::vector<int>& sweep_order = tree.sweep_order;
-    std::vector<int>& owner = tree.owner;
-    const int n_mem = static_cast<int>(trace.memory.size());
-    auto is_step = [&](int i) { return tree.is_step(i); };
-    auto step_at = [&](int64_t t) { return tree.step_at(t); };
-    std::vector<int> chain;  // scratch: a walk up the tree
+// Steps, nesting, launches and owners (tree.cpp; reference: tree.py): what every later stage reads.
+void event_tree(BuildState& st) {
+    st.tree = build_tree(st.doc, st.trace);
+    st.stats[STEPS] = static_cast<int64_t>(st.tree.steps.size());
+    st.stats[DEVICE_EVENTS_UNLINKED] = st.tree.device_events_unlinked;
+}
 
-    // --- volume control (volume.cpp; reference: volume.keep_rule): what default detail keeps ------
-    std::vector<char> keep(n, 1);
-    std::vector<uint8_t> reason(n, 0);  // why hidden, beyond kind or length (kHidden*)
-    std::vector<int64_t> launched;      // device time launched from each CPU-side subtree
-    if (!full) {
-        launched = launched_device_time(trace, tree);
-        keep = keep_rule(trace, tree, launched, opts.min_duration_ns, reason);
+// Which events stay spans at default detail (volume.cpp; reference: volume.keep_rule).
+void volume_keep(BuildState& st) {
+    st.keep.assign(static_cast<size_t>(st.n), 1);
+    st.reason.assign(static_cast<size_t>(st.n), 0);
+    if (!st.full) {
+        st.launched = launched_device_time(st.trace, st.tree);
+        st.keep = keep_rule(st.trace, st.tree, st.launched, st.opts.min_duration_ns, st.reason);
     }
-    std::vector<int> nearest(n, kUnset);
-    auto nearest_kept = [&](int i) -> int {
-        chain.clear();
-        int j = i;
-        while (j >= 0 && nearest[j] == kUnset && !keep[j]) {
-            chain.push_back(j);
-            j = parent[j];
-        }
-        int result = j < 0 ? -1 : (keep[j] ? j : nearest[j]);
-        if (j >= 0) nearest[j] = result;
-        for (int c : chain) nearest[c] = result;
-        return result;
-    };
+    st.nearest.assign(static_cast<size_t>(st.n), kUnset);
+}
 
-    // --- iterations (iterations.cpp; reference: builder.py's iterations, tree.iteration_owners) ---
-    // Iteration k's owner is its root's slot (see slots below): it_base + k, k 0-based.
-    const int it_base = n + static_cast<int>(steps.size()) + 1;
-    Iterations iterations;
-    if (steps.empty() && n) iterations = find_iterations(trace, tree, keep, opts.span_budget, it_base, owner);
-    std::vector<int64_t>& it_lo = iterations.lo;
-    std::vector<int64_t>& it_hi = iterations.hi;
-    const char* it_source = iterations.source;
-    const int n_iter = static_cast<int>(it_lo.size());
-    stats[ITERATIONS] = n_iter;
+// A window without steps is cut into iterations (iterations.cpp; reference: tree.iteration_owners).
+void window_iterations(BuildState& st) {
+    st.it_base = st.n + static_cast<int>(st.tree.steps.size()) + 1;
+    if (st.tree.steps.empty() && st.n)
+        st.iterations = find_iterations(st.trace, st.tree, st.keep, st.opts.span_budget, st.it_base, st.tree.owner);
+    st.n_iter = static_cast<int>(st.iterations.lo.size());
+    st.stats[ITERATIONS] = st.n_iter;
+}
 
-    // --- trace ids, roots ------------------------------------------------------------------------
-    const uint32_t n_total = trace.total;
-    // by step index (step_index), as are the step peaks below
-    std::vector<TraceId> step_trace(steps.size()), detail_trace(split ? steps.size() : 0);
+// Each trace's id (step, detail, live step, window, iteration) and the window's root.
+void trace_ids_and_roots(BuildState& st) {
+    const std::vector<Event>& ev = st.ev;
+    const int n = st.n;
+    const bool split = st.split;
+    const std::vector<int>& steps = st.tree.steps;
+    const std::vector<int>& step_index = st.tree.step_index;
+    const std::vector<int64_t>& step_num = st.tree.step_num;
+    const std::vector<int>& owner = st.tree.owner;
+    const std::vector<char>& keep = st.keep;
+    const std::string& run_id = st.run_id;
+    const std::string& rank_s = st.rank_s;
+    st.n_total = st.trace.total;
+    st.step_trace.resize(steps.size());
+    st.detail_trace.resize(split ? steps.size() : 0);
     for (int s : steps) {
-        step_trace[step_index[s]] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
-        if (split) detail_trace[step_index[s]] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
+        st.step_trace[step_index[s]] = make_trace_id("step|" + run_id + "|" + std::to_string(step_num[s]));
+        if (split) st.detail_trace[step_index[s]] = make_trace_id("detail|" + run_id + "|" + rank_s + "|" + std::to_string(step_num[s]));
     }
     // live train.step spans (capture/windows.py): by step index; not with split detail traces
-    std::vector<const LiveStep*> live_of(split ? 0 : steps.size(), nullptr);
-    bool any_live = false;
-    for (const LiveStep& ls : opts.live_steps) {
+    st.live_of.assign(split ? 0 : steps.size(), nullptr);
+    for (const LiveStep& ls : st.opts.live_steps) {
         if (split) break;
         for (int s : steps) {
-            if (step_num[s] == ls.number && !live_of[step_index[s]]) {
-                live_of[step_index[s]] = &ls;
-                step_trace[step_index[s]] = ls.trace_id;
-                any_live = true;
+            if (step_num[s] == ls.number && !st.live_of[step_index[s]]) {
+                st.live_of[step_index[s]] = &ls;
+                st.step_trace[step_index[s]] = ls.trace_id;
+                st.any_live = true;
                 break;
             }
         }
     }
-    auto live_step = [&](int s) -> const LiveStep* { return any_live && is_step(s) ? live_of[step_index[s]] : nullptr; };
-    const TraceId window_trace = make_trace_id("window|" + run_id + "|" + rank_s + "|" + out.window_id);
-    std::vector<TraceId> iteration_trace;
-    for (int k = 0; k < n_iter; ++k)
-        iteration_trace.push_back(make_trace_id("iteration|" + run_id + "|" + rank_s + "|" + out.window_id + "|" + std::to_string(k + 1)));
-    auto trace_of = [&](int i) -> const TraceId& {
-        int o = owner[i];
-        if (o < 0) return window_trace;
-        if (o >= it_base) return iteration_trace[static_cast<size_t>(o - it_base)];
-        return (i == o || !split) ? step_trace[step_index[o]] : detail_trace[step_index[o]];
-    };
+    st.window_trace = make_trace_id("window|" + run_id + "|" + rank_s + "|" + st.out.window_id);
+    for (int k = 0; k < st.n_iter; ++k)
+        st.iteration_trace.push_back(make_trace_id("iteration|" + run_id + "|" + rank_s + "|" + st.out.window_id + "|" + std::to_string(k + 1)));
 
     int window_root_ev = -1;
     bool has_window = false;
@@ -356,7 +487,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         win_max = std::max(win_max, ev[i].end);
         if (ev[i].kind == Kind::TraceSpan && (window_root_ev < 0 || ev[i].ordinal < ev[window_root_ev].ordinal)) window_root_ev = i;
     }
-    if (n_iter && !has_window) {  // iteration roots link to the window root: it spans the events
+    if (st.n_iter && !has_window) {  // iteration roots link to the window root: it spans the events
         has_window = true;
         win_min = ev[0].start;
         win_max = ev[0].end;
@@ -365,216 +496,217 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             win_max = std::max(win_max, e.end);
         }
     }
-    // Spans that can receive children, drops, memory events or links are "slots": event i is
-    // slot i, step k's detail root slot n + k, the synthetic window root slot n + steps.size(),
-    // iteration k's root slot it_base + k; slot n + j has span id sid(n_total + j). -1 means "none".
-    const int window_slot = n + static_cast<int>(steps.size());
-    const size_t n_slots = static_cast<size_t>(it_base + n_iter);
-    auto slot_id = [&](int slot) { return slot < n ? sid(ev[slot].ordinal) : sid(n_total + static_cast<uint64_t>(slot - n)); };
-    int window_root = -1;
-    std::vector<Span> synthetic;
+    st.window_root_ev = window_root_ev;
+    st.window_slot = n + static_cast<int>(steps.size());
+    st.n_slots = static_cast<size_t>(st.it_base + st.n_iter);
     if (has_window) {
         if (window_root_ev >= 0) {
-            window_root = window_root_ev;
+            st.window_root = window_root_ev;
         } else {
-            window_root = window_slot;
+            st.window_root = st.window_slot;
             Span sp;
-            sp.trace_id = window_trace;
-            sp.span_id = slot_id(window_slot);
+            sp.trace_id = st.window_trace;
+            sp.span_id = st.slot_id(st.window_slot);
             sp.name = "otelprof.window";
             sp.start = win_min;
             sp.end = win_max;
             // attributes are added at assembly, once dropped counts are known
-            synthetic.push_back(std::move(sp));
+            st.synthetic.push_back(std::move(sp));
         }
     }
-    auto detail_root = [&](int s) { return n + step_index[s]; };
-    auto level_target = [&](int o) -> int {
-        if (o < 0) return window_root;
-        if (o >= it_base) return o;
-        return split ? detail_root(o) : o;
-    };
-    auto parent_span = [&](int k) -> int { return k >= 0 && !(split && is_step(k)) ? k : -1; };
-    // a CPU span [ev[i].start, end) directly under live step s's ProfilerStep: the phase it
-    // overlaps most (the first such), else the ProfilerStep
-    auto under_phase = [&](int s, int i, int64_t end) -> SpanId {
-        SpanId best = sid(ev[s].ordinal);
-        int64_t most = 0;
-        if (!ev[i].device()) {
-            for (const LivePhase& phase : live_step(s)->phases) {
-                const int64_t hi = std::min(end, phase.end), lo = std::max(ev[i].start, phase.start);
-                if (hi <= lo) continue;  // lo >= phase.start >= 0: hi - lo cannot overflow
-                const int64_t overlap = hi - lo;
-                if (overlap > most) {
-                    best = phase.span_id;
-                    most = overlap;
-                }
-            }
-        }
-        return best;
-    };
+}
 
-    // Slot of the parent of a non-root event i (or of an aggregate that i leads).
-    auto parent_of = [&](int i) -> int {
-        int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
-        if (k >= 0 && owner[k] != owner[i]) k = -1;  // a parent in the window, i in an iteration
-        int ps = parent_span(k);
-        return ps >= 0 ? ps : level_target(owner[i]);
-    };
-    auto forget = [&] { std::fill(nearest.begin(), nearest.end(), kUnset); };
+// Runs of identical hidden siblings become one aggregate span each (default detail).
+void aggregate_sibling_runs(BuildState& st) {
+    st.aggregated.assign(static_cast<size_t>(st.n), 0);
+    if (!st.full) st.aggs = find_sibling_runs(st.ev, st.tree, st.keep, st.aggregated);
+}
 
-    // --- aggregation of runs of identical tiny siblings -----------------------------------------
-    std::vector<char> aggregated(n, 0);
-    std::vector<std::vector<int>> aggs;  // members of each aggregate, the first leads; empty: dropped
-    if (!full) aggs = aggregate_sibling_runs(ev, tree, keep, aggregated);
+// Scratch of the span budget, per event (has_child: per slot), allocated once for all traces.
+struct BudgetScratch {
+    std::vector<char> has_child, member;
+    std::vector<int> parents, depth;
+};
 
-    // --- the span budget per trace: aggregate repeated leaves, then drop the least significant ----
-    // (reference: volume.Budget)
-    if (const int64_t budget = opts.span_budget; budget > 0) {
-        auto is_root = [&](int i) { return is_step(i) || i == window_root_ev; };
-        std::map<TraceId, int64_t> roots;
-        std::map<TraceId, std::vector<int>> members, agg_of;
-        for (int i = 0; i < n; ++i) {
-            if (!keep[i]) continue;
-            if (is_root(i)) ++roots[trace_of(i)];
-            else members[trace_of(i)].push_back(i);
-        }
-        for (const Span& sp : synthetic) ++roots[sp.trace_id];  // the synthetic window root
-        for (const TraceId& it : iteration_trace) ++roots[it];
-        if (split)
-            for (int st : steps) ++roots[detail_trace[step_index[st]]];
-        for (size_t a = 0; a < aggs.size(); ++a) agg_of[trace_of(aggs[a][0])].push_back(static_cast<int>(a));
-        std::vector<char> has_child(n_slots, 0), member(n, 0);
-        std::vector<int> parents(n, -1), depth(n, -1);
-        for (auto& [tid, events] : members) {
-            std::vector<int>& trace_aggs = agg_of[tid];
-            const int64_t n_roots = roots[tid];
-            if (n_roots + static_cast<int64_t>(events.size() + trace_aggs.size()) <= budget) continue;
-            // leaves: runs of two or more consecutive siblings with one name and category
-            forget();
-            for (int i : events) {
-                parents[i] = parent_of(i);
-                if (parents[i] >= 0) has_child[static_cast<size_t>(parents[i])] = 1;
-            }
-            for (int a : trace_aggs) {
-                const int ps = parent_of(aggs[static_cast<size_t>(a)][0]);
-                if (ps >= 0) has_child[static_cast<size_t>(ps)] = 1;
-            }
-            std::vector<int> order = events;
-            std::sort(order.begin(), order.end(), [&](int a, int b) {
-                if (parents[a] != parents[b]) return parents[a] < parents[b];
-                return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
-            });
-            std::vector<int> run;
-            for (size_t idx = 0; idx <= order.size(); ++idx) {
-                const int c = idx < order.size() ? order[idx] : -1;
-                const bool leaf = c >= 0 && !has_child[static_cast<size_t>(c)];
-                if (leaf && !run.empty() && parents[c] == parents[run[0]] && ev[c].name_id == ev[run[0]].name_id &&
-                    ev[c].cat == ev[run[0]].cat) {
-                    run.push_back(c);
-                    continue;
-                }
-                if (run.size() >= 2) {
-                    for (int r : run) {
-                        keep[r] = 0;
-                        aggregated[r] = 1;
-                    }
-                    trace_aggs.push_back(static_cast<int>(aggs.size()));
-                    aggs.push_back(run);
-                }
-                run.clear();
-                if (leaf) run.push_back(c);
-            }
-            std::fill(has_child.begin(), has_child.end(), 0);
-            // then the least significant spans: (worth, -depth, -order)
-            forget();
-            std::vector<int> kept;
-            for (int i : events)
-                if (keep[i]) kept.push_back(i);
-            int64_t live_aggs = 0;
-            for (int a : trace_aggs) live_aggs += !aggs[static_cast<size_t>(a)].empty();
-            const int64_t excess = n_roots + static_cast<int64_t>(kept.size()) + live_aggs - budget;
-            if (excess <= 0) continue;
-            for (int i : kept) {
-                member[i] = 1;
-                parents[i] = parent_of(i);
-            }
-            auto depth_of = [&](int i) -> int {
-                std::vector<int> walk;
-                int j = i;
-                while (j >= 0 && depth[j] < 0) {
-                    walk.push_back(j);
-                    const int ps = parents[j];
-                    j = ps >= 0 && ps < n && member[ps] ? ps : -1;
-                }
-                int d = j < 0 ? 0 : depth[j];
-                for (auto it = walk.rbegin(); it != walk.rend(); ++it) depth[*it] = ++d;
-                return depth[i];
-            };
-            struct Cand {
-                int64_t worth;
-                int neg_depth;
-                int64_t neg_order;
-                int who;  // event, or -1 - aggregate
-            };
-            std::vector<Cand> cands;
-            for (int i : kept) {
-                const int64_t worth = ev[i].device() ? ev[i].dur() : std::max(ev[i].dur(), launched[i]);
-                cands.push_back(Cand{worth, -depth_of(i), -static_cast<int64_t>(ev[i].ordinal), i});
-            }
-            for (int a : trace_aggs) {
-                const std::vector<int>& run_a = aggs[static_cast<size_t>(a)];
-                if (run_a.empty()) continue;
-                const int ps = parent_of(run_a[0]);
-                const int d = 1 + (ps >= 0 && ps < n && member[ps] ? depth_of(ps) : 0);
-                int64_t worth = 0;
-                for (int r : run_a) worth += ev[r].dur();
-                cands.push_back(Cand{worth, -d, -static_cast<int64_t>(ev[run_a[0]].ordinal), -1 - a});
-            }
-            std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
-                if (a.worth != b.worth) return a.worth < b.worth;
-                if (a.neg_depth != b.neg_depth) return a.neg_depth < b.neg_depth;
-                if (a.neg_order != b.neg_order) return a.neg_order < b.neg_order;
-                return a.who < b.who;
-            });
-            for (int64_t k = 0; k < excess; ++k) {
-                const int c = cands[static_cast<size_t>(k)].who;
-                if (c >= 0) {
-                    keep[c] = 0;
-                    reason[c] = kHiddenBudget;
-                } else {
-                    for (int r : aggs[static_cast<size_t>(-1 - c)]) {
-                        aggregated[r] = 0;
-                        reason[r] = kHiddenBudget;
-                    }
-                    aggs[static_cast<size_t>(-1 - c)].clear();
-                }
-            }
-            for (int i : kept) {
-                member[i] = 0;
-                depth[i] = -1;
-            }
-        }
-        forget();
+// Over budget, first: runs of two or more consecutive leaf siblings with one name and category
+// become aggregates (reference: volume.Budget._aggregate_leaves).
+void budget_aggregate_leaves(BuildState& st, const std::vector<int>& events, std::vector<int>& trace_aggs, BudgetScratch& scratch) {
+    const std::vector<Event>& ev = st.ev;
+    std::vector<std::vector<int>>& aggs = st.aggs;
+    std::vector<char>& has_child = scratch.has_child;
+    std::vector<int>& parents = scratch.parents;
+    for (int i : events) {
+        parents[i] = st.parent_of(i);
+        if (parents[i] >= 0) has_child[static_cast<size_t>(parents[i])] = 1;
     }
+    for (int a : trace_aggs) {
+        const int ps = st.parent_of(aggs[static_cast<size_t>(a)][0]);
+        if (ps >= 0) has_child[static_cast<size_t>(ps)] = 1;
+    }
+    std::vector<int> order = events;
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+        if (parents[a] != parents[b]) return parents[a] < parents[b];
+        return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
+    });
+    std::vector<int> run;
+    for (size_t idx = 0; idx <= order.size(); ++idx) {
+        const int c = idx < order.size() ? order[idx] : -1;
+        const bool leaf = c >= 0 && !has_child[static_cast<size_t>(c)];
+        if (leaf && !run.empty() && parents[c] == parents[run[0]] && ev[c].name_id == ev[run[0]].name_id &&
+            ev[c].cat == ev[run[0]].cat) {
+            run.push_back(c);
+            continue;
+        }
+        if (run.size() >= 2) {
+            for (int r : run) {
+                st.keep[r] = 0;
+                st.aggregated[r] = 1;
+            }
+            trace_aggs.push_back(static_cast<int>(aggs.size()));
+            aggs.push_back(run);
+        }
+        run.clear();
+        if (leaf) run.push_back(c);
+    }
+    std::fill(has_child.begin(), has_child.end(), 0);
+}
 
-    // --- a window trace that would hold its root alone is not sent ------------------------------
-    if (!full && n_iter == 0 && window_root_ev >= 0 && keep[window_root_ev]) {
-        bool alone = true;
-        for (int i = 0; i < n && alone; ++i) alone = !(keep[i] && owner[i] == -1 && i != window_root_ev);
-        for (const auto& run_a : aggs) alone = alone && (run_a.empty() || owner[run_a[0]] != -1);
-        if (alone) {
-            keep[window_root_ev] = 0;
-            reason[window_root_ev] = kHiddenWindowRoot;
-            window_root = -1;
-            forget();
+// Then, still over budget: the least significant spans go, by (worth, -depth, -order)
+// (reference: volume.Budget._drop).
+void budget_drop(BuildState& st, const std::vector<int>& kept, int64_t n_roots, const std::vector<int>& trace_aggs,
+                 BudgetScratch& scratch) {
+    const std::vector<Event>& ev = st.ev;
+    const int n = st.n;
+    std::vector<std::vector<int>>& aggs = st.aggs;
+    const std::vector<int64_t>& launched = st.launched;
+    std::vector<char>& member = scratch.member;
+    std::vector<int>& parents = scratch.parents;
+    std::vector<int>& depth = scratch.depth;
+    int64_t live_aggs = 0;
+    for (int a : trace_aggs) live_aggs += !aggs[static_cast<size_t>(a)].empty();
+    const int64_t excess = n_roots + static_cast<int64_t>(kept.size()) + live_aggs - st.opts.span_budget;
+    if (excess <= 0) return;
+    for (int i : kept) {
+        member[i] = 1;
+        parents[i] = st.parent_of(i);
+    }
+    auto depth_of = [&](int i) -> int {
+        std::vector<int> walk;
+        int j = i;
+        while (j >= 0 && depth[j] < 0) {
+            walk.push_back(j);
+            const int ps = parents[j];
+            j = ps >= 0 && ps < n && member[ps] ? ps : -1;
+        }
+        int d = j < 0 ? 0 : depth[j];
+        for (auto it = walk.rbegin(); it != walk.rend(); ++it) depth[*it] = ++d;
+        return depth[i];
+    };
+    struct Cand {
+        int64_t worth;
+        int neg_depth;
+        int64_t neg_order;
+        int who;  // event, or -1 - aggregate
+    };
+    std::vector<Cand> cands;
+    for (int i : kept) {
+        const int64_t worth = ev[i].device() ? ev[i].dur() : std::max(ev[i].dur(), launched[i]);
+        cands.push_back(Cand{worth, -depth_of(i), -static_cast<int64_t>(ev[i].ordinal), i});
+    }
+    for (int a : trace_aggs) {
+        const std::vector<int>& run_a = aggs[static_cast<size_t>(a)];
+        if (run_a.empty()) continue;
+        const int ps = st.parent_of(run_a[0]);
+        const int d = 1 + (ps >= 0 && ps < n && member[ps] ? depth_of(ps) : 0);
+        int64_t worth = 0;
+        for (int r : run_a) worth += ev[r].dur();
+        cands.push_back(Cand{worth, -d, -static_cast<int64_t>(ev[run_a[0]].ordinal), -1 - a});
+    }
+    std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+        if (a.worth != b.worth) return a.worth < b.worth;
+        if (a.neg_depth != b.neg_depth) return a.neg_depth < b.neg_depth;
+        if (a.neg_order != b.neg_order) return a.neg_order < b.neg_order;
+        return a.who < b.who;
+    });
+    for (int64_t k = 0; k < excess; ++k) {
+        const int c = cands[static_cast<size_t>(k)].who;
+        if (c >= 0) {
+            st.keep[c] = 0;
+            st.reason[c] = kHiddenBudget;
+        } else {
+            for (int r : aggs[static_cast<size_t>(-1 - c)]) {
+                st.aggregated[r] = 0;
+                st.reason[r] = kHiddenBudget;
+            }
+            aggs[static_cast<size_t>(-1 - c)].clear();
         }
     }
+    for (int i : kept) {
+        member[i] = 0;
+        depth[i] = -1;
+    }
+}
 
-    // aggregates, then kept events, built in place in the output; synthetic spans go after them
-    BigVector<Span>& by_order = out.spans;
-    by_order.reserve(static_cast<size_t>(n) + steps.size() + 1);
-    for (const std::vector<int>& run : aggs) {
+// The span budget per trace (reference: volume.Budget.apply): a trace over it has its repeated
+// leaves aggregated, then loses its least significant spans.
+void apply_budget(BuildState& st) {
+    const int64_t budget = st.opts.span_budget;
+    if (budget <= 0) return;
+    const int n = st.n;
+    const std::vector<char>& keep = st.keep;
+    const std::vector<std::vector<int>>& aggs = st.aggs;
+    auto is_root = [&](int i) { return st.is_step(i) || i == st.window_root_ev; };
+    std::map<TraceId, int64_t> roots;
+    std::map<TraceId, std::vector<int>> members, agg_of;
+    for (int i = 0; i < n; ++i) {
+        if (!keep[i]) continue;
+        if (is_root(i)) ++roots[st.trace_of(i)];
+        else members[st.trace_of(i)].push_back(i);
+    }
+    for (const Span& sp : st.synthetic) ++roots[sp.trace_id];  // the synthetic window root
+    for (const TraceId& it : st.iteration_trace) ++roots[it];
+    if (st.split)
+        for (int s : st.tree.steps) ++roots[st.detail_trace[st.tree.step_index[s]]];
+    for (size_t a = 0; a < aggs.size(); ++a) agg_of[st.trace_of(aggs[a][0])].push_back(static_cast<int>(a));
+    BudgetScratch scratch{std::vector<char>(st.n_slots, 0), std::vector<char>(n, 0), std::vector<int>(n, -1), std::vector<int>(n, -1)};
+    for (auto& [tid, events] : members) {
+        std::vector<int>& trace_aggs = agg_of[tid];
+        const int64_t n_roots = roots[tid];
+        if (n_roots + static_cast<int64_t>(events.size() + trace_aggs.size()) <= budget) continue;
+        st.forget();
+        budget_aggregate_leaves(st, events, trace_aggs, scratch);
+        st.forget();
+        std::vector<int> kept;
+        for (int i : events)
+            if (keep[i]) kept.push_back(i);
+        budget_drop(st, kept, n_roots, trace_aggs, scratch);
+    }
+    st.forget();
+}
+
+// A window trace that would hold its root alone is not sent (default detail).
+void window_root_rule(BuildState& st) {
+    const int root = st.window_root_ev;
+    if (st.full || st.n_iter != 0 || root < 0 || !st.keep[root]) return;
+    const std::vector<int>& owner = st.tree.owner;
+    bool alone = true;
+    for (int i = 0; i < st.n && alone; ++i) alone = !(st.keep[i] && owner[i] == -1 && i != root);
+    for (const auto& run_a : st.aggs) alone = alone && (run_a.empty() || owner[run_a[0]] != -1);
+    if (alone) {
+        st.keep[root] = 0;
+        st.reason[root] = kHiddenWindowRoot;
+        st.window_root = -1;
+        st.forget();
+    }
+}
+
+// One span per surviving aggregate, under its leader's parent; built in place in the output.
+void aggregate_spans(BuildState& st) {
+    const std::vector<Event>& ev = st.ev;
+    const std::vector<int>& owner = st.tree.owner;
+    BigVector<Span>& by_order = st.out.spans;
+    by_order.reserve(static_cast<size_t>(st.n) + st.tree.steps.size() + 1);
+    for (const std::vector<int>& run : st.aggs) {
         if (run.empty()) continue;
         const Event& first = ev[run[0]];
         int64_t total = 0, end = first.end;
@@ -584,37 +716,49 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
         Span sp;
         sp.order = first.ordinal;
-        sp.trace_id = trace_of(run[0]);
-        sp.span_id = sid(first.ordinal);
-        const int ps = parent_of(run[0]);
-        sp.parent_id = slot_id(ps);
-        if (ps == owner[run[0]] && live_step(ps)) sp.parent_id = under_phase(ps, run[0], end);
+        sp.trace_id = st.trace_of(run[0]);
+        sp.span_id = st.sid(first.ordinal);
+        const int ps = st.parent_of(run[0]);
+        sp.parent_id = st.slot_id(ps);
+        if (ps == owner[run[0]] && st.live_step(ps)) sp.parent_id = st.under_phase(ps, run[0], end);
         sp.has_parent = true;
         sp.name = first.name;
         sp.start = first.start;
         sp.end = end;
-        add(sp, kCategoryKey, AttrValue::str(first.cat));
-        if (!first.device() && !first.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
-        add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
-        add(sp, kAggregatedDurationKey, AttrValue::integer(total));
+        st.add(sp, kCategoryKey, AttrValue::str(first.cat));
+        if (!first.device() && !first.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
+        st.add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
+        st.add(sp, kAggregatedDurationKey, AttrValue::integer(total));
         by_order.push_back(std::move(sp));
-        stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
+        st.stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
     }
-    stats[AGGREGATE_SPANS] = static_cast<int64_t>(by_order.size());
-    const size_t n_aggregates = by_order.size();
+    st.stats[AGGREGATE_SPANS] = static_cast<int64_t>(by_order.size());
+    st.n_aggregates = by_order.size();
+}
 
-    // --- what each parent says of the spans hidden under it (reference: volume.hidden_attributes)
+// What each parent says of the spans hidden under it (reference: volume.hidden_attributes).
+void hidden_counts(BuildState& st) {
+    const int n = st.n;
+    const std::vector<Event>& ev = st.ev;
+    const std::vector<char>& keep = st.keep;
+    const std::vector<char>& aggregated = st.aggregated;
+    const std::vector<uint8_t>& reason = st.reason;
+    int64_t* stats = st.stats;
+    const size_t n_slots = st.n_slots;
+    const Options& opts = st.opts;
+    std::vector<int64_t>& hidden_count = st.hidden_count;
+    std::vector<std::string_view>& hidden_text = st.hidden_text;
     std::vector<std::pair<int, int>> hidden;  // (target slot, event)
     for (int i = 0; i < n; ++i) {
         if (keep[i] || aggregated[i]) continue;
         const int why = reason[i] ? reason[i] : (ev[i].kind == Kind::Python ? kHiddenPython : kHiddenShort);
         ++stats[kHiddenStat[why]];
         if (why == kHiddenWindowRoot) continue;
-        const int target = parent_of(i);
+        const int target = st.parent_of(i);
         if (target >= 0) hidden.emplace_back(target, i);
     }
-    std::vector<int64_t> hidden_count(n_slots, 0);
-    std::vector<std::string_view> hidden_text(n_slots);
+    hidden_count.assign(n_slots, 0);
+    hidden_text.assign(n_slots, std::string_view());
     {
         auto name_of = [&](int i) { return std::string_view(ev[i].name); };
         std::sort(hidden.begin(), hidden.end(), [&](const auto& a, const auto& b) {
@@ -664,26 +808,33 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             }
             if (total > listed) text += " and " + std::to_string(total - listed) + " more";
             hidden_count[static_cast<size_t>(slot)] = total;
-            hidden_text[static_cast<size_t>(slot)] = keep_str(text);
+            hidden_text[static_cast<size_t>(slot)] = st.keep_str(text);
             lo = hi;
         }
     }
-    auto add_hidden = [&](Span& sp, int slot) {
-        if (const int64_t c = hidden_count[static_cast<size_t>(slot)]) {
-            add(sp, kHiddenSpansKey, AttrValue::integer(c));
-            add(sp, kHiddenKey, AttrValue::str(hidden_text[static_cast<size_t>(slot)]));
-        }
-    };
+}
 
-    // --- key_averages tree: self CPU / device time (aggregates.cpp; reference: tree.self_times) ---
-    const SelfTimes self = self_times(trace, parent);
-    const std::vector<char>& in_a = self.in_aggregate;
-    const std::vector<int64_t>& child_dur = self.child_dur;
-    const std::vector<int64_t>& self_dev = self.self_device;
+// key_averages' tree: self CPU and device time (aggregates.cpp; reference: tree.self_times).
+void op_self_times(BuildState& st) { st.self = self_times(st.trace, st.tree.parent); }
 
-    // --- span events (memory) and step peaks ------------------------------------------------------
-    SparseLists<SpanEvent> span_events(n_slots);
-    std::vector<int64_t> cpu_peak(steps.size(), -1), acc_peak(steps.size(), -1);
+// Memory events become span events of the span that holds them; step memory peaks.
+void memory_span_events(BuildState& st) {
+    int64_t* stats = st.stats;
+    const size_t n_slots = st.n_slots;
+    const Document& doc = st.doc;
+    const Trace& trace = st.trace;
+    Attrs& pool = st.out.attrs;
+    const std::vector<int>& steps = st.tree.steps;
+    const std::vector<int>& step_index = st.tree.step_index;
+    const std::vector<int>& owner = st.tree.owner;
+    const std::vector<int>& probe_owner = st.tree.probe_owner;
+    std::vector<int64_t>& cpu_peak = st.cpu_peak;
+    std::vector<int64_t>& acc_peak = st.acc_peak;
+    SparseLists<SpanEvent>& span_events = st.span_events;
+    const int n_mem = static_cast<int>(st.trace.memory.size());
+    span_events = SparseLists<SpanEvent>(n_slots);
+    cpu_peak.assign(steps.size(), -1);
+    acc_peak.assign(steps.size(), -1);
     static const int total_allocated = memory_arg("Total Allocated"), device_type = memory_arg("Device Type");
     static const int device_id = memory_arg("Device Id"), addr = memory_arg("Addr");
     std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
@@ -692,7 +843,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         const Instant& m = trace.memory[k];
         const uint64_t present = find_args(doc, m.args, memory_attribute, mem_args.data());
         auto member = [&](int a) { return present >> a & 1 ? mem_args[a] : nullptr; };
-        int s = step_at(m.ts);
+        int s = st.step_at(m.ts);
         int64_t total;
         if (s >= 0 && as_int64(member(total_allocated), total)) {
             int64_t dtype = 0;
@@ -703,10 +854,10 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         int o = probe_owner[k];
         int target = -1;
         if (o >= 0) {
-            int kk = nearest_kept(o);
-            target = kk >= 0 ? parent_span(kk) : level_target(owner[o]);
+            int kk = st.nearest_kept(o);
+            target = kk >= 0 ? st.parent_span(kk) : st.level_target(owner[o]);
         }
-        if (target < 0) target = level_target(s);
+        if (target < 0) target = st.level_target(s);
         if (target < 0) {
             ++stats[MEMORY_EVENTS_DROPPED];
             continue;
@@ -725,19 +876,29 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
                 if (as_int64(member(device_type), dtype)) {
                     const bool has_id = as_int64(member(device_id), did);
                     if (std::string dev = device_name(dtype, has_id, has_id ? did : 0); !dev.empty())
-                        push(kMemoryDeviceKey, AttrValue::str(keep_str(dev)));
+                        push(kMemoryDeviceKey, AttrValue::str(st.keep_str(dev)));
                 }
-                if (has) push(memory_key(a), AttrValue::str(keep_str(hex_address(v))));
+                if (has) push(memory_key(a), AttrValue::str(st.keep_str(hex_address(v))));
                 continue;
             }
             if (has) push(memory_key(a), AttrValue::integer(v));
         }
         span_events.at(static_cast<size_t>(target)).push_back(event);
     }
+}
 
-    // --- forward -> backward links (links.cpp; reference: tree.fwdbwd_pairs), kept ones only ------
+// Forward -> backward links between kept spans (links.cpp; reference: tree.fwdbwd_pairs).
+void fwdbwd_links(BuildState& st) {
+    const int n = st.n;
+    const std::vector<Event>& ev = st.ev;
+    const std::vector<char>& keep = st.keep;
+    int64_t* stats = st.stats;
+    const Document& doc = st.doc;
+    const Trace& trace = st.trace;
+    SparseLists<SpanLink>& links = st.links;
+    const EventTree& tree = st.tree;
     const std::vector<std::pair<int, int>> pairs = fwdbwd_pairs(doc, trace, tree);
-    SparseLists<SpanLink> links(static_cast<size_t>(n));
+    links = SparseLists<SpanLink>(static_cast<size_t>(n));
     for (const auto& [fw, bw] : pairs) {
         // a link joins the two ops it names: when either is not a span, it is dropped and counted
         if (!keep[fw] || !keep[bw] || fw == bw) {
@@ -745,7 +906,7 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
             continue;
         }
         auto& bucket = links.at(static_cast<size_t>(bw));
-        SpanLink target{trace_of(fw), sid(ev[fw].ordinal), "fwdbwd"};
+        SpanLink target{st.trace_of(fw), st.sid(ev[fw].ordinal), "fwdbwd"};
         bool dup = std::any_of(bucket.begin(), bucket.end(),
                                [&](const SpanLink& l) { return l.trace_id == target.trace_id && l.span_id == target.span_id; });
         if (dup) {
@@ -754,161 +915,198 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         }
         bucket.push_back(target);
     }
+}
 
-    // --- assemble spans ----------------------------------------------------------------------------
-    const auto event_limit = static_cast<size_t>(opts.event_limit);
-    const auto link_limit = static_cast<size_t>(opts.link_limit);
-    int64_t fwdbwd_links = 0;
-    // Attaches the memory events of `slot` to `sp`, and applies the event and link limits.
-    auto finish = [&](Span& sp, int slot) {
-        if (auto* found = span_events.find(static_cast<size_t>(slot))) {
-            auto& evs = *found;
-            std::sort(evs.begin(), evs.end(), [](const SpanEvent& a, const SpanEvent& b) {
-                return a.ts != b.ts ? a.ts < b.ts : a.ordinal < b.ordinal;
-            });
-            if (event_limit && evs.size() > event_limit) {
-                sp.dropped_events = static_cast<uint32_t>(evs.size() - event_limit);
-                stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
-                evs.resize(event_limit);
-            }
-            sp.events = std::move(evs);
-        }
-        if (link_limit && sp.links.size() > link_limit) {
-            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
-            stats[LINKS_DROPPED] += sp.dropped_links;
-            sp.links.resize(link_limit);
-        }
-        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
-    };
+// The synthetic roots (the window's, the iterations', the detail roots) with their attributes,
+// hidden counts, span events and limits.
+void assemble_synthetic_roots(BuildState& st) {
+    const std::vector<Event>& ev = st.ev;
+    const std::vector<int>& steps = st.tree.steps;
+    const std::vector<int>& step_index = st.tree.step_index;
+    const std::vector<int64_t>& step_num = st.tree.step_num;
+    const bool split = st.split;
+    const std::optional<int64_t>& rank = st.rank;
+    std::vector<Span>& synthetic = st.synthetic;
+    const int n_iter = st.n_iter;
+    const int it_base = st.it_base;
+    const int window_slot = st.window_slot;
+    const int window_root = st.window_root;
+    const std::vector<int64_t>& it_lo = st.iterations.lo;
+    const std::vector<int64_t>& it_hi = st.iterations.hi;
+    const char* it_source = st.iterations.source;
+    const std::vector<TraceId>& iteration_trace = st.iteration_trace;
+    const TraceId& window_trace = st.window_trace;
+    const std::vector<TraceId>& detail_trace = st.detail_trace;
+    const std::vector<TraceId>& step_trace = st.step_trace;
     for (Span& sp : synthetic) {  // the window root, when synthetic
-        add(sp, kCategoryKey, AttrValue::str("otelprof"));
-        add_hidden(sp, window_slot);
-        add(sp, kSyntheticKey, AttrValue::boolean(true));
-        finish(sp, window_slot);
+        st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
+        st.add_hidden(sp, window_slot);
+        st.add(sp, kSyntheticKey, AttrValue::boolean(true));
+        st.finish_span(sp, window_slot);
     }
     for (int k = 0; k < n_iter; ++k) {
         Span sp;
         sp.trace_id = iteration_trace[static_cast<size_t>(k)];
-        sp.span_id = slot_id(it_base + k);
-        sp.name = keep_str("Iteration#" + std::to_string(k + 1));
+        sp.span_id = st.slot_id(it_base + k);
+        sp.name = st.keep_str("Iteration#" + std::to_string(k + 1));
         sp.start = it_lo[static_cast<size_t>(k)];
         sp.end = it_hi[static_cast<size_t>(k)];
-        add(sp, kCategoryKey, AttrValue::str("otelprof"));
-        add(sp, kIterationKey, AttrValue::integer(k + 1));
-        add(sp, kIterationSourceKey, AttrValue::str(it_source));
-        add_hidden(sp, it_base + k);
-        add(sp, kSyntheticKey, AttrValue::boolean(true));
-        sp.links.push_back(SpanLink{window_trace, slot_id(window_root), "window"});
-        finish(sp, it_base + k);
+        st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
+        st.add(sp, kIterationKey, AttrValue::integer(k + 1));
+        st.add(sp, kIterationSourceKey, AttrValue::str(it_source));
+        st.add_hidden(sp, it_base + k);
+        st.add(sp, kSyntheticKey, AttrValue::boolean(true));
+        sp.links.push_back(SpanLink{window_trace, st.slot_id(window_root), "window"});
+        st.finish_span(sp, it_base + k);
         synthetic.push_back(std::move(sp));
     }
     if (split) {
         for (int s : steps) {
             Span sp;
             sp.trace_id = detail_trace[step_index[s]];
-            sp.span_id = slot_id(detail_root(s));
+            sp.span_id = st.slot_id(st.detail_root(s));
             sp.name = ev[s].name;
             sp.start = ev[s].start;
             sp.end = ev[s].end;
-            add(sp, kCategoryKey, AttrValue::str("otelprof"));
-            add(sp, kStepKey, AttrValue::integer(step_num[s]));
-            if (rank) add(sp, kRankKey, AttrValue::integer(*rank));
-            add_hidden(sp, detail_root(s));
-            add(sp, kSyntheticKey, AttrValue::boolean(true));
-            sp.links.push_back(SpanLink{step_trace[step_index[s]], sid(ev[s].ordinal), "step"});
-            finish(sp, detail_root(s));
+            st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
+            st.add(sp, kStepKey, AttrValue::integer(step_num[s]));
+            if (rank) st.add(sp, kRankKey, AttrValue::integer(*rank));
+            st.add_hidden(sp, st.detail_root(s));
+            st.add(sp, kSyntheticKey, AttrValue::boolean(true));
+            sp.links.push_back(SpanLink{step_trace[step_index[s]], st.sid(ev[s].ordinal), "step"});
+            st.finish_span(sp, st.detail_root(s));
             synthetic.push_back(std::move(sp));
         }
     }
+}
+
+// What add_arg_attributes reads args with: the table of their keys, a slot per name, scratch.
+struct ArgReader {
+    explicit ArgReader(const Document& doc)
+        : table(key_table(doc, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; })),
+          found(static_cast<size_t>(kArgAttributeCount)) {}
+    std::vector<int> table;
+    std::vector<const JNode*> found;
     std::string rendered;
+};
+
+// An event's args as attributes, in one pass over them; the table decides order and aliases (first
+// key present wins) (reference: _arg_attributes).
+inline void add_arg_attributes(BuildState& st, Span& sp, const JNode* event_args, ArgReader& reader) {
+    const Document& doc = st.doc;
+    std::string_view last_attr;
+    for (uint64_t rest = find_args(doc, event_args, reader.table, reader.found.data()); rest; rest &= rest - 1) {
+        const int a = __builtin_ctzll(rest);
+        const ArgAttribute& spec = kArgAttributes[a];
+        const JNode* v = reader.found[static_cast<size_t>(a)];
+        if (spec.attr == last_attr) continue;
+        uint32_t before = sp.attrs.count;
+        switch (spec.type) {
+            case ArgType::Int: {
+                int64_t x;
+                if (as_int64(v, x)) st.add(sp, arg_key(a), AttrValue::integer(x));
+                break;
+            }
+            case ArgType::Double: {
+                double x;
+                if (as_double(v, x)) st.add(sp, arg_key(a), AttrValue::dbl(x));
+                break;
+            }
+            case ArgType::String:
+                if (v->type == JType::Str && v->len) st.add(sp, arg_key(a), AttrValue::str(v->str()));
+                break;
+            case ArgType::Json:
+                reader.rendered.clear();
+                render_json(doc, *v, reader.rendered);
+                st.add(sp, arg_key(a), AttrValue::str(st.keep_str(reader.rendered)));
+                break;
+        }
+        if (sp.attrs.count != before) last_attr = spec.attr;
+    }
+}
+
+// A ProfilerStep span's own attributes: step number, memory peak, what a trace list shows, the
+// live window's trigger (reference: _step_attributes).
+inline void add_step_attributes(BuildState& st, Span& sp, int i, std::string& rendered) {
+    const Event& e = st.ev[i];
+    const int64_t step = st.tree.step_num[i];
+    st.add(sp, kStepKey, AttrValue::integer(step));
+    const int k = st.tree.step_index[i];
+    int64_t peak = st.acc_peak[k] >= 0 ? st.acc_peak[k] : st.cpu_peak[k];
+    if (peak >= 0) st.add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
+    // what a trace list shows (reference/builder.py step_list_attrs)
+    rendered = "{\"step\": " + std::to_string(step) + '}';
+    st.add(sp, kInputValueKey, AttrValue::str(st.keep_str(rendered)));
+    st.add(sp, kInputMimeTypeKey, AttrValue::str("application/json"));
+    rendered = "{\"step_ms\": ";
+    append_millis(rendered, e.end - e.start);
+    rendered += '}';
+    st.add(sp, kOutputValueKey, AttrValue::str(st.keep_str(rendered)));
+    st.add(sp, kOutputMimeTypeKey, AttrValue::str("application/json"));
+    if (const LiveStep* ls = st.live_step(i); ls && !ls->trigger.empty())
+        st.add(sp, kWindowTriggerKey, AttrValue::str(st.keep_str(ls->trigger)));
+}
+
+// Every kept event's span: attributes, parent, links, span events and limits; then their order
+// by ordinal, aggregates merged in.
+void assemble_event_spans(BuildState& st) {
+    const int n = st.n;
+    const std::vector<Event>& ev = st.ev;
+    const std::vector<char>& keep = st.keep;
+    int64_t* stats = st.stats;
+    const std::vector<Name>& names = st.trace.names;
+    const std::vector<int>& step_index = st.tree.step_index;
+    const std::vector<int>& parent = st.tree.parent;
+    const std::vector<int>& owner = st.tree.owner;
+    const bool split = st.split;
+    const int window_root_ev = st.window_root_ev;
+    const std::vector<TraceId>& detail_trace = st.detail_trace;
+    const std::vector<char>& in_a = st.self.in_aggregate;
+    const std::vector<int64_t>& child_dur = st.self.child_dur;
+    const std::vector<int64_t>& self_dev = st.self.self_device;
+    SparseLists<SpanLink>& links = st.links;
+    BigVector<Span>& by_order = st.out.spans;
+    const size_t n_aggregates = st.n_aggregates;
+    std::vector<uint32_t>& by_order_idx = st.by_order_idx;
     std::vector<std::string_view> kernel_names(names.size());  // folded kernel names by name id
-    const std::vector<int> arg_attribute = key_table(doc, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; });
-    std::vector<const JNode*> found_storage(static_cast<size_t>(kArgAttributeCount));
-    const JNode** found = found_storage.data();
+    ArgReader args(st.doc);
     for (int i = 0; i < n; ++i) {
         if (!keep[i]) continue;
         const Event& e = ev[i];
         Span sp;
         sp.order = e.ordinal;
-        add(sp, kCategoryKey, AttrValue::str(e.cat));
-        if (!e.device() && !e.tid.is_str) add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
+        st.add(sp, kCategoryKey, AttrValue::str(e.cat));
+        if (!e.device() && !e.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
         std::string_view name = e.name;
         if (e.kind == Kind::Kernel) {  // folded once per name (reference: fold_kernel_name)
             std::string_view& folded = kernel_names[e.name_id];
-            if (!folded.data()) folded = keep_str(fold_kernel_name(e.name));
+            if (!folded.data()) folded = st.keep_str(fold_kernel_name(e.name));
             if (folded != e.name) {
                 name = folded;
-                add(sp, kKernelNameKey, AttrValue::str(e.name));
+                st.add(sp, kKernelNameKey, AttrValue::str(e.name));
             }
         }
-        if (e.args) {
-            // one pass over the args; the table decides order and aliases (first key present wins)
-            std::string_view last_attr;
-            for (uint64_t rest = find_args(doc, e.args, arg_attribute, found); rest; rest &= rest - 1) {
-                const int a = __builtin_ctzll(rest);
-                const ArgAttribute& spec = kArgAttributes[a];
-                const JNode* v = found[a];
-                if (spec.attr == last_attr) continue;
-                uint32_t before = sp.attrs.count;
-                switch (spec.type) {
-                    case ArgType::Int: {
-                        int64_t x;
-                        if (as_int64(v, x)) add(sp, arg_key(a), AttrValue::integer(x));
-                        break;
-                    }
-                    case ArgType::Double: {
-                        double x;
-                        if (as_double(v, x)) add(sp, arg_key(a), AttrValue::dbl(x));
-                        break;
-                    }
-                    case ArgType::String:
-                        if (v->type == JType::Str && v->len) add(sp, arg_key(a), AttrValue::str(v->str()));
-                        break;
-                    case ArgType::Json:
-                        rendered.clear();
-                        render_json(doc, *v, rendered);
-                        add(sp, arg_key(a), AttrValue::str(keep_str(rendered)));
-                        break;
-                }
-                if (sp.attrs.count != before) last_attr = spec.attr;
-            }
-        }
+        if (e.args) add_arg_attributes(st, sp, e.args, args);
         if (in_a[i]) {
-            add(sp, kSelfCpuKey, AttrValue::integer(e.dur() - child_dur[i]));
-            add(sp, kSelfDeviceKey, AttrValue::integer(self_dev[i]));
+            st.add(sp, kSelfCpuKey, AttrValue::integer(e.dur() - child_dur[i]));
+            st.add(sp, kSelfDeviceKey, AttrValue::integer(self_dev[i]));
         }
-        if (is_step(i)) {
-            add(sp, kStepKey, AttrValue::integer(step_num[i]));
-            const int k = step_index[i];
-            int64_t peak = acc_peak[k] >= 0 ? acc_peak[k] : cpu_peak[k];
-            if (peak >= 0) add(sp, kPeakAllocatedKey, AttrValue::integer(peak));
-            // what a trace list shows (reference/builder.py step_list_attrs)
-            rendered = "{\"step\": " + std::to_string(step_num[i]) + '}';
-            add(sp, kInputValueKey, AttrValue::str(keep_str(rendered)));
-            add(sp, kInputMimeTypeKey, AttrValue::str("application/json"));
-            rendered = "{\"step_ms\": ";
-            append_millis(rendered, e.end - e.start);
-            rendered += '}';
-            add(sp, kOutputValueKey, AttrValue::str(keep_str(rendered)));
-            add(sp, kOutputMimeTypeKey, AttrValue::str("application/json"));
-            if (const LiveStep* ls = live_step(i); ls && !ls->trigger.empty())
-                add(sp, kWindowTriggerKey, AttrValue::str(keep_str(ls->trigger)));
-        }
-        add_hidden(sp, i);
+        if (st.is_step(i)) add_step_attributes(st, sp, i, args.rendered);
+        st.add_hidden(sp, i);
         int parent_slot = -1;
-        if (!is_step(i) && i != window_root_ev) {
-            int k = parent[i] >= 0 ? nearest_kept(parent[i]) : -1;
+        if (!st.is_step(i) && i != window_root_ev) {
+            int k = parent[i] >= 0 ? st.nearest_kept(parent[i]) : -1;
             if (k >= 0 && owner[k] != owner[i]) k = -1;  // a parent in the window, i in an iteration
-            parent_slot = parent_span(k);
-            if (parent_slot < 0) parent_slot = level_target(owner[i]);
+            parent_slot = st.parent_span(k);
+            if (parent_slot < 0) parent_slot = st.level_target(owner[i]);
         }
-        sp.trace_id = trace_of(i);
-        sp.span_id = sid(e.ordinal);
+        sp.trace_id = st.trace_of(i);
+        sp.span_id = st.sid(e.ordinal);
         if (parent_slot >= 0) {
-            sp.parent_id = slot_id(parent_slot);
+            sp.parent_id = st.slot_id(parent_slot);
             sp.has_parent = true;
-            if (parent_slot == owner[i] && live_step(owner[i])) sp.parent_id = under_phase(owner[i], i, e.end);
-        } else if (const LiveStep* ls = is_step(i) ? live_step(i) : nullptr) {
+            if (parent_slot == owner[i] && st.live_step(owner[i])) sp.parent_id = st.under_phase(owner[i], i, e.end);
+        } else if (const LiveStep* ls = st.is_step(i) ? st.live_step(i) : nullptr) {
             sp.parent_id = ls->span_id;
             sp.has_parent = true;
         }
@@ -916,12 +1114,12 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         sp.start = e.start;
         sp.end = e.end;
         if (auto* found = links.find(static_cast<size_t>(i))) sp.links = std::move(*found);
-        if (split && is_step(i)) sp.links.push_back(SpanLink{detail_trace[step_index[i]], slot_id(detail_root(i)), "rank_detail"});
-        finish(sp, i);
+        if (split && st.is_step(i)) sp.links.push_back(SpanLink{detail_trace[step_index[i]], st.slot_id(st.detail_root(i)), "rank_detail"});
+        st.finish_span(sp, i);
         by_order.push_back(std::move(sp));
     }
     // by_order holds the aggregates, then kept events (already in ordinal order): sort indices, not spans
-    std::vector<uint32_t> by_order_idx(by_order.size());
+    by_order_idx.resize(by_order.size());
     for (uint32_t k = 0; k < by_order_idx.size(); ++k) by_order_idx[k] = k;
     {
         auto by_ordinal = [&](uint32_t a, uint32_t b) { return by_order[a].order < by_order[b].order; };
@@ -929,9 +1127,23 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         std::sort(by_order_idx.begin(), mid, by_ordinal);
         std::inplace_merge(by_order_idx.begin(), mid, by_order_idx.end(), by_ordinal);
     }
-    stats[LINKS] = fwdbwd_links;
+    stats[LINKS] = st.fwdbwd_links;
+}
 
-    // --- order: traces in step order, then the window; roots first -----------------------------------
+// Traces in step order, then iterations, then the window; roots first in each.
+void order_spans(BuildState& st) {
+    int64_t* stats = st.stats;
+    const std::vector<int>& steps = st.tree.steps;
+    const std::vector<int>& step_index = st.tree.step_index;
+    const bool split = st.split;
+    std::vector<Span>& synthetic = st.synthetic;
+    const std::vector<TraceId>& iteration_trace = st.iteration_trace;
+    const TraceId& window_trace = st.window_trace;
+    const std::vector<TraceId>& detail_trace = st.detail_trace;
+    const std::vector<TraceId>& step_trace = st.step_trace;
+    BigVector<Span>& by_order = st.out.spans;
+    std::vector<uint32_t>& by_order_idx = st.by_order_idx;
+    Built& out = st.out;
     {
         struct TidHash {
             size_t operator()(const TraceId& t) const {
@@ -976,17 +1188,43 @@ Built build_spans(const Document& doc, const Trace& trace, const Options& opts) 
         stats[SYNTHETIC_SPANS] = n_syn;
     }
     stats[SPANS] = static_cast<int64_t>(out.order.size());
+}
 
-    // --- length limits: span names and string attribute values (reference: _cut_strings) ------------
-    stats[VALUES_TRUNCATED] += cut_strings(out, opts.attribute_value_length_limit);
+// Length limits, key_averages rows and the resource: what is left once spans are in order.
+Built finish_build(BuildState& st) {
+    int64_t* stats = st.stats;
+    // length limits: span names and string attribute values (reference: _cut_strings)
+    stats[VALUES_TRUNCATED] += cut_strings(st.out, st.opts.attribute_value_length_limit);
+    // key_averages rows (aggregates.cpp; reference: builder._aggregate_ops)
+    st.out.ops = aggregate_ops(st.doc, st.trace, st.self, st.tree.sweep_order, st.opts.group_by_input_shapes);
+    // resource: composed by the caller (otelprof/otlp/resource.py), from what the trace says
+    stats[VALUES_TRUNCATED] += add_resource(st.out, st.trace, st.opts, st.rank, st.world, st.run_id);
+    for (int k = 0; k < kStatCount; ++k) st.out.stats.emplace_back(kStatNames[k], stats[k]);
+    return std::move(st.out);
+}
 
-    // --- key_averages rows (aggregates.cpp; reference: builder._aggregate_ops) ---------------------
-    out.ops = aggregate_ops(doc, trace, self, sweep_order, opts.group_by_input_shapes);
+}  // namespace
 
-    // --- resource: composed by the caller (otelprof/otlp/resource.py), from what the trace says ----
-    stats[VALUES_TRUNCATED] += add_resource(out, trace, opts, rank, world, run_id);
-    for (int k = 0; k < kStatCount; ++k) out.stats.emplace_back(kStatNames[k], stats[k]);
-    return out;
+// The stages, in order; reference/builder.py's build runs the same ones under the same names.
+Built build_spans(const Document& doc, const Trace& trace, const Options& opts) {
+    BuildState st(doc, trace, opts);
+    trace_identity(st);
+    event_tree(st);
+    volume_keep(st);
+    window_iterations(st);
+    trace_ids_and_roots(st);
+    aggregate_sibling_runs(st);
+    apply_budget(st);
+    window_root_rule(st);
+    aggregate_spans(st);
+    hidden_counts(st);
+    op_self_times(st);
+    memory_span_events(st);
+    fwdbwd_links(st);
+    assemble_synthetic_roots(st);
+    assemble_event_spans(st);
+    order_spans(st);
+    return finish_build(st);
 }
 
 }  // namespace otelprof

@@ -29,7 +29,7 @@ from ...otlp.spans import Attrs, AttrValue, Span, millis
 from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions, LiveStep
 from . import tree, volume
 from .jsonload import as_double, as_int64, render
-from .reader import Event, Trace
+from .reader import Event, Flow, Trace
 
 _STEP_RE = re.compile(r"ProfilerStep#([0-9]{1,18})\Z")
 _OPTIMIZER_STEP = ("Optimizer.step#", ".step")  # Optimizer.step#<Name>.step, <Name> not empty
@@ -98,71 +98,81 @@ def _memory_attributes(args: dict[str, Any]) -> Attrs:
     return out
 
 
-def build(trace: Trace, opts: ConvertOptions) -> Built:
-    ev = trace.events
-    n = len(ev)
-    full = opts.full
-    stats = dict.fromkeys(STAT_KEYS, 0)
-    stats["events_total"] = trace.total
-    stats["complete_events"] = n
-    stats["metadata_events"] = trace.metadata_events
-    stats["ignored_events"] = trace.ignored_events
-    stats["memory_events"] = len(trace.memory)
-    stats["flow_events"] = len(trace.flows)
+_UNSET = -2  # nearest_kept: not looked up yet
 
-    rank = opts.rank if opts.rank is not None else trace.rank
-    world = opts.world_size if opts.world_size is not None else trace.world_size
-    rank_s = "" if rank is None else str(rank)
-    min_start = min((e.start for e in ev), default=0)
-    run_id = clean(opts.run_id) if opts.run_id is not None else trace.trace_id
-    if run_id is None:
-        run_id = f"auto|{trace.trace_name}|{min_start}"
-    split = opts.split_world_size > 0 and (world or 1) >= opts.split_world_size
-    window = ids.window_id(((e.start, e.end) for e in ev), trace.total)
-    base = ids.span_base(run_id, rank_s, window)
 
-    # --- steps -------------------------------------------------------------------------
-    step_num: dict[int, int] = {}
-    for i, e in enumerate(ev):
-        if not e.device and e.name.startswith("ProfilerStep#"):
-            m = _STEP_RE.match(e.name)
-            if m and int(m.group(1)) not in step_num.values():
-                step_num[i] = int(m.group(1))
-    steps = sorted(step_num, key=lambda i: (ev[i].start, ev[i].ordinal))
-    step_index = {s: k for k, s in enumerate(steps)}
-    step_starts = [ev[s].start for s in steps]
-    stats["steps"] = len(steps)
+class _BuildState:
+    """What the stages of ``build`` share (native: builder.cpp's BuildState), set stage by stage."""
 
-    def step_at(t: int) -> int:
-        k = bisect_right(step_starts, t) - 1
-        return steps[k] if k >= 0 and t < ev[steps[k]].end else -1
+    # trace_identity
+    ev: list[Event]
+    n: int
+    full: bool
+    stats: dict[str, int]
+    rank: int | None
+    world: int | None
+    rank_s: str
+    run_id: str
+    split: bool
+    window: str
+    base: int
+    # event_tree
+    step_num: dict[int, int]
+    steps: list[int]
+    step_index: dict[int, int]
+    step_starts: list[int]
+    fwd_flows: list[Flow]
+    nesting: tree.Nesting
+    parent: list[int]
+    children: list[list[int]]
+    probe_owner: list[int]
+    owner: list[int]
+    # volume_keep
+    keep: list[bool]
+    reason: list[int]
+    nearest: list[int]
+    # window_iterations
+    it_base: int
+    it_lo: list[int]
+    it_hi: list[int]
+    it_source: str
+    n_iter: int
+    # trace_ids_and_roots
+    step_trace: dict[int, bytes]
+    live_of: dict[int, LiveStep]
+    detail_trace: dict[int, bytes]
+    window_trace: bytes
+    iteration_trace: list[bytes]
+    window_root_ev: int
+    window_root_id: bytes
+    synthetic: list[Span]
+    detail_root_id: dict[int, bytes]
+    iteration_root_id: list[bytes]
+    # aggregate_sibling_runs / apply_budget
+    aggregated: list[bool]
+    aggs: list[list[int]]
+    # aggregate_spans, hidden_counts, op_self_times, memory_span_events, fwdbwd_links, assemble_event_spans
+    agg_spans: list[Span]
+    hidden_attrs: dict[bytes, list[tuple[str, int | str]]]
+    times: tree.SelfTimes
+    span_events: dict[bytes, list[tuple[int, int, Attrs]]]
+    peaks: dict[int, tuple[int, int]]
+    links: dict[bytes, list[tuple[bytes, bytes]]]
+    by_order: list[Span]
 
-    # --- the event tree (tree.py) ---------------------------------------------------------
-    fwd_flows = [f for f in trace.flows if f.fwdbwd]
-    n_mem = len(trace.memory)
-    nesting = tree.nest(ev, trace.memory, fwd_flows)
-    parent, children, probe_owner = nesting.parent, nesting.children, nesting.probe_owner
-    stats["device_events_unlinked"] = tree.link_device_work(ev, parent)
-    owner = tree.owners(ev, parent, step_num, step_at)
-    unset = -2
+    def __init__(self, trace: Trace, opts: ConvertOptions) -> None:
+        self.trace = trace
+        self.opts = opts
 
-    # --- volume control: which events stay spans ----------------------------------------
-    # At default detail an op stays when its CPU time or the device time of what it launched
-    # passes the threshold, and the op that launched a kept kernel stays when nothing between
-    # the launch and the trace root would (volume.py). The device copy of a step marker goes.
-    keep = [True] * n if full else volume.keep_rule(ev, parent, step_num, opts.min_duration_ns)
-    reason = [0] * n  # why an event is hidden when that is not its kind or length (volume.HIDDEN_*)
-    if not full:
-        for i, e in enumerate(ev):
-            if e.kind == Kind.GPU_ANNOTATION and parent[i] in step_num:
-                keep[i] = False
-                reason[i] = volume.HIDDEN_STEP_COPY
-    nearest: list[int] = [unset] * n
+    def step_at(self, t: int) -> int:
+        k = bisect_right(self.step_starts, t) - 1
+        return self.steps[k] if k >= 0 and t < self.ev[self.steps[k]].end else -1
 
-    def nearest_kept(i: int) -> int:
+    def nearest_kept(self, i: int) -> int:
+        nearest, keep, parent = self.nearest, self.keep, self.parent
         chain: list[int] = []
         j = i
-        while j >= 0 and nearest[j] == unset and not keep[j]:
+        while j >= 0 and nearest[j] == _UNSET and not keep[j]:
             chain.append(j)
             j = parent[j]
         result = -1 if j < 0 else (j if keep[j] else nearest[j])
@@ -172,9 +182,163 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             nearest[c] = result
         return result
 
-    # --- iterations (a window without steps) ----------------------------------------------
+    def forget(self) -> None:
+        self.nearest[:] = [_UNSET] * self.n
+
+    def sid(self, ordinal: int) -> bytes:
+        return ids.span_id(self.base, ordinal)
+
+    def trace_of(self, i: int) -> bytes:
+        o = self.owner[i]
+        if o < 0:
+            return self.window_trace
+        if o >= self.it_base:
+            return self.iteration_trace[o - self.it_base]
+        return self.step_trace[o] if (i == o or not self.split) else self.detail_trace[o]
+
+    def level_target(self, o: int) -> bytes:
+        """Span id that takes what belongs to step ``o`` as a whole (or the window if -1)."""
+        if o < 0:
+            return self.window_root_id
+        if o >= self.it_base:
+            return self.iteration_root_id[o - self.it_base]
+        return self.detail_root_id[o] if self.split else self.sid(self.ev[o].ordinal)
+
+    def under_phase(self, s: int, i: int, end: int) -> bytes:
+        """A CPU span [ev[i].start, end) directly under live step ``s``'s ProfilerStep: the phase
+        it overlaps most (the first such), else the ProfilerStep."""
+        ev = self.ev
+        best, most = self.sid(ev[s].ordinal), 0
+        if not ev[i].device:
+            for phase_id, start, stop in self.live_of[s].phases:
+                overlap = min(end, stop) - max(ev[i].start, start)
+                if overlap > most:
+                    best, most = phase_id, overlap
+        return best
+
+    def parent_span(self, k: int) -> bytes:
+        """Parent span id of a kept span given its nearest kept ancestor ``k``."""
+        if k >= 0 and not (self.split and k in self.step_num):
+            return self.sid(self.ev[k].ordinal)
+        return b""
+
+    def parent_of(self, i: int) -> bytes:
+        """Span id of the parent of a non-root event ``i`` (or of an aggregate led by ``i``)."""
+        owner = self.owner
+        k = self.nearest_kept(self.parent[i]) if self.parent[i] >= 0 else -1
+        if k >= 0 and owner[k] != owner[i]:  # a parent in the window, i in an iteration
+            k = -1
+        return self.parent_span(k) or self.level_target(owner[i])
+
+    def finish_span(self, sp: Span) -> None:
+        """Attaches the span's memory events (by time), applies the event and link limits, and
+        counts its fwdbwd links."""
+        stats, opts = self.stats, self.opts
+        evs = sorted(self.span_events.get(sp.span_id, []), key=lambda x: (x[0], x[1]))
+        event_limit, link_limit = opts.span_event_limit, opts.span_link_limit
+        if event_limit and len(evs) > event_limit:
+            sp.dropped_events = len(evs) - event_limit
+            stats["memory_events_dropped"] += sp.dropped_events
+            evs = evs[:event_limit]
+        sp.events = evs
+        if link_limit and len(sp.links) > link_limit:
+            sp.dropped_links = len(sp.links) - link_limit
+            stats["links_dropped"] += sp.dropped_links
+            sp.links = sp.links[:link_limit]
+        stats["links"] += sum(1 for link in sp.links if link[2][0][1] == "fwdbwd")
+
+
+def build(trace: Trace, opts: ConvertOptions) -> Built:
+    """The stages, in order; builder.cpp's build_spans runs the same ones under the same names."""
+    st = _BuildState(trace, opts)
+    trace_identity(st)
+    event_tree(st)
+    volume_keep(st)
+    window_iterations(st)
+    trace_ids_and_roots(st)
+    aggregate_sibling_runs(st)
+    apply_budget(st)
+    window_root_rule(st)
+    aggregate_spans(st)
+    hidden_counts(st)
+    op_self_times(st)
+    memory_span_events(st)
+    fwdbwd_links(st)
+    assemble_synthetic_roots(st)
+    assemble_event_spans(st)
+    ordered = order_spans(st)
+    return finish_build(st, ordered)
+
+
+def trace_identity(st: _BuildState) -> None:
+    """Counters, rank, run id and window id: what every id of the trace derives from."""
+    trace, opts = st.trace, st.opts
+    ev = st.ev = trace.events
+    n = st.n = len(ev)
+    st.full = opts.full
+    stats = st.stats = dict.fromkeys(STAT_KEYS, 0)
+    stats["events_total"] = trace.total
+    stats["complete_events"] = n
+    stats["metadata_events"] = trace.metadata_events
+    stats["ignored_events"] = trace.ignored_events
+    stats["memory_events"] = len(trace.memory)
+    stats["flow_events"] = len(trace.flows)
+
+    st.rank = opts.rank if opts.rank is not None else trace.rank
+    st.world = opts.world_size if opts.world_size is not None else trace.world_size
+    st.rank_s = "" if st.rank is None else str(st.rank)
+    min_start = min((e.start for e in ev), default=0)
+    run_id = clean(opts.run_id) if opts.run_id is not None else trace.trace_id
+    if run_id is None:
+        run_id = f"auto|{trace.trace_name}|{min_start}"
+    st.run_id = run_id
+    st.split = opts.split_world_size > 0 and (st.world or 1) >= opts.split_world_size
+    st.window = ids.window_id(((e.start, e.end) for e in ev), trace.total)
+    st.base = ids.span_base(run_id, st.rank_s, st.window)
+
+
+def event_tree(st: _BuildState) -> None:
+    """Steps, nesting, launches and owners (tree.py): the structure every later stage reads."""
+    ev, trace = st.ev, st.trace
+    step_num: dict[int, int] = {}
+    for i, e in enumerate(ev):
+        if not e.device and e.name.startswith("ProfilerStep#"):
+            m = _STEP_RE.match(e.name)
+            if m and int(m.group(1)) not in step_num.values():
+                step_num[i] = int(m.group(1))
+    steps = sorted(step_num, key=lambda i: (ev[i].start, ev[i].ordinal))
+    st.step_num, st.steps = step_num, steps
+    st.step_index = {s: k for k, s in enumerate(steps)}
+    st.step_starts = [ev[s].start for s in steps]
+    st.stats["steps"] = len(steps)
+
+    st.fwd_flows = [f for f in trace.flows if f.fwdbwd]
+    nesting = st.nesting = tree.nest(ev, trace.memory, st.fwd_flows)
+    st.parent, st.children, st.probe_owner = nesting.parent, nesting.children, nesting.probe_owner
+    st.stats["device_events_unlinked"] = tree.link_device_work(ev, st.parent)
+    st.owner = tree.owners(ev, st.parent, step_num, st.step_at)
+
+
+def volume_keep(st: _BuildState) -> None:
+    """Which events stay spans at default detail (volume.py): CPU time or launched device time
+    over the threshold, the launcher of a kept kernel; the device copy of a step marker goes."""
+    ev, n, parent, step_num = st.ev, st.n, st.parent, st.step_num
+    keep = [True] * n if st.full else volume.keep_rule(ev, parent, step_num, st.opts.min_duration_ns)
+    reason = [0] * n  # why an event is hidden when that is not its kind or length (volume.HIDDEN_*)
+    if not st.full:
+        for i, e in enumerate(ev):
+            if e.kind == Kind.GPU_ANNOTATION and parent[i] in step_num:
+                keep[i] = False
+                reason[i] = volume.HIDDEN_STEP_COPY
+    st.keep, st.reason = keep, reason
+    st.nearest = [_UNSET] * n
+
+
+def window_iterations(st: _BuildState) -> None:
+    """A window without steps is cut into iterations (optimizer steps, else the span budget)."""
+    ev, n, parent, keep, steps, opts = st.ev, st.n, st.parent, st.keep, st.steps, st.opts
     # Iteration k's owner code is it_base + k (0-based), the native core's slot of its root.
-    it_base = n + len(steps) + 1
+    it_base = st.it_base = n + len(steps) + 1
     it_lo: list[int] = []
     it_hi: list[int] = []
     it_source = ""
@@ -243,47 +407,44 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             return it_base + k
 
         if it_source:
-            owner = tree.iteration_owners(ev, parent, own_at)
+            owner = st.owner = tree.iteration_owners(ev, parent, own_at)
             for i, e in enumerate(ev):
                 if owner[i] >= it_base:
                     k = owner[i] - it_base
                     it_lo[k] = min(it_lo[k], e.start)
                     it_hi[k] = max(it_hi[k], e.end)
-    n_iter = len(it_lo)
-    stats["iterations"] = n_iter
+    st.it_lo, st.it_hi, st.it_source = it_lo, it_hi, it_source
+    st.n_iter = len(it_lo)
+    st.stats["iterations"] = st.n_iter
 
-    # --- trace ids, roots ----------------------------------------------------------------
-    n_total = trace.total
-    step_trace = {s: ids.trace_id(f"step|{run_id}|{step_num[s]}") for s in steps}
+
+def trace_ids_and_roots(st: _BuildState) -> None:
+    """Each trace's id (step, detail, live step, window, iteration) and its root span."""
+    ev, n, keep, owner, steps, step_num = st.ev, st.n, st.keep, st.owner, st.steps, st.step_num
+    run_id, rank_s, window, split, n_iter = st.run_id, st.rank_s, st.window, st.split, st.n_iter
+    sid = st.sid
+    n_total = st.trace.total
+    step_trace = st.step_trace = {s: ids.trace_id(f"step|{run_id}|{step_num[s]}") for s in steps}
     live: dict[int, LiveStep] = {}
-    for ls in () if split else opts.live_steps:
+    for ls in () if split else st.opts.live_steps:
         live.setdefault(ls.number, ls)  # the first for a number, as the native core takes
-    live_of = {s: live[step_num[s]] for s in steps if step_num[s] in live}
-    for s, ls in live_of.items():
+    st.live_of = {s: live[step_num[s]] for s in steps if step_num[s] in live}
+    for s, ls in st.live_of.items():
         step_trace[s] = ls.trace_id
-    detail_trace = {s: ids.trace_id(f"detail|{run_id}|{rank_s}|{step_num[s]}") for s in steps} if split else {}
-    window_trace = ids.trace_id(f"window|{run_id}|{rank_s}|{window}")
-    iteration_trace = [ids.trace_id(f"iteration|{run_id}|{rank_s}|{window}|{k + 1}") for k in range(n_iter)]
-
-    def trace_of(i: int) -> bytes:
-        o = owner[i]
-        if o < 0:
-            return window_trace
-        if o >= it_base:
-            return iteration_trace[o - it_base]
-        return step_trace[o] if (i == o or not split) else detail_trace[o]
-
-    def sid(ordinal: int) -> bytes:
-        return ids.span_id(base, ordinal)
+    st.detail_trace = {s: ids.trace_id(f"detail|{run_id}|{rank_s}|{step_num[s]}") for s in steps} if split else {}
+    window_trace = st.window_trace = ids.trace_id(f"window|{run_id}|{rank_s}|{window}")
+    iteration_trace = st.iteration_trace = [
+        ids.trace_id(f"iteration|{run_id}|{rank_s}|{window}|{k + 1}") for k in range(n_iter)
+    ]
 
     window_members = [i for i in range(n) if keep[i] and owner[i] == -1]
-    window_root_ev = min(
+    window_root_ev = st.window_root_ev = min(
         (i for i in window_members if ev[i].kind == Kind.TRACE), default=-1, key=lambda i: ev[i].ordinal
     )
     window_root_id = b""
     synthetic: list[Span] = []
-    detail_root_id = {s: sid(n_total + step_index[s]) for s in steps} if split else {}
-    iteration_root_id = [sid(n_total + len(steps) + 1 + k) for k in range(n_iter)]
+    st.detail_root_id = {s: sid(n_total + st.step_index[s]) for s in steps} if split else {}
+    iteration_root_id = st.iteration_root_id = [sid(n_total + len(steps) + 1 + k) for k in range(n_iter)]
     if window_members or n_iter:  # iteration roots link to the window root
         if window_root_ev >= 0:
             window_root_id = sid(ev[window_root_ev].ordinal)
@@ -311,104 +472,90 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
                 iteration_root_id[k],
                 b"",
                 f"Iteration#{k + 1}",
-                it_lo[k],
-                it_hi[k],
+                st.it_lo[k],
+                st.it_hi[k],
                 [
                     ("pytorch.event.category", "otelprof"),
                     ("otelprof.iteration", k + 1),
-                    ("otelprof.iteration.source", it_source),
+                    ("otelprof.iteration.source", st.it_source),
                     ("otelprof.synthetic", True),
                 ],
                 links=[(window_trace, window_root_id, [("otelprof.link.kind", "window")])],
             )
         )
+    st.window_root_id, st.synthetic = window_root_id, synthetic
 
-    def level_target(o: int) -> bytes:
-        """Span id that takes what belongs to step ``o`` as a whole (or the window if -1)."""
-        if o < 0:
-            return window_root_id
-        if o >= it_base:
-            return iteration_root_id[o - it_base]
-        return detail_root_id[o] if split else sid(ev[o].ordinal)
 
-    def under_phase(s: int, i: int, end: int) -> bytes:
-        """A CPU span [ev[i].start, end) directly under live step ``s``'s ProfilerStep: the phase
-        it overlaps most (the first such), else the ProfilerStep."""
-        best, most = sid(ev[s].ordinal), 0
-        if not ev[i].device:
-            for phase_id, start, stop in live_of[s].phases:
-                overlap = min(end, stop) - max(ev[i].start, start)
-                if overlap > most:
-                    best, most = phase_id, overlap
-        return best
-
-    def parent_span(k: int) -> bytes:
-        """Parent span id of a kept span given its nearest kept ancestor ``k``."""
-        if k >= 0 and not (split and k in step_num):
-            return sid(ev[k].ordinal)
-        return b""
-
-    def parent_of(i: int) -> bytes:
-        """Span id of the parent of a non-root event ``i`` (or of an aggregate led by ``i``)."""
-        k = nearest_kept(parent[i]) if parent[i] >= 0 else -1
-        if k >= 0 and owner[k] != owner[i]:  # a parent in the window, i in an iteration
-            k = -1
-        return parent_span(k) or level_target(owner[i])
-
-    # --- aggregation of runs of identical tiny siblings (default detail) ------------------
-    aggregated = [False] * n
-    aggs: list[list[int]] = []  # members of each aggregate span, first member leads
-    if not full:
-        for p in range(n):
-            if not keep[p] or ev[p].device:
+def aggregate_sibling_runs(st: _BuildState) -> None:
+    """Runs of two or more consecutive hidden siblings with one name and category, in one trace,
+    become one aggregate span each (default detail)."""
+    ev, n, keep, owner, children = st.ev, st.n, st.keep, st.owner, st.children
+    aggregated = st.aggregated = [False] * n
+    aggs = st.aggs = []  # members of each aggregate span, first member leads
+    if st.full:
+        return
+    for p in range(n):
+        if not keep[p] or ev[p].device:
+            continue
+        run: list[int] = []
+        for c in children[p] + [-1]:
+            cand = c >= 0 and not keep[c] and ev[c].kind != Kind.PYTHON
+            same = cand and bool(run) and owner[c] == owner[run[0]]  # one trace per run
+            if same and ev[c].name == ev[run[0]].name and ev[c].cat == ev[run[0]].cat:
+                run.append(c)
                 continue
-            run: list[int] = []
-            for c in children[p] + [-1]:
-                cand = c >= 0 and not keep[c] and ev[c].kind != Kind.PYTHON
-                same = cand and bool(run) and owner[c] == owner[run[0]]  # one trace per run
-                if same and ev[c].name == ev[run[0]].name and ev[c].cat == ev[run[0]].cat:
-                    run.append(c)
-                    continue
-                if len(run) >= 2:
-                    for r in run:
-                        aggregated[r] = True
-                    aggs.append(run)
-                run = [c] if cand else []
+            if len(run) >= 2:
+                for r in run:
+                    aggregated[r] = True
+                aggs.append(run)
+            run = [c] if cand else []
 
-    # --- the span budget per trace (default detail): aggregate repeated leaves, then drop the
-    # least significant spans (volume.py)
-    budget = opts.trace_span_budget
-    if budget:
-        roots: dict[bytes, int] = {}
-        for i in range(n):
-            if keep[i] and (i in step_num or i == window_root_ev):
-                roots[trace_of(i)] = roots.get(trace_of(i), 0) + 1
-        for sp in synthetic:
-            roots[sp.trace_id] = roots.get(sp.trace_id, 0) + 1
-        for s in steps if split else ():
-            roots[detail_trace[s]] = roots.get(detail_trace[s], 0) + 1
-        trim = volume.Budget(ev, keep, aggregated, aggs, reason, budget, volume.significance(ev, parent))
-        trim.apply(
-            roots,
-            lambda i: i in step_num or i == window_root_ev,
-            trace_of,
-            parent_of,
-            lambda i: sid(ev[i].ordinal),
-            lambda: nearest.__setitem__(slice(None), [unset] * n),
-        )
-        nearest[:] = [unset] * n
 
-    # --- a window trace that would hold its root alone is not sent (default detail)
-    if not full and not n_iter and window_root_ev >= 0 and keep[window_root_ev]:
-        alone = not any(keep[i] and owner[i] == -1 and i != window_root_ev for i in range(n))
-        if alone and not any(owner[a[0]] == -1 for a in aggs if a):
-            keep[window_root_ev] = False
-            reason[window_root_ev] = volume.HIDDEN_WINDOW_ROOT
-            window_root_id = b""
-            nearest[:] = [unset] * n
+def apply_budget(st: _BuildState) -> None:
+    """The span budget per trace (volume.Budget): aggregate repeated leaves, then drop the least
+    significant spans."""
+    budget = st.opts.trace_span_budget
+    if not budget:
+        return
+    ev, n, keep, step_num, window_root_ev, trace_of = st.ev, st.n, st.keep, st.step_num, st.window_root_ev, st.trace_of
+    roots: dict[bytes, int] = {}
+    for i in range(n):
+        if keep[i] and (i in step_num or i == window_root_ev):
+            roots[trace_of(i)] = roots.get(trace_of(i), 0) + 1
+    for sp in st.synthetic:
+        roots[sp.trace_id] = roots.get(sp.trace_id, 0) + 1
+    for s in st.steps if st.split else ():
+        roots[st.detail_trace[s]] = roots.get(st.detail_trace[s], 0) + 1
+    trim = volume.Budget(ev, keep, st.aggregated, st.aggs, st.reason, budget, volume.significance(ev, st.parent))
+    trim.apply(
+        roots,
+        lambda i: i in step_num or i == window_root_ev,
+        trace_of,
+        st.parent_of,
+        lambda i: st.sid(ev[i].ordinal),
+        st.forget,
+    )
+    st.forget()
 
+
+def window_root_rule(st: _BuildState) -> None:
+    """A window trace that would hold its root alone is not sent (default detail)."""
+    keep, owner, window_root_ev = st.keep, st.owner, st.window_root_ev
+    if st.full or st.n_iter or window_root_ev < 0 or not keep[window_root_ev]:
+        return
+    alone = not any(keep[i] and owner[i] == -1 and i != window_root_ev for i in range(st.n))
+    if alone and not any(owner[a[0]] == -1 for a in st.aggs if a):
+        keep[window_root_ev] = False
+        st.reason[window_root_ev] = volume.HIDDEN_WINDOW_ROOT
+        st.window_root_id = b""
+        st.forget()
+
+
+def aggregate_spans(st: _BuildState) -> None:
+    """One span per surviving aggregate, under its leader's parent."""
+    ev, owner, sid = st.ev, st.owner, st.sid
     agg_spans: list[Span] = []
-    for run in aggs:
+    for run in st.aggs:
         if not run:  # dropped by the budget
             continue
         first = ev[run[0]]
@@ -418,15 +565,20 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             attrs.append(("thread.id", first.tid))
         attrs.append(("otelprof.aggregated_count", len(run)))
         attrs.append(("otelprof.aggregated_duration_ns", sum(ev[r].dur for r in run)))
-        pid_ = parent_of(run[0])
-        if owner[run[0]] in live_of and pid_ == sid(ev[owner[run[0]]].ordinal):
-            pid_ = under_phase(owner[run[0]], run[0], end)
+        pid_ = st.parent_of(run[0])
+        if owner[run[0]] in st.live_of and pid_ == sid(ev[owner[run[0]]].ordinal):
+            pid_ = st.under_phase(owner[run[0]], run[0], end)
         agg_spans.append(
-            Span(first.ordinal, trace_of(run[0]), sid(first.ordinal), pid_, first.name, first.start, end, attrs)
+            Span(first.ordinal, st.trace_of(run[0]), sid(first.ordinal), pid_, first.name, first.start, end, attrs)
         )
-        stats["aggregated_events"] += len(run)
-    stats["aggregate_spans"] = len(agg_spans)
+        st.stats["aggregated_events"] += len(run)
+    st.stats["aggregate_spans"] = len(agg_spans)
+    st.agg_spans = agg_spans
 
+
+def hidden_counts(st: _BuildState) -> None:
+    """What each parent says of the spans hidden under it (volume.hidden_attributes)."""
+    ev, keep, aggregated, reason, stats = st.ev, st.keep, st.aggregated, st.reason, st.stats
     hidden: dict[bytes, list[int]] = {}
     for i, e in enumerate(ev):
         if keep[i] or aggregated[i]:
@@ -435,29 +587,29 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         stats[volume.HIDDEN_STAT[why]] += 1
         if why == volume.HIDDEN_WINDOW_ROOT:
             continue
-        target = parent_of(i)
+        target = st.parent_of(i)
         if target:
             hidden.setdefault(target, []).append(i)
-    hidden_attrs = {
-        target: volume.hidden_attributes(ev, members, reason, opts.min_duration_ns, budget)
+    opts = st.opts
+    st.hidden_attrs = {
+        target: volume.hidden_attributes(ev, members, reason, opts.min_duration_ns, opts.trace_span_budget)
         for target, members in hidden.items()
     }
 
-    times = tree.self_times(ev, parent)
-    in_a, a_parent, a_children, child_dur, self_dev = (
-        times.in_a,
-        times.a_parent,
-        times.a_children,
-        times.child_dur,
-        times.self_dev,
-    )
 
-    # --- span events (memory) and step peaks --------------------------------------------
-    span_events: dict[bytes, list[tuple[int, int, Attrs]]] = {}
+def op_self_times(st: _BuildState) -> None:
+    """key_averages' tree: self CPU and device time (tree.self_times)."""
+    st.times = tree.self_times(st.ev, st.parent)
+
+
+def memory_span_events(st: _BuildState) -> None:
+    """Memory events become span events of the span that holds them; step memory peaks."""
+    level_target, parent_span, owner, probe_owner = st.level_target, st.parent_span, st.owner, st.probe_owner
+    events: dict[bytes, list[tuple[int, int, Attrs]]] = {}
     peaks: dict[int, tuple[int, int]] = {}
-    for k, mem in enumerate(trace.memory):
+    for k, mem in enumerate(st.trace.memory):
         mem_attrs = _memory_attributes(mem.args)
-        s = step_at(mem.ts)
+        s = st.step_at(mem.ts)
         total = as_int64(mem.args.get("Total Allocated"))
         if s >= 0 and total is not None:
             accel = (as_int64(mem.args.get("Device Type")) or 0) != 0
@@ -466,53 +618,71 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
         o = probe_owner[k]
         target = b""
         if o >= 0:
-            kk = nearest_kept(o)
+            kk = st.nearest_kept(o)
             target = parent_span(kk) if kk >= 0 else level_target(owner[o])
         if not target:
             target = level_target(s)
         if not target:
-            stats["memory_events_dropped"] += 1
+            st.stats["memory_events_dropped"] += 1
             continue
-        span_events.setdefault(target, []).append((mem.ts, mem.ordinal, mem_attrs))
+        events.setdefault(target, []).append((mem.ts, mem.ordinal, mem_attrs))
+    st.span_events, st.peaks = events, peaks
 
-    # --- forward -> backward links -------------------------------------------------------
+
+def fwdbwd_links(st: _BuildState) -> None:
+    """Forward -> backward links between kept spans (tree.fwdbwd_pairs)."""
+    ev, keep, sid = st.ev, st.keep, st.sid
     links: dict[bytes, list[tuple[bytes, bytes]]] = {}
-    pairs = tree.fwdbwd_pairs(ev, fwd_flows, nesting, n_mem)
+    pairs = tree.fwdbwd_pairs(ev, st.fwd_flows, st.nesting, len(st.trace.memory))
     for fw, bw in pairs:
         # a link joins the two ops it names: when either is not a span, it is dropped and counted
         if not keep[fw] or not keep[bw] or fw == bw:
-            stats["links_dropped"] += 1
+            st.stats["links_dropped"] += 1
             continue
         bucket = links.setdefault(sid(ev[bw].ordinal), [])
-        link_target = (trace_of(fw), sid(ev[fw].ordinal))
+        link_target = (st.trace_of(fw), sid(ev[fw].ordinal))
         if link_target in bucket:
-            stats["links_dropped"] += 1
+            st.stats["links_dropped"] += 1
             continue
         bucket.append(link_target)
+    st.links = links
 
-    # --- assemble spans ------------------------------------------------------------------
-    for s in steps if split else ():
+
+def assemble_synthetic_roots(st: _BuildState) -> None:
+    """The synthetic roots (the window's, the iterations', the detail roots) with their
+    attributes, hidden counts, span events and limits."""
+    ev, step_num, synthetic, hidden_attrs, sid = st.ev, st.step_num, st.synthetic, st.hidden_attrs, st.sid
+    for s in st.steps if st.split else ():
         synthetic.append(
             Span(
                 -1,
-                detail_trace[s],
-                detail_root_id[s],
+                st.detail_trace[s],
+                st.detail_root_id[s],
                 b"",
                 ev[s].name,
                 ev[s].start,
                 ev[s].end,
-                _detail_root_attrs(step_num[s], rank),
-                links=[(step_trace[s], sid(ev[s].ordinal), [("otelprof.link.kind", "step")])],
+                _detail_root_attrs(step_num[s], st.rank),
+                links=[(st.step_trace[s], sid(ev[s].ordinal), [("otelprof.link.kind", "step")])],
             )
         )
     for sp in synthetic:  # "otelprof.synthetic" stays last
         if sp.span_id in hidden_attrs:
             sp.attrs[len(sp.attrs) - 1 : len(sp.attrs) - 1] = hidden_attrs[sp.span_id]
-    by_order: list[Span] = list(agg_spans)
+        st.finish_span(sp)
+
+
+def assemble_event_spans(st: _BuildState) -> None:
+    """Every kept event's span: attributes, parent, links, span events and limits; then their
+    order by ordinal, aggregates merged in."""
+    ev, keep, parent, owner, step_num, live_of = st.ev, st.keep, st.parent, st.owner, st.step_num, st.live_of
+    split, hidden_attrs, sid = st.split, st.hidden_attrs, st.sid
+    in_a, child_dur, self_dev = st.times.in_a, st.times.child_dur, st.times.self_dev
+    by_order: list[Span] = list(st.agg_spans)
     for i, e in enumerate(ev):
         if not keep[i]:
             continue
-        attrs = [("pytorch.event.category", e.cat)]
+        attrs: Attrs = [("pytorch.event.category", e.cat)]
         if not e.device and isinstance(e.tid, int):
             attrs.append(("thread.id", e.tid))
         name = fold_kernel_name(e.name) if e.kind == Kind.KERNEL else e.name
@@ -523,55 +693,78 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
             attrs.append(("pytorch.op.self_cpu_time_ns", e.dur - child_dur[i]))
             attrs.append(("pytorch.op.self_device_time_ns", self_dev[i]))
         if i in step_num:
-            attrs.append(("pytorch.step", step_num[i]))
-            cpu_peak, acc_peak = peaks.get(i, (-1, -1))
-            peak = acc_peak if acc_peak >= 0 else cpu_peak
-            if peak >= 0:
-                attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
-            attrs.extend(step_list_attrs(step_num[i], e.end - e.start))
-            if i in live_of and live_of[i].trigger:
-                attrs.append(("otelprof.window.trigger", live_of[i].trigger))
+            attrs.extend(_step_attributes(st, i, e))
         my_id = sid(e.ordinal)
         if my_id in hidden_attrs:
             attrs.extend(hidden_attrs[my_id])
-        if i in step_num or i == window_root_ev:
+        if i in step_num or i == st.window_root_ev:
             pid_ = live_of[i].span_id if i in live_of else b""
-        elif parent[i] >= 0 and (k := nearest_kept(parent[i])) >= 0 and owner[k] == owner[i]:
-            pid_ = parent_span(k) or level_target(owner[i])
+        elif parent[i] >= 0 and (k := st.nearest_kept(parent[i])) >= 0 and owner[k] == owner[i]:
+            pid_ = st.parent_span(k) or st.level_target(owner[i])
         else:
-            pid_ = level_target(owner[i])
+            pid_ = st.level_target(owner[i])
         if live_of and owner[i] in live_of and pid_ == sid(ev[owner[i]].ordinal):
-            pid_ = under_phase(owner[i], i, e.end)
-        span = Span(e.ordinal, trace_of(i), my_id, pid_, name, e.start, e.end, attrs)
-        span.links = [(t, s_, [("otelprof.link.kind", "fwdbwd")]) for t, s_ in links.get(my_id, [])]
+            pid_ = st.under_phase(owner[i], i, e.end)
+        span = Span(e.ordinal, st.trace_of(i), my_id, pid_, name, e.start, e.end, attrs)
+        span.links = [(t, s_, [("otelprof.link.kind", "fwdbwd")]) for t, s_ in st.links.get(my_id, [])]
         if split and i in step_num:
-            span.links.append((detail_trace[i], detail_root_id[i], [("otelprof.link.kind", "rank_detail")]))
+            span.links.append((st.detail_trace[i], st.detail_root_id[i], [("otelprof.link.kind", "rank_detail")]))
+        st.finish_span(span)
         by_order.append(span)
     by_order.sort(key=lambda sp: sp.order)
-    for sp in synthetic + by_order:
-        evs = sorted(span_events.get(sp.span_id, []), key=lambda x: (x[0], x[1]))
-        event_limit, link_limit = opts.span_event_limit, opts.span_link_limit
-        if event_limit and len(evs) > event_limit:
-            sp.dropped_events = len(evs) - event_limit
-            stats["memory_events_dropped"] += sp.dropped_events
-            evs = evs[:event_limit]
-        sp.events = evs
-        if link_limit and len(sp.links) > link_limit:
-            sp.dropped_links = len(sp.links) - link_limit
-            stats["links_dropped"] += sp.dropped_links
-            sp.links = sp.links[:link_limit]
-    stats["links"] = sum(1 for sp in synthetic + by_order for link in sp.links if link[2][0][1] == "fwdbwd")
+    st.by_order = by_order
 
+
+def _step_attributes(st: _BuildState, i: int, e: Event) -> Attrs:
+    """A ProfilerStep span's own attributes: step number, memory peak, what a trace list shows,
+    the live window's trigger (native: add_step_attributes)."""
+    step = st.step_num[i]
+    attrs: Attrs = [("pytorch.step", step)]
+    cpu_peak, acc_peak = st.peaks.get(i, (-1, -1))
+    peak = acc_peak if acc_peak >= 0 else cpu_peak
+    if peak >= 0:
+        attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
+    attrs.extend(step_list_attrs(step, e.end - e.start))
+    live = st.live_of.get(i)
+    if live is not None and live.trigger:
+        attrs.append(("otelprof.window.trigger", live.trigger))
+    return attrs
+
+
+def order_spans(st: _BuildState) -> list[Span]:
+    """Traces in step order, then iterations, then the window; roots first in each."""
     ordered = _order_by_trace(
-        synthetic, by_order, steps, ev, step_trace, detail_trace, iteration_trace, window_trace, split
+        st.synthetic,
+        st.by_order,
+        st.steps,
+        st.ev,
+        st.step_trace,
+        st.detail_trace,
+        st.iteration_trace,
+        st.window_trace,
+        st.split,
     )
-    stats["values_truncated"] = _cut_strings(ordered, opts.attribute_value_length_limit)
-    stats["spans"] = len(ordered)
-    stats["synthetic_spans"] = len(synthetic)
-    ops = _aggregate_ops(ev, in_a, a_parent, a_children, child_dur, self_dev, opts.group_by_input_shapes)
-    resource, cut = _resource(trace, opts, run_id, rank, world)
+    st.stats["spans"] = len(ordered)
+    st.stats["synthetic_spans"] = len(st.synthetic)
+    return ordered
+
+
+def finish_build(st: _BuildState, ordered: list[Span]) -> Built:
+    """Length limits, key_averages rows and the resource: what is left once spans are in order."""
+    stats, times = st.stats, st.times
+    stats["values_truncated"] = _cut_strings(ordered, st.opts.attribute_value_length_limit)
+    ops = _aggregate_ops(
+        st.ev,
+        times.in_a,
+        times.a_parent,
+        times.a_children,
+        times.child_dur,
+        times.self_dev,
+        st.opts.group_by_input_shapes,
+    )
+    resource, cut = _resource(st.trace, st.opts, st.run_id, st.rank, st.world)
     stats["values_truncated"] += cut
-    return Built(ordered, ops, resource, stats, window)
+    return Built(ordered, ops, resource, stats, st.window)
 
 
 def _cut_strings(spans: list[Span], limit: int | None) -> int:
