@@ -9,7 +9,6 @@ the progress line and the summary.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import signal
@@ -158,6 +157,8 @@ def _stop_on_signals(stop: threading.Event, quiet: bool) -> Iterator[None]:
 def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
     """The exporter's configuration from ``OTEL_EXPORTER_OTLP_*``, with the import's longer
     timeout where no timeout variable is set."""
+    import dataclasses
+
     from ..environment_variables import OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT
     from ..export.config import exporter_config_from_env
     from ..settings import first_set
@@ -169,6 +170,8 @@ def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from ..environment_variables import OTELPROF_MAX_REQUEST_BYTES
     from ..export.exporter import Exporter
     from ..importer.discover import SourceError, find_sources
