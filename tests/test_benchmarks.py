@@ -77,3 +77,10 @@ def test_distributed_scale_benchmark_runs() -> None:
     scaled = cast(dict[str, Any], figures["scaled"])  # this benchmark's figures are per world size
     assert scaled["ranks"] == 4 and scaled["max_step_trace_spans"] == 6 * 4
     assert "limits      : all met" in text
+
+
+def test_startup_benchmark_times_every_command() -> None:
+    text, figures = _run("startup.py", "--rounds", "1")
+    assert set(figures) == {"anchor_ms", "version_ms", "module_version_ms", "convert_ms"}
+    assert all(v > 0 for v in figures.values())
+    assert "interpreter start" in text and "target <= 120 ms" in text

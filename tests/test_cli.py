@@ -391,14 +391,37 @@ def test_run_takes_its_flags_before_the_separator() -> None:
     assert proc.stderr.strip() == "otelprof: error: otelprof-no-such-command: command not found"
 
 
-def test_convert_does_not_import_torch(kineto_trace: FindTrace, tmp_path: Path) -> None:
+#: What the command line must not import where it does not use it (issue 18: start-up): the
+#: exporter's transports and metrics, torch, and protobuf's message classes (OTLP/JSON only).
+_HEAVY = ("grpc", "prometheus_client", "torch", "google.protobuf", "opentelemetry.proto", "sqlite3")
+
+
+def _imported_heavy(argv: list[str]) -> list[str]:
+    """The _HEAVY modules that ``otelprof ARGV`` (its console script's function, in a fresh
+    interpreter) imported, after checking that it exited 0."""
     code = (
-        "import sys; from otelprof.cli import main; "
-        f"rc = main(['-q', 'convert', {str(kineto_trace(CPU_ONLY))!r}, '-o', {str(tmp_path / 'o.bin')!r}]); "
-        "assert 'torch' not in sys.modules, 'convert imported torch'; sys.exit(rc)"
+        "import json, sys; from otelprof._launch import main; "
+        f"rc = main({argv!r}); "
+        f"print(json.dumps([m for m in {_HEAVY!r} if m in sys.modules])); sys.exit(rc)"
     )
     proc = _run("-c", code)
     assert proc.returncode == 0, proc.stderr
+    heavy: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return heavy
+
+
+def test_version_imports_nothing_heavy() -> None:
+    assert _imported_heavy(["--version"]) == []
+
+
+def test_convert_imports_only_what_it_uses(kineto_trace: FindTrace, tmp_path: Path) -> None:
+    trace = str(kineto_trace(CPU_ONLY))
+    # a small trace to a protobuf file: no grpc, prometheus-client, torch, nor protobuf's classes
+    assert _imported_heavy(["-q", "convert", trace, "-o", str(tmp_path / "o.bin")]) == []
+    # OTLP/JSON is written through protobuf's json_format: that, and still nothing else
+    heavy = _imported_heavy(["-q", "convert", trace, "-o", str(tmp_path / "o.jsonl")])
+    assert "grpc" not in heavy and "prometheus_client" not in heavy and "torch" not in heavy
+    assert "google.protobuf" in heavy
 
 
 def test_demo_without_torch_exits_1(tmp_path: Path) -> None:

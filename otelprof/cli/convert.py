@@ -7,11 +7,8 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from ..converter import ConvertOptions, ConvertResult, TraceFormatError, convert
-from ..otlp.file import atomic_writer, write_delimited
-from ..otlp.jsonl import encode_jsonl
 from .common import (
     ENGINES,
     EXIT_OK,
@@ -22,6 +19,13 @@ from .common import (
     int_at_least,
     microseconds,
 )
+
+if TYPE_CHECKING:
+    from ..converter import ConvertOptions, ConvertResult
+
+# The converter and the output encoders are imported when the command runs, not when the parser
+# is built (``otelprof --version`` builds it too), and OTLP/JSON's (protobuf's json_format and
+# message classes) only for --format otlp-json.
 
 FORMATS = ("otlp-proto", "otlp-json")
 
@@ -87,7 +91,11 @@ def add_parser(
 
 def _write(stream: BinaryIO, fmt: str, requests: list[bytes]) -> int:
     if fmt == "otlp-proto":
+        from ..otlp.file import write_delimited
+
         return write_delimited(stream, requests)
+    from ..otlp.jsonl import encode_jsonl
+
     written = 0
     for chunk in encode_jsonl(requests):
         stream.write(chunk)
@@ -96,6 +104,8 @@ def _write(stream: BinaryIO, fmt: str, requests: list[bytes]) -> int:
 
 
 def _convert_one(path: str, options: ConvertOptions, engine: str) -> tuple[ConvertResult, float]:
+    from ..converter import TraceFormatError, convert
+
     check_kineto_file(path)
     started = time.perf_counter()
     try:
@@ -143,6 +153,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         written, requests = run(sys.stdout.buffer)
         sys.stdout.buffer.flush()
     else:
+        from ..otlp.file import atomic_writer
+
         with atomic_writer(out) as stream:
             written, requests = run(stream)
     if not args.quiet and out != "-":

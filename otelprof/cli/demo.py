@@ -9,17 +9,12 @@ then prints where the data went and what the instrumentation saw.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import os
-import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..otlp import ids
 from .common import int_at_least
 
 DEFAULT_DIR = "otelprof-demo"
@@ -69,6 +64,8 @@ def add_parser(
 
 def demo_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The child's environment: the user's, plus demo defaults where the user set nothing."""
+    import uuid
+
     env = dict(environ)
     defaults = {
         **DEMO_SCHEDULE,
@@ -83,6 +80,8 @@ def demo_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _torch_installed() -> bool:
+    import importlib.util
+
     try:
         return importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):
@@ -90,6 +89,10 @@ def _torch_installed() -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # imported when the demo runs, not when the parser is built (every command line builds it)
+    import json
+    import subprocess
+
     if not _torch_installed():
         print("otelprof: error: the demo needs PyTorch, which is not installed: pip install torch", file=sys.stderr)
         return 1
@@ -111,6 +114,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _print(s: dict[str, Any], steps: int, summary_path: Path) -> None:
+    from ..otlp import ids
+
     if not s.get("instrumented"):
         print("otelprof demo: the training ran but was not instrumented (OTELPROF_ENABLED or OTEL_SDK_DISABLED?)")
         return

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from .._version import __version__
-from ..report.doctor import FAIL, WARN, Check, Setting, run_checks, settings
 from .common import EXIT_ERROR, EXIT_OK
+
+if TYPE_CHECKING:  # the checks (grpc, prometheus-client, the settings tables) load when the command runs
+    from ..report.doctor import Check, Setting
 
 _LABEL = {"ok": "[ ok ]", "warn": "[warn]", "fail": "[FAIL]", "skip": "[skip]"}
 
@@ -65,6 +66,11 @@ def _setting_line(s: Setting) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from ..report.doctor import FAIL, WARN, run_checks, settings
+
     environ = dict(os.environ)
     config = settings(environ)
     checks = run_checks(environ, timeout_s=args.timeout, torch=not args.no_torch)

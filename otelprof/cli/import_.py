@@ -9,7 +9,6 @@ the progress line and the summary.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import signal
@@ -21,17 +20,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from ..converter import ConvertOptions, ConvertResult
-from ..environment_variables import (
-    OTEL_EXPORTER_OTLP_TIMEOUT,
-    OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
-    OTELPROF_MAX_REQUEST_BYTES,
-)
-from ..importer.discover import Source, SourceError, find_sources
-from ..importer.ledger import Ledger, LedgerError, default_path
-from ..importer.progress import Progress
-from ..importer.session import DEFAULT_BATCH_BYTES, Importer, Report
-from ..settings import first_set, is_set
 from .common import (
     ENGINES,
     EXIT_ERROR,
@@ -43,9 +31,14 @@ from .common import (
     microseconds,
 )
 
+# The importer, the converter, the settings tables and the exporter are imported when the
+# command runs, not when the parser is built (every ``otelprof`` command line builds it).
 if TYPE_CHECKING:
+    from ..converter import ConvertOptions, ConvertResult
     from ..export.config import ExporterConfig
     from ..export.exporter import Exporter, ExporterCounters
+    from ..importer.discover import Source
+    from ..importer.session import Report
 
 _log = logging.getLogger(__name__)
 
@@ -122,7 +115,6 @@ def add_parser(
     parser.add_argument(
         "--batch-bytes",
         type=int_at_least(1),
-        default=DEFAULT_BATCH_BYTES,
         metavar="N",
         help="request bytes handed to the exporter before waiting for their delivery and recording it "
         "in the ledger (default: 8 MiB)",
@@ -165,7 +157,11 @@ def _stop_on_signals(stop: threading.Event, quiet: bool) -> Iterator[None]:
 def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
     """The exporter's configuration from ``OTEL_EXPORTER_OTLP_*``, with the import's longer
     timeout where no timeout variable is set."""
+    import dataclasses
+
+    from ..environment_variables import OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT
     from ..export.config import exporter_config_from_env
+    from ..settings import first_set
 
     config = exporter_config_from_env(environ)
     if first_set(environ, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT):
@@ -174,7 +170,15 @@ def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ..environment_variables import OTELPROF_MAX_REQUEST_BYTES
     from ..export.exporter import Exporter
+    from ..importer.discover import SourceError, find_sources
+    from ..importer.ledger import Ledger, LedgerError, default_path
+    from ..importer.progress import Progress
+    from ..importer.session import DEFAULT_BATCH_BYTES, Importer
+    from ..settings import is_set
 
     base = convert_options(args)
     try:
@@ -227,7 +231,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         stop=stop,
         on_error=on_error,
         on_file=on_file,
-        batch_bytes=args.batch_bytes,
+        batch_bytes=DEFAULT_BATCH_BYTES if args.batch_bytes is None else args.batch_bytes,
     )
     try:
         with _stop_on_signals(stop, args.quiet):

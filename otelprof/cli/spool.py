@@ -15,14 +15,13 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-from ..export.config import exporter_config_from_env
-from ..export.destination import NO_DESTINATION, destination_id, is_destination_id
-from ..export.exporter import spool_dir_from_env, transport
-from ..export.spool import Spool, record_destination
+# The exporter (grpc, prometheus-client), the settings tables and protobuf's message classes
+# are imported when an action runs, not when the parser is built (every ``otelprof`` command
+# line builds it).
+if TYPE_CHECKING:
+    from ..export.spool import Spool
 
 #: How ``ls`` names the records written before destinations existed.
 UNKNOWN = "unknown"
@@ -75,6 +74,9 @@ def add_parser(
 
 
 def _spool(args: argparse.Namespace) -> Spool:
+    from ..export.exporter import spool_dir_from_env
+    from ..export.spool import Spool
+
     return Spool(args.dir or spool_dir_from_env())
 
 
@@ -84,6 +86,9 @@ def _info(args: argparse.Namespace, line: str) -> None:
 
 
 def _spans(data: bytes) -> int | None:
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
     try:
         request = ExportTraceServiceRequest.FromString(data)
     except DecodeError:
@@ -92,10 +97,14 @@ def _spans(data: bytes) -> int | None:
 
 
 def _destination(record: Path) -> str:
+    from ..export.spool import record_destination
+
     return record_destination(record) or UNKNOWN
 
 
 def _describe(spool: Spool, destination: str) -> str:
+    from ..export.destination import NO_DESTINATION
+
     if destination == NO_DESTINATION:
         return "none: spooled with no endpoint set; `otelprof spool replay` sends these wherever it is told"
     if destination == UNKNOWN:
@@ -128,6 +137,10 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from ..export.config import exporter_config_from_env
+    from ..export.destination import NO_DESTINATION, destination_id, is_destination_id
+    from ..export.exporter import transport
+
     env = dict(os.environ)
     if args.endpoint:  # a base endpoint, like OTEL_EXPORTER_OTLP_ENDPOINT (HTTP appends v1/traces)
         env.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)

@@ -6,22 +6,15 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..converter import TraceFormatError
-from ..export.spool import SUFFIX
-from ..importer.discover import KINETO, SourceError, find_sources
-from ..report.summary import (
-    SORT_ALIASES,
-    SORT_KEYS,
-    Summary,
-    add_requests,
-    add_trace,
-    ordered,
-    sort_key,
-    to_json,
-    to_table,
-)
+from ..report.sorting import SORT_ALIASES, SORT_KEYS, sort_key
 from .common import EXIT_OK, EXIT_USAGE, CliError, check_kineto_file, int_at_least
+
+# The tables, the converter and trace discovery are imported when the command runs, not when
+# the parser is built (every ``otelprof`` command line builds it).
+if TYPE_CHECKING:
+    from ..report.summary import Summary
 
 DEFAULT_TABLE_ROWS = 20
 
@@ -92,6 +85,10 @@ def add_parser(
 
 def _add_folder(summary: Summary, folder: Path, args: argparse.Namespace) -> None:
     """A spool folder (``*.otlp`` records), else a folder of traces found as ``import`` finds them."""
+    from ..export.spool import SUFFIX
+    from ..importer.discover import KINETO, SourceError, find_sources
+    from ..report.summary import add_requests
+
     records = sorted(folder.glob(f"*{SUFFIX}"))
     if records:
         add_requests(summary, [(str(r), r.read_bytes()) for r in records], args.group_by_input_shape)
@@ -115,11 +112,16 @@ def _add_folder(summary: Summary, folder: Path, args: argparse.Namespace) -> Non
 
 
 def _add_trace(summary: Summary, path: str, args: argparse.Namespace) -> None:
+    from ..report.summary import add_trace
+
     check_kineto_file(path)
     add_trace(summary, path, args.group_by_input_shape, args.engine)
 
 
 def _summary(args: argparse.Namespace) -> int:
+    from ..converter import TraceFormatError
+    from ..report.summary import Summary, ordered, to_json, to_table
+
     paths: list[str] = list(args.paths)
     if args.spool:
         from ..export.exporter import spool_dir_from_env

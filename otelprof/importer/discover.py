@@ -22,7 +22,6 @@ folder lies or on file times: the same files give the same ids.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -253,6 +252,8 @@ def _run_label(folder: str, names: Sequence[str], step: int | None, unique: str)
     label = f"{folder}/{stem}" if stem else folder
     if step is not None:
         label += f"@{step}"
+    import hashlib  # here: `otelprof convert` reads this module for SQLITE_MAGIC alone
+
     return f"{label}#{hashlib.sha256(unique.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
 
 

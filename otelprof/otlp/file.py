@@ -9,7 +9,6 @@ messages this way.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,7 +85,7 @@ def atomic_writer(path: PathLike) -> Iterator[BinaryIO]:
     ``path``, never the temporary file, which the user did not ask for.
     """
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     except OSError as exc:

@@ -13,9 +13,6 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from ..converter import ConvertOptions, OpStats, TraceFormatError, convert
 from ..otlp.schema import (
     CATEGORY_KIND,
@@ -25,17 +22,7 @@ from ..otlp.schema import (
     Kind,
 )
 
-#: --sort keys; torch's ``sort_by`` names are accepted as aliases.
-SORT_KEYS = ("self_cpu", "cpu_total", "self_device", "device_total", "calls", "name")
-SORT_ALIASES = {
-    "self_cpu_time_total": "self_cpu",
-    "cpu_time_total": "cpu_total",
-    "self_device_time_total": "self_device",
-    "self_cuda_time_total": "self_device",
-    "device_time_total": "device_total",
-    "cuda_time_total": "device_total",
-    "count": "calls",
-}
+#: The attribute each --sort key (``report/sorting.py``) orders by.
 _SORT_FIELD = {
     "self_cpu": "self_cpu_ns",
     "cpu_total": "cpu_total_ns",
@@ -116,6 +103,10 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
     ``ExportTraceServiceRequest``) pairs) add up to. Exact for spans converted at ``full``
     detail; at ``default`` detail the events dropped or aggregated as too short are missing
     (counted in a note). Spans that are not profiler events (step spans) are left out."""
+    # protobuf's message classes only here: a summary of traces does not decode requests
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
     spans: dict[_Key, _Span] = {}
     alias: dict[_Key, _Key] = {}  # detail root -> its step span
     iteration_roots: set[_Key] = set()
@@ -287,14 +278,6 @@ def _depth(key: _Key, parent: dict[_Key, _Key | None]) -> int:
 
 
 # --- ordering and output -------------------------------------------------------------------
-
-
-def sort_key(name: str) -> str:
-    """A --sort value (or torch alias) as one of SORT_KEYS; ValueError when unknown."""
-    key = SORT_ALIASES.get(name, name)
-    if key not in SORT_KEYS:
-        raise ValueError(f"unknown sort key {name!r} (one of {', '.join(SORT_KEYS)})")
-    return key
 
 
 def ordered(rows: Sequence[OpStats], sort: str) -> list[OpStats]:
