@@ -21,16 +21,15 @@ import argparse
 import contextlib
 import gc
 import http.server
-import importlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -39,49 +38,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import otelprof
 from benchmarks.overhead import make_loop
-
-
-def _session_module() -> Any:
-    """Where the session is built (it moved into capture/ in issue 17)."""
-    for name in ("otelprof.capture.session", "otelprof.instrumentation"):
-        with contextlib.suppress(ImportError):
-            return importlib.import_module(name)
-    raise ImportError("no otelprof session module")
-
-
-class FakeEvent:
-    """A CUDA event stand-in: complete as soon as recorded, timed by the CPU clock."""
-
-    def __init__(self) -> None:
-        self.at = 0
-
-    def record(self) -> None:
-        self.at = time.perf_counter_ns()
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end: Any) -> float:
-        return float(end.at - self.at) / 1e6
-
-    def synchronize(self) -> None:
-        pass
+from otelprof.capture import session as session_module
+from otelprof.capture.steps.device_timing import CpuEvent, DeviceTiming
 
 
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
-    module = _session_module()
-    device_timing = sys.modules[module.cuda_timing.__module__]  # wherever this version keeps it
-    saved = module.cuda_timing
+    """The session times steps with CPU-clock stand-ins for CUDA events (the CUDA route)."""
 
-    def timing(emit: Any) -> Any:
-        return device_timing.DeviceTiming(emit, FakeEvent, lambda: True)
+    def timing(emit: Any) -> DeviceTiming:
+        return DeviceTiming(emit, CpuEvent, lambda: True)
 
-    module.cuda_timing = timing
-    try:
+    with mock.patch.object(session_module, "cuda_timing", timing):
         yield
-    finally:
-        module.cuda_timing = saved
 
 
 def routed(run: Callable[[], float], env: dict[str, str], cuda: bool = False) -> Callable[[], float]:

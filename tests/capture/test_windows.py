@@ -437,37 +437,16 @@ def test_a_profiled_steps_span_and_its_window_spans_share_one_resource(
     assert {"process.pid", "pytorch.distributed.local_rank", "telemetry.sdk.version"} <= keys
 
 
-class _StandInEvent:
-    """A CUDA event stand-in: complete once recorded, timed by the CPU clock."""
-
-    def __init__(self) -> None:
-        self.at = 0
-
-    def record(self) -> None:
-        import time
-
-        self.at = time.perf_counter_ns()
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end: _StandInEvent) -> float:
-        return (end.at - self.at) / 1e6
-
-    def synchronize(self) -> None:
-        pass
-
-
 def test_a_cuda_timed_profiled_step_keeps_its_window_under_it(
     receiver: HttpReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CUDA-timed steps wait in the native sink for their events, but their span ids are taken
     when they close: the window's ``ProfilerStep#N`` still hangs under the live ``train.step``."""
     from otelprof.capture import session as session_module
-    from otelprof.capture.steps.device_timing import DeviceTiming
+    from otelprof.capture.steps.device_timing import CpuEvent, DeviceTiming
 
     pytest.importorskip("otelprof._native")
-    monkeypatch.setattr(session_module, "cuda_timing", lambda emit: DeviceTiming(emit, _StandInEvent, lambda: True))
+    monkeypatch.setattr(session_module, "cuda_timing", lambda emit: DeviceTiming(emit, CpuEvent, lambda: True))
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
     session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_REPEAT="1")
     _train(steps=8)

@@ -43,7 +43,7 @@ class MlflowServer:
         return f"{self.url}/v1/traces"
 
 
-def _log_tail(log: Path, lines: int = 80) -> str:
+def log_tail(log: Path, lines: int = 80) -> str:
     try:
         text = log.read_text(errors="replace")
     except OSError as exc:
@@ -56,7 +56,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
     while True:
         code = proc.poll()
         if code is not None:
-            pytest.fail(f"mlflow server exited with status {code} before it was ready; its log:\n{_log_tail(log)}")
+            pytest.fail(f"mlflow server exited with status {code} before it was ready; its log:\n{log_tail(log)}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
@@ -64,7 +64,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
         except (OSError, urllib.error.URLError):
             pass  # not listening yet
         if time.monotonic() > deadline:
-            pytest.fail(f"mlflow server not ready after {SERVER_START_TIMEOUT_S:.0f} s; its log:\n{_log_tail(log)}")
+            pytest.fail(f"mlflow server not ready after {SERVER_START_TIMEOUT_S:.0f} s; its log:\n{log_tail(log)}")
         time.sleep(0.25)
 
 

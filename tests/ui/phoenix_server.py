@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from export.mlflow_server import free_port, stop
+from export.mlflow_server import free_port, log_tail, stop
 
 VERSION = "20.26.1"
 PIP_TIMEOUT_S = 900
@@ -131,13 +131,6 @@ class PhoenixServer:
                 return spans
 
 
-def _log_tail(log: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(no server log: {exc})"
-
-
 @contextlib.contextmanager
 def running_server(python: Path, root: Path) -> Iterator[PhoenixServer]:
     port, grpc_port = free_port(), free_port()
@@ -166,7 +159,7 @@ def running_server(python: Path, root: Path) -> Iterator[PhoenixServer]:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                pytest.skip(f"phoenix exited with status {proc.returncode} at start; its log:\n{_log_tail(log)}")
+                pytest.skip(f"phoenix exited with status {proc.returncode} at start; its log:\n{log_tail(log, 40)}")
             try:
                 with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
                     if response.status == 200:
@@ -174,7 +167,7 @@ def running_server(python: Path, root: Path) -> Iterator[PhoenixServer]:
             except (OSError, urllib.error.URLError):
                 pass
             if time.monotonic() > deadline:
-                pytest.skip(f"phoenix not ready after {START_TIMEOUT_S:.0f} s; its log:\n{_log_tail(log)}")
+                pytest.skip(f"phoenix not ready after {START_TIMEOUT_S:.0f} s; its log:\n{log_tail(log, 40)}")
             time.sleep(0.5)
         yield PhoenixServer(url, log)
     finally:

@@ -38,6 +38,26 @@ class Event(Protocol):
     def synchronize(self) -> None: ...
 
 
+class CpuEvent:
+    """``Event`` on the CPU clock, complete once recorded: runs the device-timing route where no
+    GPU is (``benchmarks/step_route.py``, tests)."""
+
+    def __init__(self) -> None:
+        self.at = 0
+
+    def record(self) -> None:
+        self.at = time.perf_counter_ns()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: CpuEvent) -> float:
+        return (end.at - self.at) / 1e6
+
+    def synchronize(self) -> None:
+        pass
+
+
 class DeviceTiming:
     def __init__(
         self,
