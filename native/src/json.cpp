@@ -9,13 +9,46 @@
 #include <random>
 #include <unordered_map>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace otelprof {
 
 namespace {
 
 constexpr int kMaxDepth = 512;
 
-// Strict UTF-8 validation (no overlongs, no encoded surrogates, <= U+10FFFF), as Python's decoder.
+[[noreturn]] void utf8_error(size_t at) { throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(at) + ")"); }
+
+// Length of the UTF-8 sequence that starts with the non-ASCII byte at p (before end), or 0 where it
+// is not strict UTF-8 (no overlongs, no encoded surrogates, <= U+10FFFF), as Python's decoder.
+inline size_t utf8_sequence(const unsigned char* p, const unsigned char* end) {
+    const unsigned char c = *p;
+    size_t need;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (static_cast<size_t>(end - p) <= need) return 0;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t k = 2; k <= need; ++k)
+        if (p[k] < 0x80 || p[k] > 0xBF) return 0;
+    return need + 1;
+}
+
+// Strict UTF-8 validation of a whole text, for the error a JSON error defers to (Python decodes
+// before it parses). A parse that succeeds has validated its input as it went (Parser::string).
 void validate_utf8(std::string_view text) {
     const auto* p = reinterpret_cast<const unsigned char*>(text.data());
     const size_t n = text.size();
@@ -29,34 +62,43 @@ void validate_utf8(std::string_view text) {
                 continue;
             }
         }
-        unsigned char c = p[i];
-        if (c < 0x80) {
+        if (p[i] < 0x80) {
             ++i;
             continue;
         }
-        size_t need;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) {
-            need = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
-        }
-        for (size_t k = 1; k <= need; ++k) {
-            if (i + k >= n) throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
-            unsigned char cc = p[i + k];
-            unsigned l = (k == 1) ? lo : 0x80, h = (k == 1) ? hi : 0xBF;
-            if (cc < l || cc > h) throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
-        }
-        i += need + 1;
+        const size_t len = utf8_sequence(p + i, p + n);
+        if (!len) utf8_error(i);
+        i += len;
     }
+}
+
+// The first byte from p on that a string scan must look at: '"', '\\', a control character or a
+// non-ASCII byte (end where there is none).
+inline const char* scan_string(const char* p, const char* end) {
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+    for (; end - p >= 16; p += 16) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        // a signed compare: control characters and non-ASCII bytes (negative) are both below ' '
+        const __m128i hit =
+            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)), _mm_cmplt_epi8(v, space));
+        if (const unsigned mask = static_cast<unsigned>(_mm_movemask_epi8(hit))) return p + __builtin_ctz(mask);
+    }
+#endif
+    // SWAR, 8 bytes at a time (the tail, or all of it without SSE2)
+    constexpr uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    for (; end - p >= 8; p += 8) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);
+        const uint64_t quote = w ^ (ones * '"'), slash = w ^ (ones * '\\');
+        const uint64_t hit = ((quote - ones) & ~quote) | ((slash - ones) & ~slash) | ((w - ones * 0x20) & ~w) | w;
+        if (hit & highs) return p + (__builtin_ctzll(hit & highs) >> 3);  // little-endian: the first such byte
+    }
+    for (; p < end; ++p) {
+        const auto c = static_cast<unsigned char>(*p);
+        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80) return p;
+    }
+    return p;
 }
 
 void put_utf8(uint32_t cp, std::string& out) {
@@ -87,7 +129,6 @@ class Parser {
         : doc_(doc), sink_(sink), sink_key_(sink ? sink->array_key() : std::string_view()), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
 
     void run() {
-        validate_utf8(std::string_view(begin_, end_ - begin_));
         skip_ws();
         doc_.root_ = value(0, kNoKey);
         skip_ws();
@@ -114,6 +155,8 @@ class Parser {
     }
 
     [[noreturn]] void fail(const char* what) const {
+        // an invalid UTF-8 byte anywhere is the error (Python decodes the whole text first)
+        validate_utf8(std::string_view(begin_, static_cast<size_t>(end_ - begin_)));
         // line/column like Python's JSONDecodeError
         size_t line = 1, col = 1;
         for (const char* q = begin_; q < p_ && q < end_; ++q) {
@@ -268,66 +311,77 @@ class Parser {
         return -1;
     }
 
+    // The four hex digits after a "\\u" (p_ after the 'u'). Python's json wants a character after
+    // them, and reports a bad escape at its 'u'.
     uint32_t hex4() {
-        if (end_ - p_ < 4) fail("Invalid \\uXXXX escape");
+        if (end_ - p_ <= 4) bad_u_escape();
         uint32_t v = 0;
         for (int k = 0; k < 4; ++k) {
             int h = hexval(p_[k]);
-            if (h < 0) fail("Invalid \\uXXXX escape");
+            if (h < 0) bad_u_escape();
             v = v * 16 + static_cast<uint32_t>(h);
         }
         p_ += 4;
         return v;
     }
 
+    [[noreturn]] void bad_u_escape() {
+        --p_;
+        fail("Invalid \\uXXXX escape");
+    }
+
+    // Where a string that starts at `start` (after its quote) runs past the end of the input.
+    [[noreturn]] void unterminated(const char* start) {
+        p_ = start - 1;
+        fail("Unterminated string starting at");
+    }
+
+    // The length of the UTF-8 sequence at p_ (a non-ASCII byte inside a string). Bytes outside
+    // strings are ASCII or a JSON error, so a parse that gets through validates its whole input.
+    size_t utf8_char() const {
+        const auto* p = reinterpret_cast<const unsigned char*>(p_);
+        const size_t len = utf8_sequence(p, reinterpret_cast<const unsigned char*>(end_));
+        if (!len) utf8_error(static_cast<size_t>(p_ - begin_));  // every byte before p_ is valid
+        return len;
+    }
+
     // Parses a string at p_ (on the opening quote); returns a view valid for the document's life.
     std::string_view string() {
         ++p_;
         const char* start = p_;
-        // SWAR: skip 8 bytes at a time while none is '"', '\\' or a control character
-        while (end_ - p_ >= 8) {
-            uint64_t w;
-            std::memcpy(&w, p_, 8);
-            constexpr uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-            uint64_t quote = w ^ (ones * '"'), slash = w ^ (ones * '\\');
-            uint64_t has_quote = (quote - ones) & ~quote & highs;
-            uint64_t has_slash = (slash - ones) & ~slash & highs;
-            uint64_t has_ctrl = (w - ones * 0x20) & ~w & highs;
-            uint64_t hit = has_quote | has_slash | has_ctrl;
-            if (hit) {
-                p_ += __builtin_ctzll(hit) >> 3;
-                break;
-            }
-            p_ += 8;
-        }
-        while (p_ < end_) {
-            unsigned char c = static_cast<unsigned char>(*p_);
+        while (true) {
+            p_ = scan_string(p_, end_);
+            if (p_ >= end_) unterminated(start);
+            const auto c = static_cast<unsigned char>(*p_);
             if (c == '"') {
                 std::string_view s(start, static_cast<size_t>(p_ - start));
                 ++p_;
                 return s;
             }
             if (c == '\\') break;
-            if (c < 0x20) fail("Invalid control character");
-            ++p_;
+            if (c < 0x20) fail("Invalid control character at");
+            p_ += utf8_char();
         }
-        if (p_ >= end_) fail("Unterminated string");
         buf_.assign(start, static_cast<size_t>(p_ - start));
         while (true) {
-            if (p_ >= end_) fail("Unterminated string");
-            unsigned char c = static_cast<unsigned char>(*p_);
+            const char* run = p_;
+            p_ = scan_string(p_, end_);
+            buf_.append(run, static_cast<size_t>(p_ - run));
+            if (p_ >= end_) unterminated(start);
+            const auto c = static_cast<unsigned char>(*p_);
             if (c == '"') {
                 ++p_;
                 break;
             }
-            if (c < 0x20) fail("Invalid control character");
+            if (c < 0x20) fail("Invalid control character at");
             if (c != '\\') {
-                buf_.push_back(static_cast<char>(c));
-                ++p_;
+                const size_t len = utf8_char();
+                buf_.append(p_, len);
+                p_ += len;
                 continue;
             }
             ++p_;
-            if (p_ >= end_) fail("Unterminated string");
+            if (p_ >= end_) unterminated(start);
             char e = *p_++;
             switch (e) {
                 case '"': buf_.push_back('"'); break;
@@ -340,7 +394,7 @@ class Parser {
                 case 't': buf_.push_back('\t'); break;
                 case 'u': {
                     uint32_t cp = hex4();
-                    if (cp >= 0xD800 && cp <= 0xDBFF && end_ - p_ >= 6 && p_[0] == '\\' && p_[1] == 'u') {
+                    if (cp >= 0xD800 && cp <= 0xDBFF && end_ - p_ > 6 && p_[0] == '\\' && p_[1] == 'u') {
                         const char* save = p_;
                         p_ += 2;
                         uint32_t low = hex4();
@@ -354,7 +408,7 @@ class Parser {
                     put_utf8(cp, buf_);
                     break;
                 }
-                default: --p_; fail("Invalid \\escape");
+                default: p_ -= 2; fail("Invalid \\escape");  // at the backslash, as Python's json
             }
         }
         auto mem = std::make_unique<char[]>(buf_.size() + 1);

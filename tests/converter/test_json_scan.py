@@ -1,0 +1,128 @@
+"""The native JSON parser scans strings a block (16 bytes) at a time and validates UTF-8 as it
+goes, instead of in a pass of its own. Whatever falls where in a block (a quote, a backslash, a
+control character, a multi-byte character, an invalid byte), the native engine must accept what
+the reference accepts, convert it the same, and reject the rest with the reference's message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from converter_helpers import skip_unless_native
+
+from otelprof.converter import TraceFormatError, convert
+
+pytestmark = pytest.mark.native
+
+
+@pytest.fixture(autouse=True)
+def _need_native() -> None:
+    skip_unless_native()
+
+
+def _outcome(data: bytes, engine: str) -> tuple[str, object]:
+    try:
+        result = convert(data, engine=engine, detail="full")
+    except TraceFormatError as exc:
+        return "error", str(exc)
+    return "ok", (result.requests, result.stats)
+
+
+def _agree(data: bytes) -> None:
+    native, reference = _outcome(data, "native"), _outcome(data, "reference")
+    assert native == reference, data
+
+
+def _trace(name: bytes, *, pad: bytes = b"") -> bytes:
+    """A one-event trace whose name is the raw JSON string body `name`, `pad` spaces in front."""
+    return (
+        b'{"traceEvents": [' + pad + b'{"ph": "X", "cat": "cpu_op", "name": "' + name + b'", "pid": 1, "tid": 2,'
+        b' "ts": 10, "dur": 5, "args": {"k": "' + name + b'"}}]}'
+    )
+
+
+# What may sit inside a string body, as raw JSON text.
+PIECES = {
+    "escape-quote": b'\\"',
+    "escape-backslash": b"\\\\",
+    "escape-n": b"\\n",
+    "escape-u": b"\\u00e9",
+    "surrogate-pair": b"\\ud83d\\ude00",
+    "lone-surrogate": b"\\ud800",
+    "two-byte": "\u00e9".encode(),
+    "three-byte": "\u20ac".encode(),
+    "four-byte": "\U0001f600".encode(),
+    "control": b"\x01",
+    "tab": b"\t",
+    "del": b"\x7f",
+    "bad-escape": b"\\q",
+    "bad-u-escape": b"\\u12x4",
+    "invalid-lead": b"\xff",
+    "lone-continuation": b"\x80",
+    "overlong": b"\xc0\xaf",
+    "encoded-surrogate": b"\xed\xa0\x80",
+    "too-large": b"\xf4\x90\x80\x80",
+    "truncated-3": b"\xe2\x82",
+    "truncated-4": b"\xf0\x9f\x98",
+    "truncated-then-quote": b"\xe2\x82",
+}
+
+
+@pytest.mark.parametrize("piece", sorted(PIECES))
+def test_piece_at_every_offset_of_a_block(piece: str) -> None:
+    body = PIECES[piece]
+    for offset in range(0, 40):
+        for after in (b"", b"x" * (33 - offset % 7)):
+            _agree(_trace(b"a" * offset + body + after))
+            _agree(_trace(b"a" * offset + body + after, pad=b" " * (offset % 5)))
+
+
+@pytest.mark.parametrize("length", range(0, 70))
+def test_plain_strings_of_every_length(length: int) -> None:
+    _agree(_trace(bytes(97 + i % 26 for i in range(length))))
+
+
+def test_non_ascii_text_converts_as_the_reference() -> None:
+    text = "".join(chr(c) for c in (0xE9, 0x20AC, 0x1F600, 0x4E2D, 0x41)) * 9
+    for cut in range(0, len(text)):
+        _agree(_trace(text[:cut].encode()))
+
+
+def test_string_ending_at_the_end_of_the_input() -> None:
+    # every cut of a document ends inside a string, a number, a literal or between tokens
+    doc = _trace("caf\u00e9 \\n \u20ac".encode())
+    for cut in range(len(doc) - 40, len(doc) + 1):
+        _agree(doc[:cut])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\xff",  # non-ASCII outside a string: the UTF-8 error wins where it is invalid
+        "\u00e9".encode(),  # valid UTF-8 outside a string: a JSON error
+        b" \x01",
+    ],
+)
+def test_bytes_outside_strings(bad: bytes) -> None:
+    doc = _trace(b"name")
+    for at in (1, doc.index(b'"pid"'), doc.index(b"5"), len(doc) - 1, len(doc)):
+        _agree(doc[:at] + bad + doc[at:])
+
+
+def test_utf8_error_after_a_json_error_is_reported_first() -> None:
+    # Python decodes the whole text before it parses: a later invalid byte is the error
+    _agree(_trace(b"a\x01b") + b"\xff")
+    _agree(_trace(b"a\\qb" + b"x" * 40 + b"\xe2\x82"))
+    _agree(b'{"traceEvents": [1,]}' + b" " * 20 + b"\xc0\xaf")
+
+
+def test_json_module_agrees_on_what_is_valid() -> None:
+    for piece, body in PIECES.items():
+        data = _trace(b"ab" + body)
+        try:
+            json.loads(data.decode("utf-8"))  # strict, as the converters (not surrogatepass)
+            valid = True
+        except (ValueError, UnicodeDecodeError):
+            valid = False
+        native = _outcome(data, "native")
+        assert (native[0] == "ok") == valid, piece
