@@ -346,11 +346,22 @@ class Parser {
     }
 
     // Parses a string at p_ (on the opening quote); returns a view valid for the document's life.
-    std::string_view string() {
+    // The common case inline: a string with no escape and no non-ASCII byte.
+    __attribute__((always_inline)) std::string_view string() {
         ++p_;
         const char* start = p_;
+        p_ = scan_string(p_, end_);
+        if (p_ < end_ && *p_ == '"') {
+            std::string_view s(start, static_cast<size_t>(p_ - start));
+            ++p_;
+            return s;
+        }
+        return string_rest(start);
+    }
+
+    // The rest of the string that starts at `start`, from p_ (a byte that scan_string stops at).
+    __attribute__((noinline)) std::string_view string_rest(const char* start) {
         while (true) {
-            p_ = scan_string(p_, end_);
             if (p_ >= end_) unterminated(start);
             const auto c = static_cast<unsigned char>(*p_);
             if (c == '"') {
@@ -361,6 +372,7 @@ class Parser {
             if (c == '\\') break;
             if (c < 0x20) fail("Invalid control character at");
             p_ += utf8_char();
+            p_ = scan_string(p_, end_);
         }
         buf_.assign(start, static_cast<size_t>(p_ - start));
         while (true) {

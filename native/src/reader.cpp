@@ -128,6 +128,14 @@ int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal) {
     return static_cast<int64_t>(v);
 }
 
+namespace {
+// micros_to_ns, with integers that cannot overflow inline (the common case)
+inline int64_t micros_ns(const JNode& n, const char* field, uint32_t ordinal) {
+    if (n.type == JType::Int && n.i <= INT64_MAX / 1000 && n.i >= INT64_MIN / 1000) return n.i * 1000;
+    return micros_to_ns(n, field, ordinal);
+}
+}  // namespace
+
 TraceReader::TraceReader(std::optional<int64_t> base_override, size_t json_size)
     : base_override_(base_override), json_size_(json_size), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
 
@@ -199,27 +207,26 @@ Ident TraceReader::intern(std::string_view s) {
     return Ident{true, it->second};
 }
 
-int TraceReader::field(KeyId key, const Document& doc) {
-    if (key >= field_of_.size()) {  // keys first seen since the last call
-        const size_t known = field_of_.size();
-        field_of_.resize(doc.key_count(), -1);
-        for (size_t k = known; k < field_of_.size(); ++k)
-            for (int f = 0; f < kFieldCount; ++f)
-                if (doc.key_name(static_cast<KeyId>(k)) == kFieldKeys[f]) {
-                    field_of_[k] = static_cast<int8_t>(f);
-                    break;
-                }
-    }
-    return field_of_[key];
+void TraceReader::learn_fields(const Document& doc) {
+    const size_t known = field_of_.size();
+    field_of_.resize(doc.key_count(), -1);
+    for (size_t k = known; k < field_of_.size(); ++k)
+        for (int f = 0; f < kFieldCount; ++f)
+            if (doc.key_name(static_cast<KeyId>(k)) == kFieldKeys[f]) {
+                field_of_[k] = static_cast<int8_t>(f);
+                break;
+            }
 }
 
 TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, uint32_t ordinal) {
     auto where = [&]() { return "traceEvents[" + std::to_string(ordinal) + "]"; };
     if (raw.type != JType::Obj) throw TraceError(where() + ": expected an object, got " + type_name(&raw));
     // One pass over the members (last duplicate wins, as in a Python dict).
+    if (field_of_.size() < doc.key_count()) learn_fields(doc);  // keys first seen since the last event
+    const int8_t* field_of = field_of_.data();
     const JNode* fields[kFieldCount] = {};
     for (const JNode* m = doc.first(raw); m; m = doc.next(m))
-        if (int f = field(m->key, doc); f >= 0) fields[f] = m;
+        if (const int f = field_of[m->key]; f >= 0) fields[f] = m;
     const JNode *ph_node = fields[PH], *ts = fields[TS], *dur_node = fields[DUR], *args = fields[ARGS];
     if (!ph_node || ph_node->type != JType::Str)
         throw TraceError(where() + ".ph: expected a string, got " + type_name(ph_node));
@@ -237,14 +244,14 @@ TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, ui
     Ident pid = ident(fields[PID], [&] { return where() + ".pid"; });
     Ident tid = ident(fields[TID], [&] { return where() + ".tid"; });
     if (!ts) throw TraceError(where() + ": missing 'ts'");
-    __int128 start = static_cast<__int128>(base_) + micros_to_ns(*ts, "ts", ordinal);
+    __int128 start = static_cast<__int128>(base_) + micros_ns(*ts, "ts", ordinal);
     if (start < 0 || start > INT64_MAX) throw TraceError(where() + ".ts: timestamp is outside 0..2^63-1");
     if (args && args->type == JType::Null) args = nullptr;
     if (args && args->type != JType::Obj) throw TraceError(where() + ".args: expected an object, got " + type_name(args));
     latest_ = std::max(latest_, static_cast<int64_t>(start));
     if (ph == "X") {
         if (!dur_node) throw TraceError(where() + ": complete event without 'dur'");
-        int64_t dur = micros_to_ns(*dur_node, "dur", ordinal);
+        int64_t dur = micros_ns(*dur_node, "dur", ordinal);
         if (dur < 0) throw TraceError(where() + ".dur: negative duration");
         if (start + dur > INT64_MAX) throw TraceError(where() + ".dur: end time is outside 0..2^63-1");
         Event e;

@@ -127,7 +127,7 @@ class TraceReader : public ElementSink {
     int64_t latest_ = 0;           // the latest start or end time read
 
     Stored event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
-    int field(KeyId key, const Document& doc);
+    void learn_fields(const Document& doc);  // field_of_ for the keys `doc` has interned since
     template <typename Where>
     Ident ident(const JNode* n, Where&& where);
     Ident intern(std::string_view s);
