@@ -197,7 +197,7 @@ class Parser {
 
     // Parses one value at p_, appends its node (and its children after it); returns its index.
     // `member` is the key whose value this is (kNoKey: an array element or the root).
-    uint32_t value(int depth, KeyId member) {
+    __attribute__((always_inline)) uint32_t value(int depth, KeyId member) {
         if (p_ >= end_) fail("Expecting value");
         switch (*p_) {
             case '{': return object(depth + 1, member);
@@ -244,7 +244,7 @@ class Parser {
         return true;
     }
 
-    void number(JNode& out) {
+    __attribute__((always_inline)) void number(JNode& out) {
         const char* start = p_;
         bool neg = false;
         if (p_ < end_ && *p_ == '-') {

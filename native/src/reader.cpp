@@ -316,11 +316,17 @@ void TraceReader::begin(uint32_t array) {
     // Kineto spends a few hundred bytes of JSON on a complete event: room for one per 256 bytes
     // grows the array rarely, and the pages past its end are never touched
     trace_.events.reserve(json_size_ / 256);
+    advise_huge_pages(trace_.events.data(), trace_.events.capacity() * sizeof(Event));
+    // flow and memory events: fewer, and smaller (no growing by copies for most traces)
+    trace_.flows.reserve(json_size_ / 1024);
+    trace_.memory.reserve(json_size_ / 2048);
     strings_.clear();
     name_slots_.clear();
     name_hashes_.clear();
     name_cache_.fill(0);
     stored_args_.clear();
+    args_nodes_ = nullptr;
+    args_moved_ = false;
     streamed_ = array;
     total_ = 0;
     failed_ = false;
@@ -337,15 +343,25 @@ uint32_t TraceReader::element(const Document& doc, uint32_t at) {
                 return kNoNode;
             case Stored::EventArgs:
                 stored_args_.push_back({false, trace_.events.size() - 1, at});
-                return doc.index(*trace_.events.back().args);
+                return keep_args(doc, trace_.events.back().args, at);
             case Stored::MemoryArgs:
                 stored_args_.push_back({true, trace_.memory.size() - 1, at});
-                return doc.index(*trace_.memory.back().args);
+                return keep_args(doc, trace_.memory.back().args, at);
         }
     } catch (const TraceError&) {
         failed_ = true;  // read again from the whole document, for the error the reference gives
     }
     return kNoNode;
+}
+
+uint32_t TraceReader::keep_args(const Document& doc, const JNode*& args, uint32_t at) {
+    const uint32_t kept = doc.index(*args);
+    // where the args move to; right as long as the document's nodes stay where they are now
+    const JNode* nodes = &doc.node(0);
+    if (nodes != args_nodes_) args_moved_ = args_nodes_ != nullptr;
+    args_nodes_ = nodes;
+    args = nodes + at;
+    return kept;
 }
 
 Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json) {
@@ -359,11 +375,13 @@ Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json)
     const int64_t shift = trace_.base_ns - base_;
     if (!failed_ && static_cast<__int128>(latest_) + shift <= INT64_MAX) {
         trace_.total = total_;
-        for (const StoredArgs& s : stored_args_) {
-            const JNode* args = &doc->node(s.node);
-            if (s.memory) trace_.memory[s.index].args = args;
-            else trace_.events[s.index].args = args;
-        }
+        // the nodes moved (the document grew) since args pointers were taken: take them again
+        if (args_moved_ || (args_nodes_ && args_nodes_ != &doc->node(0)))
+            for (const StoredArgs& s : stored_args_) {
+                const JNode* args = &doc->node(s.node);
+                if (s.memory) trace_.memory[s.index].args = args;
+                else trace_.events[s.index].args = args;
+            }
         if (shift) {
             for (Event& e : trace_.events) e.start += shift, e.end += shift;
             for (Instant& m : trace_.memory) m.ts += shift;

@@ -126,3 +126,36 @@ def test_json_module_agrees_on_what_is_valid() -> None:
             valid = False
         native = _outcome(data, "native")
         assert (native[0] == "ok") == valid, piece
+
+
+def test_args_kept_while_the_document_grows() -> None:
+    # args of dense arrays need more nodes than the document reserves up front for its size:
+    # the node array moves while events are read, and the events' args must follow it
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": f"k{i}",
+            "pid": 1,
+            "tid": 7,
+            "ts": 10 + i,
+            "dur": 1,
+            "args": {"grid": [0] * (50 + i), "n": i},
+        }
+        for i in range(40)
+    ]
+    events.insert(
+        20,
+        {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "pid": 1,
+            "tid": 2,
+            "ts": 15,
+            "args": {"Bytes": [1] * 300, "Total Allocated": 5},
+        },
+    )
+    data = json.dumps({"traceEvents": events}, separators=(",", ":")).encode()
+    _agree(data)
+    _agree(data[:-1] + b',"baseTimeNanoseconds":1000,"pad":[' + b"0," * 3000 + b"0]}")

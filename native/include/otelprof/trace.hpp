@@ -121,11 +121,14 @@ class TraceReader : public ElementSink {
     uint64_t name_seed_;
     static constexpr size_t kNameCacheSize = 256;
     std::array<uint32_t, kNameCacheSize> name_cache_{};  // name id + 1, or 0 (see name_id)
+    const JNode* args_nodes_ = nullptr;  // the document's nodes when args pointers were last taken
+    bool args_moved_ = false;            // they moved since the first were taken
     uint32_t streamed_ = kNoNode;  // the streamed traceEvents array node
     uint32_t total_ = 0;           // its elements so far
     bool failed_ = false;          // an event was rejected
     int64_t latest_ = 0;           // the latest start or end time read
 
+    uint32_t keep_args(const Document& doc, const JNode*& args, uint32_t at);
     Stored event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
     void learn_fields(const Document& doc);  // field_of_ for the keys `doc` has interned since
     template <typename Where>
