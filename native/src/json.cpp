@@ -228,20 +228,26 @@ class Parser {
         return push(type);
     }
 
-    // Whether the 8 bytes at p are all digits; if so, `value` is their decimal value.
-    static bool eight_digits(const char* p, uint64_t& value) {
-        uint64_t w;
-        std::memcpy(&w, p, 8);
+    static constexpr uint64_t kPow10[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
+
+    // How many of the 8 bytes of w (little-endian: the first lowest) are digits before the first
+    // that is not.
+    static unsigned leading_digits(uint64_t w) {
         // a byte is a digit iff its high nibble is 3 and adding 6 does not carry out of the low one
-        if (((w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4)) !=
-            0x3333333333333333ULL)
-            return false;
-        w -= 0x3030303030303030ULL;                               // digit values, first digit lowest
-        w = (w * 10) + (w >> 8);                                  // pairs: 10 * d0 + d1 in every other byte
-        w = (((w & 0x000000FF000000FFULL) * (100 + (1000000ULL << 32))) +
-             (((w >> 16) & 0x000000FF000000FFULL) * (1 + (10000ULL << 32)))) >> 32;
-        value = w;
-        return true;
+        // (a carry into the next byte comes from a byte that is not a digit: only later bytes
+        // are wrong)
+        const uint64_t x = ((w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4)) ^
+                           0x3333333333333333ULL;  // zero bytes: digits
+        const uint64_t other = (((x & 0x7F7F7F7F7F7F7F7FULL) + 0x7F7F7F7F7F7F7F7FULL) | x) & 0x8080808080808080ULL;
+        return other ? static_cast<unsigned>(__builtin_ctzll(other)) >> 3 : 8;
+    }
+
+    // The decimal value of 8 digit bytes (the first lowest).
+    static uint64_t digits_value(uint64_t w) {
+        w -= 0x3030303030303030ULL;  // digit values, first digit lowest
+        w = (w * 10) + (w >> 8);     // pairs: 10 * d0 + d1 in every other byte
+        return (((w & 0x000000FF000000FFULL) * (100 + (1000000ULL << 32))) +
+                (((w >> 16) & 0x000000FF000000FFULL) * (1 + (10000ULL << 32)))) >> 32;
     }
 
     __attribute__((always_inline)) void number(JNode& out) {
@@ -261,16 +267,29 @@ class Parser {
         if (*p_ == '0') {
             ++p_;
         } else {
-            // eight digits at a time (timestamps have 16); acc wraps past 2^64 exactly as digit by digit
-            uint64_t eight;
-            while (end_ - p_ >= 8 && eight_digits(p_, eight)) {
-                acc = acc * 100000000 + eight;
-                p_ += 8;
+            // up to eight digits at a time, without a branch per digit (timestamps have 16); acc
+            // wraps past 2^64 exactly as digit by digit
+            while (end_ - p_ >= 8) {
+                uint64_t w;
+                std::memcpy(&w, p_, 8);
+                const unsigned n = leading_digits(w);
+                if (n == 8) {
+                    acc = acc * 100000000 + digits_value(w);
+                    p_ += 8;
+                    continue;
+                }
+                if (n) {
+                    // the n digits at the top, '0's below them
+                    acc = acc * kPow10[n] + digits_value((w << (8 * (8 - n))) | (0x3030303030303030ULL >> (8 * n)));
+                    p_ += n;
+                }
+                goto digits_done;
             }
             while (p_ < end_ && static_cast<unsigned>(*p_ - '0') < 10) {
                 acc = acc * 10 + static_cast<unsigned>(*p_ - '0');
                 ++p_;
             }
+        digits_done:;
         }
         const size_t n_digits = static_cast<size_t>(p_ - digits);
         bool integral = true;
@@ -437,7 +456,7 @@ class Parser {
     // (e.g. complete events and flow events differ after "ph").
     // A guess is first compared with the input itself: a plain key (see Document::plain_) that the
     // input holds, then a quote, is that key, without scanning it as a string.
-    KeyId member_key(std::vector<KeyId>& guesses, size_t slot) {
+    __attribute__((always_inline)) KeyId member_key(std::vector<KeyId>& guesses, size_t slot) {
         if (slot * kWays >= guesses.size()) guesses.resize((doc_.keys_.size() + 1) * kWays, kNoKey);
         KeyId* ways = &guesses[slot * kWays];
         for (size_t w = 0; w < kWays; ++w) {
@@ -517,7 +536,8 @@ class Parser {
     uint32_t object(int depth, KeyId member) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
-        uint32_t idx = push(JType::Obj), prev = kNoNode;
+        const uint32_t idx = push(JType::Obj);
+        uint32_t prev = kNoNode, count = 0;
         KeyId prev_key = kNoKey;
         skip_ws();
         if (p_ < end_ && *p_ == '}') {
@@ -533,17 +553,21 @@ class Parser {
             if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
             ++p_;
             skip_ws();
-            uint32_t child = events_member(depth, member, key) ? array(depth + 1, sink_) : value(depth, key);
-            doc_.nodes_[child].key = key;
-            link(idx, prev, child);
+            const uint32_t child = events_member(depth, member, key) ? array(depth + 1, sink_) : value(depth, key);
+            // linked here, and counted in a register: the object's node is written once, at its end
+            JNode* nodes = doc_.nodes_.data();
+            nodes[child].key = key;
+            if (prev != kNoNode) nodes[prev].next = child - prev;
+            prev = child;
+            ++count;
             skip_ws();
-            if (p_ >= end_) fail("Expecting ',' delimiter");
-            if (*p_ == ',') {
+            if (p_ < end_ && *p_ == ',') {
                 ++p_;
                 continue;
             }
-            if (*p_ == '}') {
+            if (p_ < end_ && *p_ == '}') {
                 ++p_;
+                nodes[idx].len = count;
                 return idx;
             }
             fail("Expecting ',' delimiter");
