@@ -585,7 +585,8 @@ Document::Document(std::string_view text, ElementSink* sink) {
 const JNode* Document::get(const JNode& object, KeyId key) const {
     if (object.type != JType::Obj || key == kNoKey) return nullptr;
     const JNode* found = nullptr;
-    for (const JNode* c = first(object); c; c = next(c))
+    const JNode* c = first(object);
+    for (uint32_t k = 0; k < object.len; ++k, c = after(c))
         if (c->key == key) found = c;
     return found;
 }

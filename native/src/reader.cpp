@@ -225,7 +225,8 @@ TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, ui
     if (field_of_.size() < doc.key_count()) learn_fields(doc);  // keys first seen since the last event
     const int8_t* field_of = field_of_.data();
     const JNode* fields[kFieldCount] = {};
-    for (const JNode* m = doc.first(raw); m; m = doc.next(m))
+    const JNode* m = doc.first(raw);
+    for (uint32_t k = 0; k < raw.len; ++k, m = doc.after(m))
         if (const int f = field_of[m->key]; f >= 0) fields[f] = m;
     const JNode *ph_node = fields[PH], *ts = fields[TS], *dur_node = fields[DUR], *args = fields[ARGS];
     if (!ph_node || ph_node->type != JType::Str)
