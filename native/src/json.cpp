@@ -175,7 +175,8 @@ class Parser {
         // 8 bytes at a time, up to its first non-space byte
         constexpr uint64_t spaces = 0x2020202020202020ULL;
         while (p_ < end_) {
-            char c = *p_;
+            const char c = *p_;
+            if (static_cast<unsigned char>(c) > ' ') break;  // no whitespace: the most common case
             if (c == ' ') {
                 ++p_;
             } else if (c == '\n' || c == '\r' || c == '\t') {
