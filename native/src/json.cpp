@@ -148,9 +148,15 @@ class Parser {
     std::vector<KeyId> after_key_;  // slot k: the key after key k
     std::vector<KeyId> first_key_;  // slot k + 1: the first key of an object that is the value of key k; 0: of other objects
 
-    uint32_t push(JType type) {
+    uint32_t push(const JNode& node) {
+        doc_.nodes_.push_back(node);
+        return static_cast<uint32_t>(doc_.nodes_.size() - 1);
+    }
+
+    uint32_t push(JType type, KeyId key) {
         doc_.nodes_.emplace_back();
         doc_.nodes_.back().type = type;
+        doc_.nodes_.back().key = key;
         return static_cast<uint32_t>(doc_.nodes_.size() - 1);
     }
 
@@ -202,31 +208,33 @@ class Parser {
         if (p_ >= end_) fail("Expecting value");
         switch (*p_) {
             case '{': return object(depth + 1, member);
-            case '[': return array(depth + 1);
+            case '[': return array(depth + 1, nullptr, member);
             case '"': {
-                std::string_view s = string();
-                uint32_t idx = push(JType::Str);
-                JNode& out = doc_.nodes_[idx];
-                out.s = s.data();
-                out.len = static_cast<uint32_t>(s.size());
-                return idx;
+                const std::string_view s = string();
+                JNode node;  // written whole, once
+                node.type = JType::Str;
+                node.key = member;
+                node.s = s.data();
+                node.len = static_cast<uint32_t>(s.size());
+                return push(node);
             }
-            case 't': return literal("true", JType::True);
-            case 'f': return literal("false", JType::False);
-            case 'n': return literal("null", JType::Null);
+            case 't': return literal("true", JType::True, member);
+            case 'f': return literal("false", JType::False, member);
+            case 'n': return literal("null", JType::Null, member);
             default: {
-                uint32_t idx = push(JType::Null);
-                number(doc_.nodes_[idx]);
-                return idx;
+                JNode node;
+                node.key = member;
+                number(node);
+                return push(node);
             }
         }
     }
 
-    uint32_t literal(const char* word, JType type) {
+    uint32_t literal(const char* word, JType type, KeyId member) {
         size_t n = std::strlen(word);
         if (static_cast<size_t>(end_ - p_) < n || std::memcmp(p_, word, n) != 0) fail("Expecting value");
         p_ += n;
-        return push(type);
+        return push(type, member);
     }
 
     static constexpr uint64_t kPow10[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
@@ -267,6 +275,8 @@ class Parser {
         uint64_t acc = 0;
         if (*p_ == '0') {
             ++p_;
+        } else if (end_ - p_ >= 2 && static_cast<unsigned>(p_[1] - '0') >= 10) {
+            acc = static_cast<unsigned>(*p_++ - '0');  // one digit (counts, flags, devices): the commonest length
         } else {
             // up to eight digits at a time, without a branch per digit (timestamps have 16); acc
             // wraps past 2^64 exactly as digit by digit
@@ -500,10 +510,10 @@ class Parser {
     }
 
     // `sink`: hand the elements to it instead of keeping them (see ElementSink).
-    uint32_t array(int depth, ElementSink* sink = nullptr) {
+    uint32_t array(int depth, ElementSink* sink, KeyId member) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
-        uint32_t idx = push(JType::Arr), prev = kNoNode;
+        uint32_t idx = push(JType::Arr, member), prev = kNoNode;
         if (sink) sink->begin(idx);
         skip_ws();
         if (p_ < end_ && *p_ == ']') {
@@ -537,7 +547,7 @@ class Parser {
     uint32_t object(int depth, KeyId member) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
-        const uint32_t idx = push(JType::Obj);
+        const uint32_t idx = push(JType::Obj, member);
         uint32_t prev = kNoNode, count = 0;
         KeyId prev_key = kNoKey;
         skip_ws();
@@ -554,10 +564,10 @@ class Parser {
             if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
             ++p_;
             skip_ws();
-            const uint32_t child = events_member(depth, member, key) ? array(depth + 1, sink_) : value(depth, key);
+            // (the value's node has its key)
+            const uint32_t child = events_member(depth, member, key) ? array(depth + 1, sink_, key) : value(depth, key);
             // linked here, and counted in a register: the object's node is written once, at its end
             JNode* nodes = doc_.nodes_.data();
-            nodes[child].key = key;
             if (prev != kNoNode) nodes[prev].next = child - prev;
             prev = child;
             ++count;
