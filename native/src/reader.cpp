@@ -325,9 +325,7 @@ void TraceReader::begin(uint32_t array) {
     name_slots_.clear();
     name_hashes_.clear();
     name_cache_.fill(0);
-    stored_args_.clear();
-    args_nodes_ = nullptr;
-    args_moved_ = false;
+    args_spans_.clear();
     streamed_ = array;
     total_ = 0;
     failed_ = false;
@@ -338,16 +336,14 @@ uint32_t TraceReader::element(const Document& doc, uint32_t at) {
     const uint32_t ordinal = total_++;
     if (failed_) return kNoNode;
     try {
-        // The stored record points at the args node once it has moved to `at` (see finish).
+        // The args pointer is taken where the args node moves to, `at` (see keep_args).
         switch (event(doc, doc.node(at), ordinal)) {
             case Stored::None:
                 return kNoNode;
             case Stored::EventArgs:
-                stored_args_.push_back({false, trace_.events.size() - 1, at});
-                return keep_args(doc, trace_.events.back().args, at);
+                return keep_args(doc, false, at);
             case Stored::MemoryArgs:
-                stored_args_.push_back({true, trace_.memory.size() - 1, at});
-                return keep_args(doc, trace_.memory.back().args, at);
+                return keep_args(doc, true, at);
         }
     } catch (const TraceError&) {
         failed_ = true;  // read again from the whole document, for the error the reference gives
@@ -355,12 +351,16 @@ uint32_t TraceReader::element(const Document& doc, uint32_t at) {
     return kNoNode;
 }
 
-uint32_t TraceReader::keep_args(const Document& doc, const JNode*& args, uint32_t at) {
+uint32_t TraceReader::keep_args(const Document& doc, bool memory, uint32_t at) {
+    const JNode*& args = memory ? trace_.memory.back().args : trace_.events.back().args;
     const uint32_t kept = doc.index(*args);
-    // where the args move to; right as long as the document's nodes stay where they are now
+    // where the args move to: right as long as the document's nodes stay where they are now.
+    // Where they have moved since the last args were taken, a new span of pointers starts (with
+    // the event or memory event just read), which finish() moves along with the nodes.
     const JNode* nodes = &doc.node(0);
-    if (nodes != args_nodes_) args_moved_ = args_nodes_ != nullptr;
-    args_nodes_ = nodes;
+    if (args_spans_.empty() || args_spans_.back().nodes != nodes) {
+        args_spans_.push_back({nodes, trace_.events.size() - (memory ? 0 : 1), trace_.memory.size() - (memory ? 1 : 0)});
+    }
     args = nodes + at;
     return kept;
 }
@@ -376,13 +376,21 @@ Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json)
     const int64_t shift = trace_.base_ns - base_;
     if (!failed_ && static_cast<__int128>(latest_) + shift <= INT64_MAX) {
         trace_.total = total_;
-        // the nodes moved (the document grew) since args pointers were taken: take them again
-        if (args_moved_ || (args_nodes_ && args_nodes_ != &doc->node(0)))
-            for (const StoredArgs& s : stored_args_) {
-                const JNode* args = &doc->node(s.node);
-                if (s.memory) trace_.memory[s.index].args = args;
-                else trace_.events[s.index].args = args;
-            }
+        // args pointers taken before the nodes moved (the document grew) follow them
+        const JNode* nodes = &doc->node(0);
+        for (size_t k = 0; k < args_spans_.size(); ++k) {
+            const ArgsSpan& span = args_spans_[k];
+            if (span.nodes == nodes) continue;
+            const bool last = k + 1 == args_spans_.size();
+            auto moved = [&](const JNode*& args) {
+                if (args)
+                    args = nodes + (reinterpret_cast<uintptr_t>(args) - reinterpret_cast<uintptr_t>(span.nodes)) / sizeof(JNode);
+            };
+            for (size_t e = span.events, to = last ? trace_.events.size() : args_spans_[k + 1].events; e < to; ++e)
+                moved(trace_.events[e].args);
+            for (size_t m = span.memory, to = last ? trace_.memory.size() : args_spans_[k + 1].memory; m < to; ++m)
+                moved(trace_.memory[m].args);
+        }
         if (shift) {
             for (Event& e : trace_.events) e.start += shift, e.end += shift;
             for (Instant& m : trace_.memory) m.ts += shift;
