@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -708,6 +709,64 @@ void render_json(const Document& doc, const JNode& node, std::string& out) {
     }
 }
 
+namespace {
+
+// The double nearest a decimal number literal whose digits (at most 15 significant, so below
+// 2^53: exact as a double) times a power of ten within 10^+-22 (exact as a double) it is: one
+// correctly rounded multiplication or division gives the correctly rounded result, as from_chars
+// would (Clinger's fast path). False where the text is not such a number.
+bool exact_decimal(const char* p, size_t len, double& out) {
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD == 0
+    static constexpr double kPowers[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                         1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    const char* const end = p + len;
+    const bool neg = p < end && *p == '-';
+    if (neg) ++p;
+    uint64_t digits = 0;
+    int significant = 0, exp10 = 0;
+    bool any = false, dot = false;
+    for (; p < end; ++p) {
+        const char c = *p;
+        if (c >= '0' && c <= '9') {
+            any = true;
+            if (digits || c != '0') {
+                if (++significant > 15) return false;
+                digits = digits * 10 + static_cast<unsigned>(c - '0');
+            }
+            if (dot) --exp10;
+        } else if (c == '.' && !dot) {
+            dot = true;
+        } else {
+            break;
+        }
+    }
+    if (!any) return false;
+    if (p < end) {  // an exponent: 'e' or 'E', a sign, at most 3 digits
+        if (*p != 'e' && *p != 'E') return false;
+        ++p;
+        bool eneg = false;
+        if (p < end && (*p == '+' || *p == '-')) eneg = *p++ == '-';
+        if (p == end || end - p > 3) return false;
+        int e = 0;
+        for (; p < end; ++p) {
+            if (*p < '0' || *p > '9') return false;
+            e = e * 10 + (*p - '0');
+        }
+        exp10 += eneg ? -e : e;
+    }
+    if (exp10 < -22 || exp10 > 22) return false;
+    double v = static_cast<double>(digits);
+    v = exp10 < 0 ? v / kPowers[-exp10] : v * kPowers[exp10];
+    out = neg ? -v : v;
+    return true;
+#else
+    (void)p, (void)len, (void)out;
+    return false;
+#endif
+}
+
+}  // namespace
+
 bool as_double(const JNode* n, double& out) {
     if (!n) return false;
     if (n->type == JType::Int) {
@@ -715,9 +774,13 @@ bool as_double(const JNode* n, double& out) {
         return true;
     }
     if (n->type != JType::Num && n->type != JType::BigInt) return false;
+    double v;
+    if (n->type == JType::Num && exact_decimal(n->s, n->len, v)) {
+        out = v;  // finite by construction
+        return true;
+    }
     // from_chars rounds as strtod does; out-of-range text (overflow, underflow) takes strtod's
     // path so that its results (infinity, denormals, zero) decide as before
-    double v;
     auto [end, err] = std::from_chars(n->s, n->s + n->len, v);
     if (err != std::errc() || end != n->s + n->len) v = std::strtod(std::string(n->s, n->len).c_str(), nullptr);
     if (!std::isfinite(v)) return false;

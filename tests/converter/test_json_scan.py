@@ -214,3 +214,54 @@ def test_numbers_read_as_the_reference(number: str) -> None:
 def test_malformed_numbers_fail_as_the_reference(bad: str) -> None:
     _agree(('{"traceEvents": [{"ph": "X", "ts": ' + bad + ', "dur": 1}]}').encode())
     _agree(('{"traceEvents": [], "n": ' + bad).encode())
+
+
+def test_decimal_args_convert_as_the_reference() -> None:
+    # args numbers become double attributes: short decimals take an exact fast path, the rest
+    # from_chars; both must round as Python's float()
+    import random
+
+    rng = random.Random(18)
+    values = [
+        "0.1",
+        "0.3",
+        "2.675",
+        "4.35",
+        "-0.0",
+        "0.0",
+        "1e22",
+        "1e23",
+        "1e-22",
+        "1e-23",
+        "0.1e-21",
+        "123456789012345.6",
+        "999999999999999",
+        "999999999999999.9",
+        "9007199254740993.0",
+        "1.7976931348623157e308",
+        "5e-324",
+        "2.2250738585072014e-308",
+        "1E+2",
+        "1e-005",
+        "12.5e3",
+        "0.000000000000000000001",
+        "100000000000000000000000.0",
+        "3.14159265358979",
+        "1.00000000000000000",
+    ]
+    for _ in range(400):
+        digits = str(rng.randrange(1, 10 ** rng.randint(1, 17)))
+        point = rng.randint(0, len(digits))
+        text = digits[:point] + "." + (digits[point:] or "0") if point else "0." + digits
+        if rng.random() < 0.3:
+            text += f"e{rng.randint(-30, 30)}"
+        values.append(("-" if rng.random() < 0.2 else "") + text)
+    keys = ("blocks per SM", "warps per SM", "est. achieved occupancy %", "memory bandwidth (GB/s)")
+    for start in range(0, len(values), 100):
+        chunk = values[start : start + 100]
+        events = []
+        for k in range(0, len(chunk), 4):
+            args = ", ".join(f'"{key}": {v}' for key, v in zip(keys, chunk[k : k + 4], strict=False))
+            head = f'"ph": "X", "cat": "kernel", "name": "k", "pid": 1, "tid": 7, "ts": {10 + k}, "dur": 1'
+            events.append(f'{{{head}, "args": {{{args}}}}}')
+        _agree(('{"traceEvents": [' + ", ".join(events) + "]}").encode())
