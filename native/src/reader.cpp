@@ -320,7 +320,7 @@ void TraceReader::begin(uint32_t array) {
     advise_huge_pages(trace_.events.data(), trace_.events.capacity() * sizeof(Event));
     // flow and memory events: fewer, and smaller (no growing by copies for most traces)
     trace_.flows.reserve(json_size_ / 512);
-    trace_.memory.reserve(json_size_ / 2048);
+    trace_.memory.reserve(json_size_ / 1024);
     strings_.clear();
     name_slots_.clear();
     name_hashes_.clear();
