@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -9,13 +10,46 @@
 #include <random>
 #include <unordered_map>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace otelprof {
 
 namespace {
 
 constexpr int kMaxDepth = 512;
 
-// Strict UTF-8 validation (no overlongs, no encoded surrogates, <= U+10FFFF), as Python's decoder.
+[[noreturn]] void utf8_error(size_t at) { throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(at) + ")"); }
+
+// Length of the UTF-8 sequence that starts with the non-ASCII byte at p (before end), or 0 where it
+// is not strict UTF-8 (no overlongs, no encoded surrogates, <= U+10FFFF), as Python's decoder.
+inline size_t utf8_sequence(const unsigned char* p, const unsigned char* end) {
+    const unsigned char c = *p;
+    size_t need;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (static_cast<size_t>(end - p) <= need) return 0;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t k = 2; k <= need; ++k)
+        if (p[k] < 0x80 || p[k] > 0xBF) return 0;
+    return need + 1;
+}
+
+// Strict UTF-8 validation of a whole text, for the error a JSON error defers to (Python decodes
+// before it parses). A parse that succeeds has validated its input as it went (Parser::string).
 void validate_utf8(std::string_view text) {
     const auto* p = reinterpret_cast<const unsigned char*>(text.data());
     const size_t n = text.size();
@@ -29,34 +63,43 @@ void validate_utf8(std::string_view text) {
                 continue;
             }
         }
-        unsigned char c = p[i];
-        if (c < 0x80) {
+        if (p[i] < 0x80) {
             ++i;
             continue;
         }
-        size_t need;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) {
-            need = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
-        }
-        for (size_t k = 1; k <= need; ++k) {
-            if (i + k >= n) throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
-            unsigned char cc = p[i + k];
-            unsigned l = (k == 1) ? lo : 0x80, h = (k == 1) ? hi : 0xBF;
-            if (cc < l || cc > h) throw TraceError("trace is not valid UTF-8 (byte " + std::to_string(i) + ")");
-        }
-        i += need + 1;
+        const size_t len = utf8_sequence(p + i, p + n);
+        if (!len) utf8_error(i);
+        i += len;
     }
+}
+
+// The first byte from p on that a string scan must look at: '"', '\\', a control character or a
+// non-ASCII byte (end where there is none).
+inline const char* scan_string(const char* p, const char* end) {
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+    for (; end - p >= 16; p += 16) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        // a signed compare: control characters and non-ASCII bytes (negative) are both below ' '
+        const __m128i hit =
+            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)), _mm_cmplt_epi8(v, space));
+        if (const unsigned mask = static_cast<unsigned>(_mm_movemask_epi8(hit))) return p + __builtin_ctz(mask);
+    }
+#endif
+    // SWAR, 8 bytes at a time (the tail, or all of it without SSE2)
+    constexpr uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    for (; end - p >= 8; p += 8) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);
+        const uint64_t quote = w ^ (ones * '"'), slash = w ^ (ones * '\\');
+        const uint64_t hit = ((quote - ones) & ~quote) | ((slash - ones) & ~slash) | ((w - ones * 0x20) & ~w) | w;
+        if (hit & highs) return p + (__builtin_ctzll(hit & highs) >> 3);  // little-endian: the first such byte
+    }
+    for (; p < end; ++p) {
+        const auto c = static_cast<unsigned char>(*p);
+        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80) return p;
+    }
+    return p;
 }
 
 void put_utf8(uint32_t cp, std::string& out) {
@@ -87,7 +130,6 @@ class Parser {
         : doc_(doc), sink_(sink), sink_key_(sink ? sink->array_key() : std::string_view()), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
 
     void run() {
-        validate_utf8(std::string_view(begin_, end_ - begin_));
         skip_ws();
         doc_.root_ = value(0, kNoKey);
         skip_ws();
@@ -107,13 +149,21 @@ class Parser {
     std::vector<KeyId> after_key_;  // slot k: the key after key k
     std::vector<KeyId> first_key_;  // slot k + 1: the first key of an object that is the value of key k; 0: of other objects
 
-    uint32_t push(JType type) {
+    uint32_t push(const JNode& node) {
+        doc_.nodes_.push_back(node);
+        return static_cast<uint32_t>(doc_.nodes_.size() - 1);
+    }
+
+    uint32_t push(JType type, KeyId key) {
         doc_.nodes_.emplace_back();
         doc_.nodes_.back().type = type;
+        doc_.nodes_.back().key = key;
         return static_cast<uint32_t>(doc_.nodes_.size() - 1);
     }
 
     [[noreturn]] void fail(const char* what) const {
+        // an invalid UTF-8 byte anywhere is the error (Python decodes the whole text first)
+        validate_utf8(std::string_view(begin_, static_cast<size_t>(end_ - begin_)));
         // line/column like Python's JSONDecodeError
         size_t line = 1, col = 1;
         for (const char* q = begin_; q < p_ && q < end_; ++q) {
@@ -132,7 +182,8 @@ class Parser {
         // 8 bytes at a time, up to its first non-space byte
         constexpr uint64_t spaces = 0x2020202020202020ULL;
         while (p_ < end_) {
-            char c = *p_;
+            const char c = *p_;
+            if (static_cast<unsigned char>(c) > ' ') break;  // no whitespace: the most common case
             if (c == ' ') {
                 ++p_;
             } else if (c == '\n' || c == '\r' || c == '\t') {
@@ -154,54 +205,62 @@ class Parser {
 
     // Parses one value at p_, appends its node (and its children after it); returns its index.
     // `member` is the key whose value this is (kNoKey: an array element or the root).
-    uint32_t value(int depth, KeyId member) {
+    __attribute__((always_inline)) uint32_t value(int depth, KeyId member) {
         if (p_ >= end_) fail("Expecting value");
         switch (*p_) {
             case '{': return object(depth + 1, member);
-            case '[': return array(depth + 1);
+            case '[': return array(depth + 1, nullptr, member);
             case '"': {
-                std::string_view s = string();
-                uint32_t idx = push(JType::Str);
-                JNode& out = doc_.nodes_[idx];
-                out.s = s.data();
-                out.len = static_cast<uint32_t>(s.size());
-                return idx;
+                const std::string_view s = string();
+                JNode node;  // written whole, once
+                node.type = JType::Str;
+                node.key = member;
+                node.s = s.data();
+                node.len = static_cast<uint32_t>(s.size());
+                return push(node);
             }
-            case 't': return literal("true", JType::True);
-            case 'f': return literal("false", JType::False);
-            case 'n': return literal("null", JType::Null);
+            case 't': return literal("true", JType::True, member);
+            case 'f': return literal("false", JType::False, member);
+            case 'n': return literal("null", JType::Null, member);
             default: {
-                uint32_t idx = push(JType::Null);
-                number(doc_.nodes_[idx]);
-                return idx;
+                JNode node;
+                node.key = member;
+                number(node);
+                return push(node);
             }
         }
     }
 
-    uint32_t literal(const char* word, JType type) {
+    uint32_t literal(const char* word, JType type, KeyId member) {
         size_t n = std::strlen(word);
         if (static_cast<size_t>(end_ - p_) < n || std::memcmp(p_, word, n) != 0) fail("Expecting value");
         p_ += n;
-        return push(type);
+        return push(type, member);
     }
 
-    // Whether the 8 bytes at p are all digits; if so, `value` is their decimal value.
-    static bool eight_digits(const char* p, uint64_t& value) {
-        uint64_t w;
-        std::memcpy(&w, p, 8);
+    static constexpr uint64_t kPow10[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
+
+    // How many of the 8 bytes of w (little-endian: the first lowest) are digits before the first
+    // that is not.
+    static unsigned leading_digits(uint64_t w) {
         // a byte is a digit iff its high nibble is 3 and adding 6 does not carry out of the low one
-        if (((w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4)) !=
-            0x3333333333333333ULL)
-            return false;
-        w -= 0x3030303030303030ULL;                               // digit values, first digit lowest
-        w = (w * 10) + (w >> 8);                                  // pairs: 10 * d0 + d1 in every other byte
-        w = (((w & 0x000000FF000000FFULL) * (100 + (1000000ULL << 32))) +
-             (((w >> 16) & 0x000000FF000000FFULL) * (1 + (10000ULL << 32)))) >> 32;
-        value = w;
-        return true;
+        // (a carry into the next byte comes from a byte that is not a digit: only later bytes
+        // are wrong)
+        const uint64_t x = ((w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4)) ^
+                           0x3333333333333333ULL;  // zero bytes: digits
+        const uint64_t other = (((x & 0x7F7F7F7F7F7F7F7FULL) + 0x7F7F7F7F7F7F7F7FULL) | x) & 0x8080808080808080ULL;
+        return other ? static_cast<unsigned>(__builtin_ctzll(other)) >> 3 : 8;
     }
 
-    void number(JNode& out) {
+    // The decimal value of 8 digit bytes (the first lowest).
+    static uint64_t digits_value(uint64_t w) {
+        w -= 0x3030303030303030ULL;  // digit values, first digit lowest
+        w = (w * 10) + (w >> 8);     // pairs: 10 * d0 + d1 in every other byte
+        return (((w & 0x000000FF000000FFULL) * (100 + (1000000ULL << 32))) +
+                (((w >> 16) & 0x000000FF000000FFULL) * (1 + (10000ULL << 32)))) >> 32;
+    }
+
+    __attribute__((always_inline)) void number(JNode& out) {
         const char* start = p_;
         bool neg = false;
         if (p_ < end_ && *p_ == '-') {
@@ -217,17 +276,32 @@ class Parser {
         uint64_t acc = 0;
         if (*p_ == '0') {
             ++p_;
+        } else if (end_ - p_ >= 2 && static_cast<unsigned>(p_[1] - '0') >= 10) {
+            acc = static_cast<unsigned>(*p_++ - '0');  // one digit (counts, flags, devices): the commonest length
         } else {
-            // eight digits at a time (timestamps have 16); acc wraps past 2^64 exactly as digit by digit
-            uint64_t eight;
-            while (end_ - p_ >= 8 && eight_digits(p_, eight)) {
-                acc = acc * 100000000 + eight;
-                p_ += 8;
+            // up to eight digits at a time, without a branch per digit (timestamps have 16); acc
+            // wraps past 2^64 exactly as digit by digit
+            while (end_ - p_ >= 8) {
+                uint64_t w;
+                std::memcpy(&w, p_, 8);
+                const unsigned n = leading_digits(w);
+                if (n == 8) {
+                    acc = acc * 100000000 + digits_value(w);
+                    p_ += 8;
+                    continue;
+                }
+                if (n) {
+                    // the n digits at the top, '0's below them
+                    acc = acc * kPow10[n] + digits_value((w << (8 * (8 - n))) | (0x3030303030303030ULL >> (8 * n)));
+                    p_ += n;
+                }
+                goto digits_done;
             }
             while (p_ < end_ && static_cast<unsigned>(*p_ - '0') < 10) {
                 acc = acc * 10 + static_cast<unsigned>(*p_ - '0');
                 ++p_;
             }
+        digits_done:;
         }
         const size_t n_digits = static_cast<size_t>(p_ - digits);
         bool integral = true;
@@ -268,66 +342,89 @@ class Parser {
         return -1;
     }
 
+    // The four hex digits after a "\\u" (p_ after the 'u'). Python's json wants a character after
+    // them, and reports a bad escape at its 'u'.
     uint32_t hex4() {
-        if (end_ - p_ < 4) fail("Invalid \\uXXXX escape");
+        if (end_ - p_ <= 4) bad_u_escape();
         uint32_t v = 0;
         for (int k = 0; k < 4; ++k) {
             int h = hexval(p_[k]);
-            if (h < 0) fail("Invalid \\uXXXX escape");
+            if (h < 0) bad_u_escape();
             v = v * 16 + static_cast<uint32_t>(h);
         }
         p_ += 4;
         return v;
     }
 
+    [[noreturn]] void bad_u_escape() {
+        --p_;
+        fail("Invalid \\uXXXX escape");
+    }
+
+    // Where a string that starts at `start` (after its quote) runs past the end of the input.
+    [[noreturn]] void unterminated(const char* start) {
+        p_ = start - 1;
+        fail("Unterminated string starting at");
+    }
+
+    // The length of the UTF-8 sequence at p_ (a non-ASCII byte inside a string). Bytes outside
+    // strings are ASCII or a JSON error, so a parse that gets through validates its whole input.
+    size_t utf8_char() const {
+        const auto* p = reinterpret_cast<const unsigned char*>(p_);
+        const size_t len = utf8_sequence(p, reinterpret_cast<const unsigned char*>(end_));
+        if (!len) utf8_error(static_cast<size_t>(p_ - begin_));  // every byte before p_ is valid
+        return len;
+    }
+
     // Parses a string at p_ (on the opening quote); returns a view valid for the document's life.
-    std::string_view string() {
+    // The common case inline: a string with no escape and no non-ASCII byte.
+    __attribute__((always_inline)) std::string_view string() {
         ++p_;
         const char* start = p_;
-        // SWAR: skip 8 bytes at a time while none is '"', '\\' or a control character
-        while (end_ - p_ >= 8) {
-            uint64_t w;
-            std::memcpy(&w, p_, 8);
-            constexpr uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-            uint64_t quote = w ^ (ones * '"'), slash = w ^ (ones * '\\');
-            uint64_t has_quote = (quote - ones) & ~quote & highs;
-            uint64_t has_slash = (slash - ones) & ~slash & highs;
-            uint64_t has_ctrl = (w - ones * 0x20) & ~w & highs;
-            uint64_t hit = has_quote | has_slash | has_ctrl;
-            if (hit) {
-                p_ += __builtin_ctzll(hit) >> 3;
-                break;
-            }
-            p_ += 8;
+        p_ = scan_string(p_, end_);
+        if (p_ < end_ && *p_ == '"') {
+            std::string_view s(start, static_cast<size_t>(p_ - start));
+            ++p_;
+            return s;
         }
-        while (p_ < end_) {
-            unsigned char c = static_cast<unsigned char>(*p_);
+        return string_rest(start);
+    }
+
+    // The rest of the string that starts at `start`, from p_ (a byte that scan_string stops at).
+    __attribute__((noinline)) std::string_view string_rest(const char* start) {
+        while (true) {
+            if (p_ >= end_) unterminated(start);
+            const auto c = static_cast<unsigned char>(*p_);
             if (c == '"') {
                 std::string_view s(start, static_cast<size_t>(p_ - start));
                 ++p_;
                 return s;
             }
             if (c == '\\') break;
-            if (c < 0x20) fail("Invalid control character");
-            ++p_;
+            if (c < 0x20) fail("Invalid control character at");
+            p_ += utf8_char();
+            p_ = scan_string(p_, end_);
         }
-        if (p_ >= end_) fail("Unterminated string");
         buf_.assign(start, static_cast<size_t>(p_ - start));
         while (true) {
-            if (p_ >= end_) fail("Unterminated string");
-            unsigned char c = static_cast<unsigned char>(*p_);
+            const char* run = p_;
+            p_ = scan_string(p_, end_);
+            buf_.append(run, static_cast<size_t>(p_ - run));
+            if (p_ >= end_) unterminated(start);
+            const auto c = static_cast<unsigned char>(*p_);
             if (c == '"') {
                 ++p_;
                 break;
             }
-            if (c < 0x20) fail("Invalid control character");
+            if (c < 0x20) fail("Invalid control character at");
             if (c != '\\') {
-                buf_.push_back(static_cast<char>(c));
-                ++p_;
+                const size_t len = utf8_char();
+                buf_.append(p_, len);
+                p_ += len;
                 continue;
             }
             ++p_;
-            if (p_ >= end_) fail("Unterminated string");
+            if (p_ >= end_) unterminated(start);
             char e = *p_++;
             switch (e) {
                 case '"': buf_.push_back('"'); break;
@@ -340,7 +437,7 @@ class Parser {
                 case 't': buf_.push_back('\t'); break;
                 case 'u': {
                     uint32_t cp = hex4();
-                    if (cp >= 0xD800 && cp <= 0xDBFF && end_ - p_ >= 6 && p_[0] == '\\' && p_[1] == 'u') {
+                    if (cp >= 0xD800 && cp <= 0xDBFF && end_ - p_ > 6 && p_[0] == '\\' && p_[1] == 'u') {
                         const char* save = p_;
                         p_ += 2;
                         uint32_t low = hex4();
@@ -354,7 +451,7 @@ class Parser {
                     put_utf8(cp, buf_);
                     break;
                 }
-                default: --p_; fail("Invalid \\escape");
+                default: p_ -= 2; fail("Invalid \\escape");  // at the backslash, as Python's json
             }
         }
         auto mem = std::make_unique<char[]>(buf_.size() + 1);
@@ -371,7 +468,7 @@ class Parser {
     // (e.g. complete events and flow events differ after "ph").
     // A guess is first compared with the input itself: a plain key (see Document::plain_) that the
     // input holds, then a quote, is that key, without scanning it as a string.
-    KeyId member_key(std::vector<KeyId>& guesses, size_t slot) {
+    __attribute__((always_inline)) KeyId member_key(std::vector<KeyId>& guesses, size_t slot) {
         if (slot * kWays >= guesses.size()) guesses.resize((doc_.keys_.size() + 1) * kWays, kNoKey);
         KeyId* ways = &guesses[slot * kWays];
         for (size_t w = 0; w < kWays; ++w) {
@@ -414,10 +511,10 @@ class Parser {
     }
 
     // `sink`: hand the elements to it instead of keeping them (see ElementSink).
-    uint32_t array(int depth, ElementSink* sink = nullptr) {
+    uint32_t array(int depth, ElementSink* sink, KeyId member) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
-        uint32_t idx = push(JType::Arr), prev = kNoNode;
+        uint32_t idx = push(JType::Arr, member), prev = kNoNode;
         if (sink) sink->begin(idx);
         skip_ws();
         if (p_ < end_ && *p_ == ']') {
@@ -451,7 +548,8 @@ class Parser {
     uint32_t object(int depth, KeyId member) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
-        uint32_t idx = push(JType::Obj), prev = kNoNode;
+        const uint32_t idx = push(JType::Obj, member);
+        uint32_t prev = kNoNode, count = 0;
         KeyId prev_key = kNoKey;
         skip_ws();
         if (p_ < end_ && *p_ == '}') {
@@ -467,17 +565,21 @@ class Parser {
             if (p_ >= end_ || *p_ != ':') fail("Expecting ':' delimiter");
             ++p_;
             skip_ws();
-            uint32_t child = events_member(depth, member, key) ? array(depth + 1, sink_) : value(depth, key);
-            doc_.nodes_[child].key = key;
-            link(idx, prev, child);
+            // (the value's node has its key)
+            const uint32_t child = events_member(depth, member, key) ? array(depth + 1, sink_, key) : value(depth, key);
+            // linked here, and counted in a register: the object's node is written once, at its end
+            JNode* nodes = doc_.nodes_.data();
+            if (prev != kNoNode) nodes[prev].next = child - prev;
+            prev = child;
+            ++count;
             skip_ws();
-            if (p_ >= end_) fail("Expecting ',' delimiter");
-            if (*p_ == ',') {
+            if (p_ < end_ && *p_ == ',') {
                 ++p_;
                 continue;
             }
-            if (*p_ == '}') {
+            if (p_ < end_ && *p_ == '}') {
                 ++p_;
+                nodes[idx].len = count;
                 return idx;
             }
             fail("Expecting ',' delimiter");
@@ -495,7 +597,8 @@ Document::Document(std::string_view text, ElementSink* sink) {
 const JNode* Document::get(const JNode& object, KeyId key) const {
     if (object.type != JType::Obj || key == kNoKey) return nullptr;
     const JNode* found = nullptr;
-    for (const JNode* c = first(object); c; c = next(c))
+    const JNode* c = first(object);
+    for (uint32_t k = 0; k < object.len; ++k, c = after(c))
         if (c->key == key) found = c;
     return found;
 }
@@ -606,6 +709,64 @@ void render_json(const Document& doc, const JNode& node, std::string& out) {
     }
 }
 
+namespace {
+
+// The double nearest a decimal number literal whose digits (at most 15 significant, so below
+// 2^53: exact as a double) times a power of ten within 10^+-22 (exact as a double) it is: one
+// correctly rounded multiplication or division gives the correctly rounded result, as from_chars
+// would (Clinger's fast path). False where the text is not such a number.
+bool exact_decimal(const char* p, size_t len, double& out) {
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD == 0
+    static constexpr double kPowers[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                         1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    const char* const end = p + len;
+    const bool neg = p < end && *p == '-';
+    if (neg) ++p;
+    uint64_t digits = 0;
+    int significant = 0, exp10 = 0;
+    bool any = false, dot = false;
+    for (; p < end; ++p) {
+        const char c = *p;
+        if (c >= '0' && c <= '9') {
+            any = true;
+            if (digits || c != '0') {
+                if (++significant > 15) return false;
+                digits = digits * 10 + static_cast<unsigned>(c - '0');
+            }
+            if (dot) --exp10;
+        } else if (c == '.' && !dot) {
+            dot = true;
+        } else {
+            break;
+        }
+    }
+    if (!any) return false;
+    if (p < end) {  // an exponent: 'e' or 'E', a sign, at most 3 digits
+        if (*p != 'e' && *p != 'E') return false;
+        ++p;
+        bool eneg = false;
+        if (p < end && (*p == '+' || *p == '-')) eneg = *p++ == '-';
+        if (p == end || end - p > 3) return false;
+        int e = 0;
+        for (; p < end; ++p) {
+            if (*p < '0' || *p > '9') return false;
+            e = e * 10 + (*p - '0');
+        }
+        exp10 += eneg ? -e : e;
+    }
+    if (exp10 < -22 || exp10 > 22) return false;
+    double v = static_cast<double>(digits);
+    v = exp10 < 0 ? v / kPowers[-exp10] : v * kPowers[exp10];
+    out = neg ? -v : v;
+    return true;
+#else
+    (void)p, (void)len, (void)out;
+    return false;
+#endif
+}
+
+}  // namespace
+
 bool as_double(const JNode* n, double& out) {
     if (!n) return false;
     if (n->type == JType::Int) {
@@ -613,9 +774,13 @@ bool as_double(const JNode* n, double& out) {
         return true;
     }
     if (n->type != JType::Num && n->type != JType::BigInt) return false;
+    double v;
+    if (n->type == JType::Num && exact_decimal(n->s, n->len, v)) {
+        out = v;  // finite by construction
+        return true;
+    }
     // from_chars rounds as strtod does; out-of-range text (overflow, underflow) takes strtod's
     // path so that its results (infinity, denormals, zero) decide as before
-    double v;
     auto [end, err] = std::from_chars(n->s, n->s + n->len, v);
     if (err != std::errc() || end != n->s + n->len) v = std::strtod(std::string(n->s, n->len).c_str(), nullptr);
     if (!std::isfinite(v)) return false;

@@ -128,6 +128,14 @@ int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal) {
     return static_cast<int64_t>(v);
 }
 
+namespace {
+// micros_to_ns, with integers that cannot overflow inline (the common case)
+inline int64_t micros_ns(const JNode& n, const char* field, uint32_t ordinal) {
+    if (n.type == JType::Int && n.i <= INT64_MAX / 1000 && n.i >= INT64_MIN / 1000) return n.i * 1000;
+    return micros_to_ns(n, field, ordinal);
+}
+}  // namespace
+
 TraceReader::TraceReader(std::optional<int64_t> base_override, size_t json_size)
     : base_override_(base_override), json_size_(json_size), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
 
@@ -199,27 +207,27 @@ Ident TraceReader::intern(std::string_view s) {
     return Ident{true, it->second};
 }
 
-int TraceReader::field(KeyId key, const Document& doc) {
-    if (key >= field_of_.size()) {  // keys first seen since the last call
-        const size_t known = field_of_.size();
-        field_of_.resize(doc.key_count(), -1);
-        for (size_t k = known; k < field_of_.size(); ++k)
-            for (int f = 0; f < kFieldCount; ++f)
-                if (doc.key_name(static_cast<KeyId>(k)) == kFieldKeys[f]) {
-                    field_of_[k] = static_cast<int8_t>(f);
-                    break;
-                }
-    }
-    return field_of_[key];
+void TraceReader::learn_fields(const Document& doc) {
+    const size_t known = field_of_.size();
+    field_of_.resize(doc.key_count(), -1);
+    for (size_t k = known; k < field_of_.size(); ++k)
+        for (int f = 0; f < kFieldCount; ++f)
+            if (doc.key_name(static_cast<KeyId>(k)) == kFieldKeys[f]) {
+                field_of_[k] = static_cast<int8_t>(f);
+                break;
+            }
 }
 
 TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, uint32_t ordinal) {
     auto where = [&]() { return "traceEvents[" + std::to_string(ordinal) + "]"; };
     if (raw.type != JType::Obj) throw TraceError(where() + ": expected an object, got " + type_name(&raw));
     // One pass over the members (last duplicate wins, as in a Python dict).
+    if (field_of_.size() < doc.key_count()) learn_fields(doc);  // keys first seen since the last event
+    const int8_t* field_of = field_of_.data();
     const JNode* fields[kFieldCount] = {};
-    for (const JNode* m = doc.first(raw); m; m = doc.next(m))
-        if (int f = field(m->key, doc); f >= 0) fields[f] = m;
+    const JNode* m = doc.first(raw);
+    for (uint32_t k = 0; k < raw.len; ++k, m = doc.after(m))
+        if (const int f = field_of[m->key]; f >= 0) fields[f] = m;
     const JNode *ph_node = fields[PH], *ts = fields[TS], *dur_node = fields[DUR], *args = fields[ARGS];
     if (!ph_node || ph_node->type != JType::Str)
         throw TraceError(where() + ".ph: expected a string, got " + type_name(ph_node));
@@ -237,14 +245,14 @@ TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, ui
     Ident pid = ident(fields[PID], [&] { return where() + ".pid"; });
     Ident tid = ident(fields[TID], [&] { return where() + ".tid"; });
     if (!ts) throw TraceError(where() + ": missing 'ts'");
-    __int128 start = static_cast<__int128>(base_) + micros_to_ns(*ts, "ts", ordinal);
+    __int128 start = static_cast<__int128>(base_) + micros_ns(*ts, "ts", ordinal);
     if (start < 0 || start > INT64_MAX) throw TraceError(where() + ".ts: timestamp is outside 0..2^63-1");
     if (args && args->type == JType::Null) args = nullptr;
     if (args && args->type != JType::Obj) throw TraceError(where() + ".args: expected an object, got " + type_name(args));
     latest_ = std::max(latest_, static_cast<int64_t>(start));
     if (ph == "X") {
         if (!dur_node) throw TraceError(where() + ": complete event without 'dur'");
-        int64_t dur = micros_to_ns(*dur_node, "dur", ordinal);
+        int64_t dur = micros_ns(*dur_node, "dur", ordinal);
         if (dur < 0) throw TraceError(where() + ".dur: negative duration");
         if (start + dur > INT64_MAX) throw TraceError(where() + ".dur: end time is outside 0..2^63-1");
         Event e;
@@ -309,11 +317,15 @@ void TraceReader::begin(uint32_t array) {
     // Kineto spends a few hundred bytes of JSON on a complete event: room for one per 256 bytes
     // grows the array rarely, and the pages past its end are never touched
     trace_.events.reserve(json_size_ / 256);
+    advise_huge_pages(trace_.events.data(), trace_.events.capacity() * sizeof(Event));
+    // flow and memory events: fewer, and smaller (no growing by copies for most traces)
+    trace_.flows.reserve(json_size_ / 512);
+    trace_.memory.reserve(json_size_ / 1024);
     strings_.clear();
     name_slots_.clear();
     name_hashes_.clear();
     name_cache_.fill(0);
-    stored_args_.clear();
+    args_spans_.clear();
     streamed_ = array;
     total_ = 0;
     failed_ = false;
@@ -324,21 +336,33 @@ uint32_t TraceReader::element(const Document& doc, uint32_t at) {
     const uint32_t ordinal = total_++;
     if (failed_) return kNoNode;
     try {
-        // The stored record points at the args node once it has moved to `at` (see finish).
+        // The args pointer is taken where the args node moves to, `at` (see keep_args).
         switch (event(doc, doc.node(at), ordinal)) {
             case Stored::None:
                 return kNoNode;
             case Stored::EventArgs:
-                stored_args_.push_back({false, trace_.events.size() - 1, at});
-                return doc.index(*trace_.events.back().args);
+                return keep_args(doc, false, at);
             case Stored::MemoryArgs:
-                stored_args_.push_back({true, trace_.memory.size() - 1, at});
-                return doc.index(*trace_.memory.back().args);
+                return keep_args(doc, true, at);
         }
     } catch (const TraceError&) {
         failed_ = true;  // read again from the whole document, for the error the reference gives
     }
     return kNoNode;
+}
+
+uint32_t TraceReader::keep_args(const Document& doc, bool memory, uint32_t at) {
+    const JNode*& args = memory ? trace_.memory.back().args : trace_.events.back().args;
+    const uint32_t kept = doc.index(*args);
+    // where the args move to: right as long as the document's nodes stay where they are now.
+    // Where they have moved since the last args were taken, a new span of pointers starts (with
+    // the event or memory event just read), which finish() moves along with the nodes.
+    const JNode* nodes = &doc.node(0);
+    if (args_spans_.empty() || args_spans_.back().nodes != nodes) {
+        args_spans_.push_back({nodes, trace_.events.size() - (memory ? 0 : 1), trace_.memory.size() - (memory ? 1 : 0)});
+    }
+    args = nodes + at;
+    return kept;
 }
 
 Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json) {
@@ -352,10 +376,20 @@ Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json)
     const int64_t shift = trace_.base_ns - base_;
     if (!failed_ && static_cast<__int128>(latest_) + shift <= INT64_MAX) {
         trace_.total = total_;
-        for (const StoredArgs& s : stored_args_) {
-            const JNode* args = &doc->node(s.node);
-            if (s.memory) trace_.memory[s.index].args = args;
-            else trace_.events[s.index].args = args;
+        // args pointers taken before the nodes moved (the document grew) follow them
+        const JNode* nodes = &doc->node(0);
+        for (size_t k = 0; k < args_spans_.size(); ++k) {
+            const ArgsSpan& span = args_spans_[k];
+            if (span.nodes == nodes) continue;
+            const bool last = k + 1 == args_spans_.size();
+            auto moved = [&](const JNode*& args) {
+                if (args)
+                    args = nodes + (reinterpret_cast<uintptr_t>(args) - reinterpret_cast<uintptr_t>(span.nodes)) / sizeof(JNode);
+            };
+            for (size_t e = span.events, to = last ? trace_.events.size() : args_spans_[k + 1].events; e < to; ++e)
+                moved(trace_.events[e].args);
+            for (size_t m = span.memory, to = last ? trace_.memory.size() : args_spans_[k + 1].memory; m < to; ++m)
+                moved(trace_.memory[m].args);
         }
         if (shift) {
             for (Event& e : trace_.events) e.start += shift, e.end += shift;

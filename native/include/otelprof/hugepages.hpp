@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <vector>
@@ -45,6 +46,17 @@ struct HugePageAllocator {
     template <typename U>
     bool operator!=(const HugePageAllocator<U>&) const { return false; }
 };
+
+// Asks for transparent huge pages over the whole 2 MiB pages inside [p, p + bytes) (an array
+// allocated elsewhere, e.g. a std::vector's reserved storage). Advisory: failure only costs speed.
+inline void advise_huge_pages([[maybe_unused]] void* p, [[maybe_unused]] size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    constexpr size_t page = size_t{2} << 20;
+    const auto from = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+    const auto to = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+    if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_HUGEPAGE);
+#endif
+}
 
 template <typename T>
 using BigVector = std::vector<T, HugePageAllocator<T>>;

@@ -103,10 +103,12 @@ class TraceReader : public ElementSink {
 
   private:
     enum class Stored { None, EventArgs, MemoryArgs };  // what event() kept that points at args
-    struct StoredArgs {
-        bool memory;
-        size_t index;   // in trace_.memory or trace_.events
-        uint32_t node;  // where the args node is once its event is dropped
+    // From these indices of trace_.events and trace_.memory on, args pointers were taken into
+    // the document's nodes at `nodes` (a new span each time the nodes move: rarely).
+    struct ArgsSpan {
+        const JNode* nodes;
+        size_t events;
+        size_t memory;
     };
 
     std::optional<int64_t> base_override_;
@@ -115,7 +117,7 @@ class TraceReader : public ElementSink {
     Trace trace_;
     std::unordered_map<std::string_view, int64_t> strings_;  // interned pid/tid/id strings
     std::vector<int8_t> field_of_;                            // by KeyId: the event field, or -1
-    std::vector<StoredArgs> stored_args_;
+    std::vector<ArgsSpan> args_spans_;
     std::vector<uint32_t> name_slots_;  // open addressing over trace_.names: id + 1, or 0
     std::vector<uint64_t> name_hashes_;  // by name id
     uint64_t name_seed_;
@@ -126,8 +128,10 @@ class TraceReader : public ElementSink {
     bool failed_ = false;          // an event was rejected
     int64_t latest_ = 0;           // the latest start or end time read
 
+    // The node index of the args of the event (or memory event) just read, which move to `at`.
+    uint32_t keep_args(const Document& doc, bool memory, uint32_t at);
     Stored event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
-    int field(KeyId key, const Document& doc);
+    void learn_fields(const Document& doc);  // field_of_ for the keys `doc` has interned since
     template <typename Where>
     Ident ident(const JNode* n, Where&& where);
     Ident intern(std::string_view s);
