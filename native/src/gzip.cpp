@@ -7,6 +7,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
+
+#if defined(__linux__) || defined(__APPLE__)
+#include <sys/mman.h>
+#endif
 
 namespace otelprof {
 
@@ -80,13 +85,14 @@ size_t gunzip(std::string_view in, uint64_t cap, GzipSink& sink) {
                 capacity = static_cast<size_t>(std::min<uint64_t>(uint64_t{capacity} * 2, cap + 1));
                 out = sink.resize(capacity);
             }
-            const size_t room = std::min(capacity - total, kMaxCall);
+            const size_t room = std::min({capacity - total, kMaxCall, sink.max_step()});
             inf.zs.next_out = reinterpret_cast<unsigned char*>(out + total);
             inf.zs.avail_out = static_cast<uInt>(room);
             const int err = inflate(&inf.zs, Z_NO_FLUSH);
             total += room - inf.zs.avail_out;
             if (err != Z_OK && err != Z_BUF_ERROR && err != Z_STREAM_END) corrupt(err, inf.zs.msg);
             if (total > cap) throw GzipError("decompressed trace exceeds " + std::to_string(cap) + " bytes");
+            sink.progress(total);
             if (err == Z_STREAM_END) break;
         }
         at = fed - inf.zs.avail_in;
@@ -106,6 +112,95 @@ std::string gunzip(std::string_view in, uint64_t cap) {
     } sink;
     gunzip(in, cap, sink);
     return std::move(sink.s);
+}
+
+// Writes into the reserved region (which never moves) and tells the reader how far it got.
+class StreamingGunzip::Sink final : public GzipSink {
+   public:
+    explicit Sink(StreamingGunzip& owner) : owner_(owner) {}
+    char* resize(size_t n) override {
+        if (n > owner_.reserved_) throw std::bad_alloc();  // cannot happen: reserved cap + 1
+        return owner_.base_;
+    }
+    void progress(size_t total) override {
+        {
+            std::lock_guard<std::mutex> lock(owner_.mutex_);
+            if (owner_.cancel_) throw Cancelled{};
+            owner_.available_ = total;
+        }
+        owner_.changed_.notify_one();
+    }
+    // Small steps: the parser waits for at most this much beyond what it needs.
+    size_t max_step() const override { return size_t{256} << 10; }
+
+   private:
+    StreamingGunzip& owner_;
+};
+
+StreamingGunzip::StreamingGunzip(std::string_view in, uint64_t cap) : in_(in), cap_(std::min<uint64_t>(cap, uint64_t{1} << 62)) {
+#if defined(MAP_ANONYMOUS) && defined(MAP_NORESERVE)
+    // Address space only: the kernel commits a page when the inflater first writes it.
+    if (cap_ + 1 > SIZE_MAX / 2) throw std::bad_alloc();
+    reserved_ = static_cast<size_t>(cap_ + 1);
+    void* p = mmap(nullptr, reserved_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    base_ = static_cast<char*>(p);
+#if defined(MADV_HUGEPAGE)
+    madvise(p, reserved_, MADV_HUGEPAGE);  // fewer page faults where allowed; advisory
+#endif
+#else
+    throw std::bad_alloc();
+#endif
+    hint_ = std::min<size_t>(initial_capacity(in, cap_), reserved_);
+    thread_ = std::thread([this] { run(); });
+}
+
+StreamingGunzip::~StreamingGunzip() {
+    if (thread_.joinable()) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            cancel_ = true;
+        }
+        thread_.join();
+    }
+#if defined(MAP_ANONYMOUS) && defined(MAP_NORESERVE)
+    if (base_) munmap(base_, reserved_);
+#endif
+}
+
+void StreamingGunzip::run() {
+    std::string error;
+    size_t total = 0;
+    try {
+        Sink sink(*this);
+        total = gunzip(in_, cap_, sink);
+    } catch (const GzipError& e) {
+        error = e.what();
+    } catch (const Cancelled&) {
+        error = "cancelled";
+    } catch (const std::bad_alloc&) {
+        error = "out of memory while inflating";
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (error.empty()) available_ = total;
+        error_ = std::move(error);
+        done_ = true;
+    }
+    changed_.notify_all();
+}
+
+StreamingGunzip::Progress StreamingGunzip::wait_for(size_t want) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return done_ || available_ >= want; });
+    return {available_, done_};
+}
+
+size_t StreamingGunzip::finish() {
+    wait_for(SIZE_MAX);
+    if (thread_.joinable()) thread_.join();
+    if (!error_.empty()) throw GzipError(error_);
+    return available_;
 }
 
 }  // namespace otelprof
