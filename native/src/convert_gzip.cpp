@@ -63,7 +63,12 @@ ConvertOutput convert_gzip(std::string_view gz, uint64_t cap, const Options& opt
         const size_t size = inflater->finish();  // a gzip error comes first
         return convert_inflated(std::string_view(inflater->data(), size), options);
     }
-    inflater->finish();  // the JSON may be whole and the stream still corrupt or truncated
+    bool rewritten = false;
+    const size_t size = inflater->finish(&rewritten);  // the JSON may be whole and the stream still corrupt
+    if (rewritten) {  // zlib took what the fast inflater refused: parse what zlib made
+        doc.reset();
+        return convert_inflated(std::string_view(inflater->data(), size), options);
+    }
     const auto parse_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     return convert_parsed(reader, doc, options, static_cast<int64_t>(parse_ns));
 }

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,56 @@ _BASE = _trace(3 * MiB)
 def test_any_one_edit_gives_the_outcome_of_inflating_first(at: int, byte: bytes, drop: bool) -> None:
     plain = _BASE[:at] + (b"" if drop else byte) + _BASE[at + 1 :]
     _same(gzip.compress(plain, 1))
+
+
+_BASE_GZ = gzip.compress(_BASE, 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    at=st.one_of(
+        st.integers(0, 20), st.integers(len(_BASE_GZ) - 10, len(_BASE_GZ) - 1), st.integers(0, len(_BASE_GZ) - 1)
+    ),
+    xor=st.integers(1, 255),
+    tail=st.sampled_from([b"", b"\x1f\x8b", gzip.compress(b" ")]),
+)
+def test_any_damaged_stream_gives_the_outcome_of_inflating_first(at: int, xor: int, tail: bytes) -> None:
+    """Header, deflate data and trailer: where the fast inflater (ISA-L, if built with it) and
+    zlib differ in what they reject or how they word it, zlib's verdict is the one given."""
+    gz = bytearray(_BASE_GZ + tail)
+    gz[at] ^= xor
+    _same(bytes(gz))
+
+
+def test_the_inflater_is_named() -> None:
+    from otelprof import _native
+
+    assert _native.streaming_inflater in ("isa-l", "zlib")
+
+
+def _header(flags: int, extra: bytes = b"", method: int = 8) -> bytes:
+    """A gzip member of a small trace with header ``flags`` (and their fields) set by hand."""
+    body = zlib.compressobj(6, zlib.DEFLATED, -15)
+    plain = b'{"traceEvents": []}'
+    deflated = body.compress(plain) + body.flush()
+    head = bytes([0x1F, 0x8B, method, flags, 0, 0, 0, 0, 0, 3]) + extra
+    trailer = struct.pack("<II", zlib.crc32(plain), len(plain))
+    return head + deflated + trailer
+
+
+@pytest.mark.parametrize(
+    "gz",
+    [
+        _header(0x20),
+        _header(0x80),
+        _header(0x04, b"\x03\x00abc"),
+        _header(0x08, b"name\x00"),
+        _header(0x10, b"comment\x00"),
+        _header(0x02, b"\x00\x00"),  # a header CRC that is wrong
+        _header(0x00, method=7),
+        _header(0x00) + b"\x1f\x8b\x09",
+    ],
+    ids=["reserved-20", "reserved-80", "extra", "name", "comment", "bad-hcrc", "method-7", "bad-second-member"],
+)
+def test_header_fields_and_flags(gz: bytes) -> None:
+    _same(gz)

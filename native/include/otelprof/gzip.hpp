@@ -38,6 +38,9 @@ size_t gunzip(std::string_view in, uint64_t cap, GzipSink& sink);
 // Convenience for C++ callers: the inflated bytes as a string.
 std::string gunzip(std::string_view in, uint64_t cap);
 
+// What StreamingGunzip inflates with: "isa-l" where built with it (libisal-dev), else "zlib".
+const char* streaming_inflater();
+
 // Inflates `in` (as gunzip does, same cap and errors) on a thread of its own into one reserved
 // region of address space that never moves, so a parser can read the first megabytes while the
 // rest is still inflating: on two cores, inflating costs almost nothing on top of parsing.
@@ -61,7 +64,9 @@ class StreamingGunzip {
     // Blocks until at least `want` bytes are out or inflation has ended.
     Progress wait_for(size_t want);
     // Waits for the end. Returns the inflated size; throws GzipError as gunzip() would.
-    size_t finish();
+    // `rewritten`: set when the bytes were inflated again by zlib after the fast inflater
+    // rejected them (a parse of what had arrived before is then void).
+    size_t finish(bool* rewritten = nullptr);
 
    private:
     struct Cancelled {};
@@ -76,6 +81,7 @@ class StreamingGunzip {
     size_t available_ = 0;  // guarded by mutex_
     bool done_ = false;     // guarded by mutex_
     bool cancel_ = false;   // guarded by mutex_
+    bool redo_ = false;     // guarded by mutex_: the fast inflater gave up (see finish)
     std::string error_;     // set before done_; empty: success
     std::thread thread_;
 
