@@ -53,6 +53,8 @@ def convert(data: bytes | bytearray | memoryview, options: dict[str, Any]) -> Co
 def convert_gzip(data: bytes | bytearray | memoryview, options: dict[str, Any], limit: int) -> ConvertOutput:
     """Gzip bytes inflated on a second thread while parsed; absent without zlib."""
 
+streaming_inflater: str  # "isa-l" or "zlib": what convert_gzip inflates with
+
 def gunzip(data: bytes | bytearray | memoryview, limit: int) -> bytearray:
     """Every gzip member inflated into one bytearray (absent when built without zlib). Corrupt or
     truncated data, or more than ``limit`` bytes out, raise TraceError. Releases the GIL."""
