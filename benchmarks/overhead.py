@@ -3,7 +3,7 @@ machine load hits both sides alike; medians over rounds give the step-time ratio
 
     python benchmarks/overhead.py [--rounds N] [--steps N] [--window-steps N]
         [--tiny-rounds N] [--window-rounds N] [--framework-rounds N] [--framework-steps N]
-        [--start-rounds N]
+        [--start-rounds N] [--aa-rounds N]
 
 1. Always on: the same CPU training loop bare and instrumented (``otelprof.instrument()`` ...
    ``uninstrument()``: steps, phases, metrics, step spans). Target (issue 4): <= 1.005.
@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -79,20 +80,37 @@ def make_loop(steps: int, tiny: bool = False) -> Any:
     return run
 
 
-def interleaved(rounds: int, bare: Callable[[], float], ours: Callable[[], float]) -> Interleaved:
-    """``bare()`` and ``ours()`` over ``rounds`` rounds in ABBA order (each round's pair runs
+@dataclass
+class Side:
+    """One side of a comparison: ``run`` is timed; ``setup`` and ``teardown`` (otelprof's
+    instrument/uninstrument) run around it, outside the time and before the collector reset."""
+
+    run: Callable[[], float]
+    setup: Callable[[], None] = lambda: None
+    teardown: Callable[[], None] = lambda: None
+
+
+def interleaved(rounds: int, bare: Callable[[], float] | Side, ours: Callable[[], float] | Side) -> Interleaved:
+    """``bare`` and ``ours`` over ``rounds`` rounds in ABBA order (each round's pair runs
     back to back, so slow drift in machine load hits both alike)."""
-    a: list[float] = []
-    b: list[float] = []
+    sides = [s if isinstance(s, Side) else Side(s) for s in (bare, ours)]
+    times: list[list[float]] = [[], []]
     for round_ in range(rounds):
-        for first in (True, False) if round_ % 2 == 0 else (False, True):
-            gc.collect()  # each run starts from the same collector state: a full collection
-            # of torch's ~300k objects takes ~0.1 s, as long as a whole run
-            if first:
-                a.append(bare())
-            else:
-                b.append(ours())
-    return Interleaved(a, b)
+        for which in (0, 1) if round_ % 2 == 0 else (1, 0):
+            side = sides[which]
+            side.setup()
+            # Both sides start the timed run from the same collector state: what setup left
+            # behind is collected, and everything alive is frozen, so a full collection of
+            # torch's ~300k objects (~0.1 s, as long as a whole run) falls in neither side's
+            # time by chance; collections of what the run itself allocates still count.
+            gc.collect()
+            gc.freeze()
+            try:
+                times[which].append(side.run())
+            finally:
+                gc.unfreeze()
+                side.teardown()
+    return Interleaved(times[0], times[1])
 
 
 class Interleaved:
@@ -112,19 +130,22 @@ def _error(values: list[float]) -> float:
     return 1.2533 * statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
 
 
-def instrumented(run: Callable[[], float], env: dict[str, str]) -> Callable[[], float]:
-    def once() -> float:
+def instrumented(run: Callable[[], float], env: dict[str, str]) -> Side:
+    sessions: list[Any] = []
+
+    def setup() -> None:
         session = otelprof.instrument(environ=env, registry=CollectorRegistry())
         if session is None:
             raise RuntimeError("otelprof did not instrument")
-        try:
-            return run()
-        finally:
-            otelprof.uninstrument()
-            if session.windows is not None and env.get("OTELPROF_PROFILE") != "false":
-                assert session.windows.windows_done == 1, "the window was not converted"
+        sessions.append(session)
 
-    return once
+    def teardown() -> None:
+        session = sessions.pop()
+        otelprof.uninstrument()
+        if session.windows is not None and env.get("OTELPROF_PROFILE") != "false":
+            assert session.windows.windows_done == 1, "the window was not converted"
+
+    return Side(run, setup, teardown)
 
 
 def bare_profiler(run: Callable[..., float], active: int, trace_dir: str) -> Callable[[], float]:
@@ -215,6 +236,7 @@ def main() -> int:
     parser.add_argument("--framework-rounds", type=int, default=6, help="rounds of each framework loop (0: skip)")
     parser.add_argument("--framework-steps", type=int, default=20, help="optimizer updates per framework run")
     parser.add_argument("--start-rounds", type=int, default=40, help="rounds of the process-start comparison (0: skip)")
+    parser.add_argument("--aa-rounds", type=int, default=0, help="rounds of a bare-against-bare control (0: skip)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     run = make_loop(args.steps)
@@ -255,12 +277,21 @@ def main() -> int:
             f"always on, implied      : {implied:.4f} +- {implied_error:.4f} "
             f"(that cost over the bare step above; target <= 1.005: {met})"
         )
+        gap, gap_error = ratio - implied, (error**2 + implied_error**2) ** 0.5
+        agree = "agree" if abs(gap) <= 2 * gap_error else "DISAGREE"
+        print(f"wall - implied          : {gap:+.4f} +- {gap_error:.4f} ({agree} within two standard errors)")
         figures.update(
             step_cost_us=cost * 1e6,
             step_cost_error_us=cost_error * 1e6,
             implied_ratio=implied,
             implied_ratio_error=implied_error,
         )
+        if args.aa_rounds:
+            # the protocol against itself: bare against bare must read 1 within its error, or the
+            # comparison favours one side for a reason that is not otelprof
+            aa = interleaved(args.aa_rounds, run, run)
+            print(f"always on, A/A control  : {aa.ratio:.4f} +- {aa.ratio_error:.4f} (bare against bare)")
+            figures.update(aa_ratio=aa.ratio, aa_ratio_error=aa.ratio_error)
 
         window_steps = 1 + args.window_steps  # warmup + active
         window_run = make_loop(2 * window_steps + 2)  # a first step, the window, as many after

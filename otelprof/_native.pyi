@@ -8,6 +8,9 @@ from otelprof.capture.spans.step_spans import StepRecord
 class TraceError(ValueError):
     """Input that cannot be read as a Kineto trace."""
 
+class GzipError(TraceError):
+    """Gzip input that does not inflate to a trace (corrupt, truncated, too large, empty)."""
+
 class OpRow:
     """One ``key_averages()`` row; times in nanoseconds."""
 
@@ -46,6 +49,11 @@ class ConvertOutput:
 def convert(data: bytes | bytearray | memoryview, options: dict[str, Any]) -> ConvertOutput:
     """Kineto JSON bytes -> ConvertOutput. ``options``: ``ConvertOptions.as_native()``, whose
     ``resource`` is called once (with the GIL) to compose the resource. Releases the GIL."""
+
+def convert_gzip(data: bytes | bytearray | memoryview, options: dict[str, Any], limit: int) -> ConvertOutput:
+    """Gzip bytes inflated on a second thread while parsed; absent without zlib."""
+
+streaming_inflater: str  # "isa-l" or "zlib": what convert_gzip inflates with
 
 def gunzip(data: bytes | bytearray | memoryview, limit: int) -> bytearray:
     """Every gzip member inflated into one bytearray (absent when built without zlib). Corrupt or

@@ -10,6 +10,10 @@
 
 #include "otelprof/convert.hpp"
 #include "otelprof/json.hpp"
+#ifdef OTELPROF_HAVE_ZLIB
+#include "otelprof/convert_gzip.hpp"
+#include "otelprof/gzip.hpp"
+#endif
 
 namespace py = pybind11;
 
@@ -116,19 +120,13 @@ struct PyConvertOutput {
     std::string window_id;
 };
 
-// `data`: bytes, or a bytearray/memoryview (inflated gzip is converted without a copy). The
-// buffer stays exported, so it cannot be resized, while the GIL is released.
-PyConvertOutput convert(const py::buffer& data, const py::dict& options) {
-    otelprof::Options opts = to_options(options);
-    const py::buffer_info buf = data.request();
+std::string_view contiguous(const py::buffer_info& buf, const char* fn) {
     if (buf.ndim > 1 || (buf.ndim == 1 && buf.strides[0] != buf.itemsize))
-        throw py::type_error("convert() needs a contiguous bytes-like object");
-    std::string_view json(static_cast<const char*>(buf.ptr), static_cast<size_t>(buf.size * buf.itemsize));
-    otelprof::ConvertOutput out;
-    {
-        py::gil_scoped_release release;
-        out = otelprof::convert_trace(json, opts);
-    }
+        throw py::type_error(std::string(fn) + "() needs a contiguous bytes-like object");
+    return {static_cast<const char*>(buf.ptr), static_cast<size_t>(buf.size * buf.itemsize)};
+}
+
+PyConvertOutput to_python(otelprof::ConvertOutput& out) {
     PyConvertOutput result;
     for (const auto& [k, v] : out.phase_ns) result.phases[py::str(k)] = v;
     for (auto& r : out.requests) {
@@ -141,6 +139,35 @@ PyConvertOutput convert(const py::buffer& data, const py::dict& options) {
     result.window_id = std::move(out.window_id);
     return result;
 }
+
+// `data`: bytes, or a bytearray/memoryview (inflated gzip is converted without a copy). The
+// buffer stays exported, so it cannot be resized, while the GIL is released.
+PyConvertOutput convert(const py::buffer& data, const py::dict& options) {
+    otelprof::Options opts = to_options(options);
+    const py::buffer_info buf = data.request();
+    const std::string_view json = contiguous(buf, "convert");
+    otelprof::ConvertOutput out;
+    {
+        py::gil_scoped_release release;
+        out = otelprof::convert_trace(json, opts);
+    }
+    return to_python(out);
+}
+
+#ifdef OTELPROF_HAVE_ZLIB
+// Gzip bytes, inflated on a second thread while the first parses (convert_gzip.hpp).
+PyConvertOutput convert_gzip(const py::buffer& data, const py::dict& options, uint64_t limit) {
+    otelprof::Options opts = to_options(options);
+    const py::buffer_info buf = data.request();
+    const std::string_view gz = contiguous(buf, "convert_gzip");
+    otelprof::ConvertOutput out;
+    {
+        py::gil_scoped_release release;
+        out = otelprof::convert_gzip(gz, limit, opts);
+    }
+    return to_python(out);
+}
+#endif
 
 }  // namespace
 
@@ -163,4 +190,11 @@ void bind_convert(py::module_& m) {
         .def_readonly("window_id", &PyConvertOutput::window_id);
     m.def("convert", &convert, py::arg("data"), py::arg("options"),
           "Convert Kineto JSON bytes into a ConvertOutput. Raises TraceError (ValueError).");
+#ifdef OTELPROF_HAVE_ZLIB
+    py::register_exception<otelprof::GzipError>(m, "GzipError", m.attr("TraceError"));
+    m.def("convert_gzip", &convert_gzip, py::arg("data"), py::arg("options"), py::arg("limit"),
+          "Convert gzip bytes (every member; more than `limit` bytes inflated, corrupt or truncated "
+          "data, or an empty trace raise GzipError, a TraceError) into a ConvertOutput, inflating "
+          "on a second thread while parsing. Raises TraceError for the JSON as convert() does.");
+#endif
 }

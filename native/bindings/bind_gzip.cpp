@@ -66,6 +66,7 @@ void bind_gzip(py::module_& m) {
         py::arg("data"), py::arg("limit"),
         "Every gzip member of `data` inflated into one bytearray; more than `limit` bytes out, corrupt "
         "or truncated data raise TraceError. Releases the GIL.");
+    m.attr("streaming_inflater") = otelprof::streaming_inflater();
 #else
     (void)m;
 #endif

@@ -126,23 +126,29 @@ uint64_t random_seed() { return (static_cast<uint64_t>(std::random_device{}()) <
 
 class Parser {
   public:
-    Parser(Document& doc, std::string_view text, ElementSink* sink)
-        : doc_(doc), sink_(sink), sink_key_(sink ? sink->array_key() : std::string_view()), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
+    Parser(Document& doc, std::string_view text, ElementSink* sink, InputStream* stream = nullptr)
+        : doc_(doc), sink_(sink), sink_key_(sink ? sink->array_key() : std::string_view()), stream_(stream), p_(text.data()), begin_(text.data()), end_(text.data() + text.size()) {}
 
     void run() {
+        if (stream_) read_ahead();
         skip_ws();
         doc_.root_ = value(0, kNoKey);
+        while (!complete_) read_ahead(SIZE_MAX);
         skip_ws();
         if (p_ != end_) fail("Extra data");
     }
+
+    std::string_view input() const { return {begin_, static_cast<size_t>(end_ - begin_)}; }
 
   private:
     Document& doc_;
     ElementSink* sink_;
     std::string_view sink_key_;  // the root member whose array elements go to sink_
+    InputStream* stream_;        // input still arriving, or nullptr: all of it is in [begin_, end_)
     const char* p_;
     const char* begin_;
-    const char* end_;
+    const char* end_;            // streamed: the end of what has arrived
+    bool complete_ = true;       // streamed: end_ is the end of the input
     std::string buf_;
     // Guesses for member_key, two per slot (see there): the last two keys seen in that slot.
     static constexpr size_t kWays = 2;
@@ -159,6 +165,24 @@ class Parser {
         doc_.nodes_.back().type = type;
         doc_.nodes_.back().key = key;
         return static_cast<uint32_t>(doc_.nodes_.size() - 1);
+    }
+
+    // Streamed input is parsed while it inflates; the parser reads at most this far past p_ before
+    // asking for more (and waiting), between array elements and root members. A value longer
+    // than this reads as truncated: the caller then parses the whole text again.
+    static constexpr size_t kReadAhead = size_t{1} << 20;
+
+    void maybe_read_ahead() {
+        if (stream_ && !complete_ && static_cast<size_t>(end_ - p_) < kReadAhead) read_ahead();
+    }
+
+    // Waits until `want` bytes past p_ have arrived (or all have). UTF-8 needs no pass of its
+    // own: the string scan checks it, and outside strings anything but ASCII is a JSON error.
+    void read_ahead(size_t want = 2 * kReadAhead) {
+        const size_t at = static_cast<size_t>(p_ - begin_);
+        const size_t available = stream_->wait_for(want > SIZE_MAX - at ? SIZE_MAX : at + want, complete_);
+        end_ = begin_ + available;
+        if (complete_ && available >= UINT32_MAX) throw TraceError("trace too large (over 4 GiB of JSON)");
     }
 
     [[noreturn]] void fail(const char* what) const {
@@ -522,6 +546,7 @@ class Parser {
             return idx;
         }
         while (true) {
+            maybe_read_ahead();
             skip_ws();
             const uint32_t child = value(depth, kNoKey);
             if (sink) drop_element(child, sink->element(doc_, child));
@@ -557,6 +582,7 @@ class Parser {
             return idx;
         }
         while (true) {
+            if (depth == 1) maybe_read_ahead();
             skip_ws();
             if (p_ >= end_ || *p_ != '"') fail("Expecting property name enclosed in double quotes");
             KeyId key = prev_key = prev_key != kNoKey ? member_key(after_key_, prev_key)
@@ -592,6 +618,15 @@ Document::Document(std::string_view text, ElementSink* sink) {
     nodes_.reserve(text.size() / 12 + 16);
     key_slots_.assign(64, kNoKey);
     Parser(*this, text, sink).run();
+    text_ = text;
+}
+
+Document::Document(InputStream& stream, ElementSink* sink) {
+    nodes_.reserve(std::min<size_t>(stream.size_hint(), UINT32_MAX) / 12 + 16);
+    key_slots_.assign(64, kNoKey);
+    Parser parser(*this, std::string_view(stream.data(), 0), sink, &stream);
+    parser.run();
+    text_ = parser.input();
 }
 
 const JNode* Document::get(const JNode& object, KeyId key) const {

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._native_module import native as _native
 from .._native_module import native_error as _native_error
+from . import _load
 from ._errors import TraceFormatError
-from ._load import TraceBytes, TraceInput, load_bytes
+from ._load import TraceBytes, TraceInput, as_json, is_gzip, read_input
 from ._options import ConvertOptions
 
 if TYPE_CHECKING:
@@ -65,31 +66,27 @@ def _op_stats(r: _native.OpRow | OpRow) -> OpStats:
     )
 
 
-def convert_bytes(data: TraceBytes, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
-    """Convert raw Kineto JSON bytes. ``engine``: "auto", "native" or "reference"."""
+def _native_result(out: _native.ConvertOutput) -> ConvertResult:
+    ops = [_op_stats(r) for r in out.ops]
+    return ConvertResult(list(out.requests), ops, dict(out.stats), "native", out.window_id)
+
+
+def _check_engine(engine: str) -> None:
     if engine not in ("auto", "native", "reference"):
         raise ValueError(f"engine must be 'auto', 'native' or 'reference', not {engine!r}")
     if engine == "native" and _native is None:
         raise RuntimeError(f"otelprof._native is not available: {_native_error}")
+
+
+def convert_bytes(data: TraceBytes, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
+    """Convert raw Kineto JSON bytes. ``engine``: "auto", "native" or "reference"."""
+    _check_engine(engine)
     if engine != "reference" and _native is not None:
         try:
             out = _native.convert(data, options.as_native())
         except _native.TraceError as exc:
             raise TraceFormatError(str(exc)) from None
-        ops = [
-            OpStats(
-                r.name,
-                r.kind,
-                r.input_shapes,
-                r.calls,
-                r.cpu_total_ns,
-                r.self_cpu_ns,
-                r.device_total_ns,
-                r.self_device_ns,
-            )
-            for r in out.ops
-        ]
-        return ConvertResult(list(out.requests), ops, dict(out.stats), "native", out.window_id)
+        return _native_result(out)
     if engine == "auto":
         _fallback_warning()
     from . import reference
@@ -110,5 +107,15 @@ def convert(
     if options is not None and fields:
         raise TypeError("pass either options= or option keywords, not both")
     opts = options or ConvertOptions(**fields)
-    data, _source = load_bytes(trace)
-    return convert_bytes(data, opts, engine)
+    _check_engine(engine)
+    raw, source = read_input(trace)
+    if engine != "reference" and is_gzip(raw) and hasattr(_native, "convert_gzip"):
+        # inflated on a second native thread while this one parses; same errors as load_bytes
+        try:
+            out = _native.convert_gzip(raw, opts.as_native(), _load.MAX_TRACE_BYTES)
+        except _native.GzipError as exc:
+            raise TraceFormatError(f"{source}: {exc}") from None
+        except _native.TraceError as exc:
+            raise TraceFormatError(str(exc)) from None
+        return _native_result(out)
+    return convert_bytes(as_json(raw, source), opts, engine)

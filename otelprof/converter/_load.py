@@ -70,23 +70,45 @@ def py_gunzip(data: bytes | bytearray | memoryview, source: str, limit: int | No
         raise TraceFormatError(f"{source}: corrupt gzip data ({exc})") from None
 
 
+def read_input(trace: TraceInput) -> tuple[bytes, str]:
+    """The bytes of a trace as stored (gzip or not) and a name for messages."""
+    if isinstance(trace, (bytes, bytearray, memoryview)):
+        return bytes(trace), "<bytes>"
+    path = Path(os.fspath(trace))
+    try:
+        return path.read_bytes(), str(path)
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read trace ({exc.strerror or exc})") from None
+
+
+def is_gzip(data: TraceBytes) -> bool:
+    return data[:2] == _GZIP_MAGIC
+
+
 def load_bytes(trace: TraceInput) -> tuple[TraceBytes, str]:
     """Raw JSON bytes of a trace and a name for messages."""
-    data: TraceBytes
-    if isinstance(trace, (bytes, bytearray, memoryview)):
-        data, source = bytes(trace), "<bytes>"
-    else:
-        path = Path(os.fspath(trace))
-        source = str(path)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise TraceFormatError(f"{source}: cannot read trace ({exc.strerror or exc})") from None
-    if data[:2] == _GZIP_MAGIC:
+    raw, source = read_input(trace)
+    return as_json(raw, source), source
+
+
+def as_json(raw: bytes, source: str) -> TraceBytes:
+    """The JSON of a trace as stored: gzip inflated; empty or blank text refused."""
+    data: TraceBytes = raw
+    if is_gzip(data):
         data = gunzip(data, source)  # kept as inflated: a bytes() copy would double the memory
     if not data or data.isspace():  # (strip() would copy the whole trace to decide this)
         raise TraceFormatError(f"{source}: empty trace")
-    return data, source
+    return data
 
 
-__all__ = ["MAX_TRACE_BYTES", "TraceBytes", "TraceInput", "gunzip", "load_bytes", "py_gunzip"]
+__all__ = [
+    "MAX_TRACE_BYTES",
+    "TraceBytes",
+    "TraceInput",
+    "as_json",
+    "gunzip",
+    "is_gzip",
+    "load_bytes",
+    "py_gunzip",
+    "read_input",
+]

@@ -1,6 +1,7 @@
 // One call from JSON bytes to OTLP requests, per-op rows and counters. Pure C++: no Python here.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,7 +19,14 @@ struct ConvertOutput {
     std::string window_id;
 };
 
+class Document;
+class TraceReader;
+
 // Throws TraceError for input that is not a readable trace.
 ConvertOutput convert_trace(std::string_view json, const Options& options);
+
+// The rest of a conversion once `doc` has been parsed with `reader` as its sink (`parse_ns`:
+// how long that took, reported as the "parse" phase).
+ConvertOutput convert_parsed(TraceReader& reader, std::unique_ptr<Document>& doc, const Options& options, int64_t parse_ns);
 
 }  // namespace otelprof

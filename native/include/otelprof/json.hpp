@@ -119,10 +119,26 @@ class ElementSink {
     virtual uint32_t element(const Document& doc, uint32_t at) = 0;
 };
 
+// JSON that is still arriving (being inflated) into one buffer that never moves.
+class InputStream {
+  public:
+    virtual ~InputStream() = default;
+    virtual const char* data() const = 0;
+    virtual size_t size_hint() const = 0;  // the expected size, to size arrays (0: unknown)
+    // Blocks until at least `want` bytes are there or all of them are; returns how many are
+    // there, and sets `complete` when that is all.
+    virtual size_t wait_for(size_t want, bool& complete) = 0;
+};
+
 class Document {
   public:
     // Parses `text` (kept alive by the caller). Throws TraceError.
     explicit Document(std::string_view text, ElementSink* sink = nullptr);
+    // Parses `stream` as it arrives. Any TraceError may be an artefact of input the parser
+    // was not given yet (a value longer than the read-ahead): the caller parses the whole
+    // text again for the verdict. text() is the input parsed, once complete.
+    Document(InputStream& stream, ElementSink* sink);
+    std::string_view text() const { return text_; }
 
     const JNode& root() const { return nodes_[root_]; }
     const JNode& node(uint32_t index) const { return nodes_[index]; }
@@ -150,6 +166,7 @@ class Document {
 
   private:
     friend class Parser;
+    std::string_view text_;
     BigVector<JNode> nodes_;
     uint32_t root_ = 0;
     std::vector<std::unique_ptr<char[]>> arena_;  // decoded (escaped) strings
