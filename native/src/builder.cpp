@@ -221,15 +221,18 @@ inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
 // What the stages of build_spans share (reference: builder.py's _BuildState), filled in stage by
 // stage; the small questions every stage asks (whose trace, which parent) are its methods.
 struct BuildState {
-    BuildState(const Document& d, const Trace& t, const Options& o)
-        : doc(d), trace(t), opts(o), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full) {}
+    BuildState(const Document& d, const Trace& t, const Options& o, std::string_view j)
+        : doc(d), trace(t), opts(o), json(j), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full),
+          names(t.names.size()) {}
 
     const Document& doc;
     const Trace& trace;
     const Options& opts;
+    const std::string_view json;  // the text doc was parsed from
     const std::vector<Event>& ev;
     const int n;
     const bool full;
+    std::vector<std::string_view> names;  // event names by name id, as input() gives them (on demand)
     Built out;
     int64_t stats[kStatCount] = {};
     // trace_identity
@@ -279,6 +282,19 @@ struct BuildState {
     std::vector<uint32_t> by_order_idx;  // out.spans by ordinal: aggregates merged into kept events
 
     std::string_view keep_str(std::string_view s) { return keep_string(out.strings, s); }
+    // A string of the input, as a view that outlives the document: into the JSON text, or (a
+    // string the parser decoded, in the document's arena) a copy.
+    std::string_view input(std::string_view s) {
+        if (s.empty()) return {};
+        if (s.data() >= json.data() && s.size() <= json.size() && static_cast<size_t>(s.data() - json.data()) <= json.size() - s.size())
+            return s;
+        return keep_str(s);
+    }
+    std::string_view name_of(const Event& e) {
+        std::string_view& name = names[e.name_id];
+        if (!name.data()) name = input(e.name);
+        return name;
+    }
     void add(Span& sp, AttrKey key, AttrValue value) { add_attr(out.attrs, sp, key, value); }
     SpanId sid(uint64_t ordinal) const { return make_span_id(base, ordinal); }
     bool is_step(int i) const { return tree.is_step(i); }
@@ -722,10 +738,10 @@ void aggregate_spans(BuildState& st) {
         sp.parent_id = st.slot_id(ps);
         if (ps == owner[run[0]] && st.live_step(ps)) sp.parent_id = st.under_phase(ps, run[0], end);
         sp.has_parent = true;
-        sp.name = first.name;
+        sp.name = st.name_of(first);
         sp.start = first.start;
         sp.end = end;
-        st.add(sp, kCategoryKey, AttrValue::str(first.cat));
+        st.add(sp, kCategoryKey, AttrValue::str(st.input(first.cat)));
         if (!first.device() && !first.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
         st.add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
         st.add(sp, kAggregatedDurationKey, AttrValue::integer(total));
@@ -965,7 +981,7 @@ void assemble_synthetic_roots(BuildState& st) {
             Span sp;
             sp.trace_id = detail_trace[step_index[s]];
             sp.span_id = st.slot_id(st.detail_root(s));
-            sp.name = ev[s].name;
+            sp.name = st.name_of(ev[s]);
             sp.start = ev[s].start;
             sp.end = ev[s].end;
             st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
@@ -1013,7 +1029,7 @@ inline void add_arg_attributes(BuildState& st, Span& sp, const JNode* event_args
                 break;
             }
             case ArgType::String:
-                if (v->type == JType::Str && v->len) st.add(sp, arg_key(a), AttrValue::str(v->str()));
+                if (v->type == JType::Str && v->len) st.add(sp, arg_key(a), AttrValue::str(st.input(v->str())));
                 break;
             case ArgType::Json:
                 reader.rendered.clear();
@@ -1075,15 +1091,15 @@ void assemble_event_spans(BuildState& st) {
         const Event& e = ev[i];
         Span sp;
         sp.order = e.ordinal;
-        st.add(sp, kCategoryKey, AttrValue::str(e.cat));
+        st.add(sp, kCategoryKey, AttrValue::str(st.input(e.cat)));
         if (!e.device() && !e.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
-        std::string_view name = e.name;
+        std::string_view name = st.name_of(e);
         if (e.kind == Kind::Kernel) {  // folded once per name (reference: fold_kernel_name)
             std::string_view& folded = kernel_names[e.name_id];
             if (!folded.data()) folded = st.keep_str(fold_kernel_name(e.name));
             if (folded != e.name) {
+                st.add(sp, kKernelNameKey, AttrValue::str(name));
                 name = folded;
-                st.add(sp, kKernelNameKey, AttrValue::str(e.name));
             }
         }
         if (e.args) add_arg_attributes(st, sp, e.args, args);
@@ -1206,8 +1222,8 @@ Built finish_build(BuildState& st) {
 }  // namespace
 
 // The stages, in order; reference/builder.py's build runs the same ones under the same names.
-Built build_spans(const Document& doc, const Trace& trace, const Options& opts) {
-    BuildState st(doc, trace, opts);
+Built build_spans(const Document& doc, const Trace& trace, const Options& opts, std::string_view json) {
+    BuildState st(doc, trace, opts, json);
     trace_identity(st);
     event_tree(st);
     volume_keep(st);

@@ -1,6 +1,7 @@
 #include "otelprof/convert.hpp"
 
 #include <chrono>
+#include <memory>
 
 #include "otelprof/builder.hpp"
 #include "otelprof/encoder.hpp"
@@ -16,12 +17,17 @@ ConvertOutput convert_trace(std::string_view json, const Options& options) {
     auto t0 = clock::now();
     // The reader takes the events as the document is parsed: "parse" includes reading them,
     // "read" is what remains (metadata, time base).
-    TraceReader reader(options.base_time_ns, json.size());
-    auto doc = std::make_unique<Document>(json, &reader);
+    auto reader = std::make_unique<TraceReader>(options.base_time_ns, json.size());
+    auto doc = std::make_unique<Document>(json, reader.get());
     auto t1 = clock::now();
-    Trace trace = reader.finish(doc, json);
+    Trace trace = reader->finish(doc, json);
+    reader.reset();
     auto t2 = clock::now();
-    Built built = build_spans(*doc, trace, options);
+    Built built = build_spans(*doc, trace, options, json);
+    // the spans refer to the JSON text and to `built` only: what the encoder does not read goes
+    // before the requests are written (peak memory)
+    doc.reset();
+    trace = Trace();
     auto t3 = clock::now();
     ConvertOutput out;
     out.requests = encode_requests(built, options.scope_version, static_cast<size_t>(options.max_request_bytes));
