@@ -146,6 +146,12 @@ std::vector<std::vector<int>> find_sibling_runs(const std::vector<Event>& ev, co
     return aggs;
 }
 
+// Frees a vector's memory (clear() keeps it).
+template <typename V>
+void release(V& v) {
+    V().swap(v);
+}
+
 // Copies `s` into `strings`: large chunks that never reallocate, so the views stay valid.
 std::string_view keep_string(std::deque<std::string>& strings, std::string_view s) {
     constexpr size_t kChunk = 1 << 20;
@@ -221,12 +227,12 @@ inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
 // What the stages of build_spans share (reference: builder.py's _BuildState), filled in stage by
 // stage; the small questions every stage asks (whose trace, which parent) are its methods.
 struct BuildState {
-    BuildState(const Document& d, const Trace& t, const Options& o, std::string_view j)
+    BuildState(const Document& d, Trace& t, const Options& o, std::string_view j)
         : doc(d), trace(t), opts(o), json(j), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full),
           names(t.names.size()) {}
 
     const Document& doc;
-    const Trace& trace;
+    Trace& trace;  // its memory events and flows are freed once read (fwdbwd_links)
     const Options& opts;
     const std::string_view json;  // the text doc was parsed from
     const std::vector<Event>& ev;
@@ -268,8 +274,12 @@ struct BuildState {
     // aggregate_spans
     size_t n_aggregates = 0;
     // hidden_counts
-    std::vector<int64_t> hidden_count;
-    std::vector<std::string_view> hidden_text;
+    struct Hidden {
+        int64_t count;
+        std::string_view text;
+    };
+    std::vector<uint32_t> hidden_at;  // by slot: index in hidden + 1, or 0 (few slots hide any)
+    std::vector<Hidden> hidden;
     // op_self_times
     SelfTimes self;
     // memory_span_events
@@ -277,6 +287,7 @@ struct BuildState {
     std::vector<int64_t> cpu_peak, acc_peak;
     // fwdbwd_links
     SparseLists<SpanLink> links;
+    std::vector<SpanLink> span_links;  // the links of the span being assembled (finish_span)
     // assemble_synthetic_roots, assemble_event_spans
     int64_t fwdbwd_links = 0;  // fwdbwd links sent
     std::vector<uint32_t> by_order_idx;  // out.spans by ordinal: aggregates merged into kept events
@@ -358,7 +369,8 @@ struct BuildState {
         int ps = parent_span(k);
         return ps >= 0 ? ps : level_target(owner[i]);
     }
-    // Attaches the memory events of `slot` to `sp` (by time), and applies the event and link limits.
+    // Attaches the memory events of `slot` and the links in span_links (taken) to `sp`, in the
+    // pools of the output, and applies the event and link limits.
     void finish_span(Span& sp, int slot) {
         const auto event_limit = static_cast<size_t>(opts.event_limit);
         const auto link_limit = static_cast<size_t>(opts.link_limit);
@@ -372,19 +384,24 @@ struct BuildState {
                 stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
                 evs.resize(event_limit);
             }
-            sp.events = std::move(evs);
+            sp.events = PoolRange{static_cast<uint32_t>(out.events.size()), static_cast<uint32_t>(evs.size())};
+            out.events.insert(out.events.end(), evs.begin(), evs.end());
+            release(evs);
         }
-        if (link_limit && sp.links.size() > link_limit) {
-            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
+        if (link_limit && span_links.size() > link_limit) {
+            sp.dropped_links = static_cast<uint32_t>(span_links.size() - link_limit);
             stats[LINKS_DROPPED] += sp.dropped_links;
-            sp.links.resize(link_limit);
+            span_links.resize(link_limit);
         }
-        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
+        for (const SpanLink& l : span_links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
+        sp.links = PoolRange{static_cast<uint32_t>(out.links.size()), static_cast<uint32_t>(span_links.size())};
+        out.links.insert(out.links.end(), span_links.begin(), span_links.end());
+        span_links.clear();
     }
     void add_hidden(Span& sp, int slot) {
-        if (const int64_t c = hidden_count[static_cast<size_t>(slot)]) {
-            add(sp, kHiddenSpansKey, AttrValue::integer(c));
-            add(sp, kHiddenKey, AttrValue::str(hidden_text[static_cast<size_t>(slot)]));
+        if (const uint32_t at = hidden_at[static_cast<size_t>(slot)]) {
+            add(sp, kHiddenSpansKey, AttrValue::integer(hidden[at - 1].count));
+            add(sp, kHiddenKey, AttrValue::str(hidden[at - 1].text));
         }
     }
 };
@@ -762,8 +779,7 @@ void hidden_counts(BuildState& st) {
     int64_t* stats = st.stats;
     const size_t n_slots = st.n_slots;
     const Options& opts = st.opts;
-    std::vector<int64_t>& hidden_count = st.hidden_count;
-    std::vector<std::string_view>& hidden_text = st.hidden_text;
+    std::vector<uint32_t>& hidden_at = st.hidden_at;
     std::vector<std::pair<int, int>> hidden;  // (target slot, event)
     for (int i = 0; i < n; ++i) {
         if (keep[i] || aggregated[i]) continue;
@@ -773,8 +789,7 @@ void hidden_counts(BuildState& st) {
         const int target = st.parent_of(i);
         if (target >= 0) hidden.emplace_back(target, i);
     }
-    hidden_count.assign(n_slots, 0);
-    hidden_text.assign(n_slots, std::string_view());
+    hidden_at.assign(n_slots, 0);
     {
         auto name_of = [&](int i) { return std::string_view(ev[i].name); };
         std::sort(hidden.begin(), hidden.end(), [&](const auto& a, const auto& b) {
@@ -823,8 +838,8 @@ void hidden_counts(BuildState& st) {
                 listed += counts[k].first;
             }
             if (total > listed) text += " and " + std::to_string(total - listed) + " more";
-            hidden_count[static_cast<size_t>(slot)] = total;
-            hidden_text[static_cast<size_t>(slot)] = st.keep_str(text);
+            st.hidden.push_back(BuildState::Hidden{total, st.keep_str(text)});
+            hidden_at[static_cast<size_t>(slot)] = static_cast<uint32_t>(st.hidden.size());
             lo = hi;
         }
     }
@@ -931,6 +946,11 @@ void fwdbwd_links(BuildState& st) {
         }
         bucket.push_back(target);
     }
+    // no later stage reads memory events or flows: they go before the spans are assembled
+    release(st.trace.memory);
+    release(st.trace.flows);
+    release(st.tree.fwd_flows);
+    release(st.tree.probe_owner);
 }
 
 // The synthetic roots (the window's, the iterations', the detail roots) with their attributes,
@@ -972,7 +992,7 @@ void assemble_synthetic_roots(BuildState& st) {
         st.add(sp, kIterationSourceKey, AttrValue::str(it_source));
         st.add_hidden(sp, it_base + k);
         st.add(sp, kSyntheticKey, AttrValue::boolean(true));
-        sp.links.push_back(SpanLink{window_trace, st.slot_id(window_root), "window"});
+        st.span_links.push_back(SpanLink{window_trace, st.slot_id(window_root), "window"});
         st.finish_span(sp, it_base + k);
         synthetic.push_back(std::move(sp));
     }
@@ -989,7 +1009,7 @@ void assemble_synthetic_roots(BuildState& st) {
             if (rank) st.add(sp, kRankKey, AttrValue::integer(*rank));
             st.add_hidden(sp, st.detail_root(s));
             st.add(sp, kSyntheticKey, AttrValue::boolean(true));
-            sp.links.push_back(SpanLink{step_trace[step_index[s]], st.sid(ev[s].ordinal), "step"});
+            st.span_links.push_back(SpanLink{step_trace[step_index[s]], st.sid(ev[s].ordinal), "step"});
             st.finish_span(sp, st.detail_root(s));
             synthetic.push_back(std::move(sp));
         }
@@ -1129,8 +1149,11 @@ void assemble_event_spans(BuildState& st) {
         sp.name = name;
         sp.start = e.start;
         sp.end = e.end;
-        if (auto* found = links.find(static_cast<size_t>(i))) sp.links = std::move(*found);
-        if (split && st.is_step(i)) sp.links.push_back(SpanLink{detail_trace[step_index[i]], st.slot_id(st.detail_root(i)), "rank_detail"});
+        if (auto* found = links.find(static_cast<size_t>(i))) {
+            st.span_links.swap(*found);
+            release(*found);
+        }
+        if (split && st.is_step(i)) st.span_links.push_back(SpanLink{detail_trace[step_index[i]], st.slot_id(st.detail_root(i)), "rank_detail"});
         st.finish_span(sp, i);
         by_order.push_back(std::move(sp));
     }
@@ -1222,7 +1245,7 @@ Built finish_build(BuildState& st) {
 }  // namespace
 
 // The stages, in order; reference/builder.py's build runs the same ones under the same names.
-Built build_spans(const Document& doc, const Trace& trace, const Options& opts, std::string_view json) {
+Built build_spans(const Document& doc, Trace& trace, const Options& opts, std::string_view json) {
     BuildState st(doc, trace, opts, json);
     trace_identity(st);
     event_tree(st);

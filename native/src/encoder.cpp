@@ -302,10 +302,12 @@ void put_span_head(Buf& out, const Span& sp) {
     out.advance_to(p);
 }
 
-void put_span(Buf& out, const Span& sp, const Attrs& pool, const std::vector<KeyField>& keys) {
+void put_span(Buf& out, const Span& sp, const Built& built, const std::vector<KeyField>& keys) {
+    const Attrs& pool = built.attrs;
     put_span_head(out, sp);
     for (uint32_t k = 0; k < sp.attrs.count; ++k) put_attribute(out, 9, pool[sp.attrs.begin + k], keys);
-    for (const SpanEvent& e : sp.events) {
+    for (uint32_t at = sp.events.begin; at < sp.events.begin + sp.events.count; ++at) {
+        const SpanEvent& e = built.events[at];
         out.message(11, [&] {
             if (e.ts) out.fixed64(1, static_cast<uint64_t>(e.ts));
             out.bytes(2, "pytorch.memory", 14);
@@ -316,7 +318,8 @@ void put_span(Buf& out, const Span& sp, const Attrs& pool, const std::vector<Key
         out.byte(tag(12, 0));
         out.varint(sp.dropped_events);
     }
-    for (const SpanLink& l : sp.links) {
+    for (uint32_t at = sp.links.begin; at < sp.links.begin + sp.links.count; ++at) {
+        const SpanLink& l = built.links[at];
         out.message(13, [&] {
             out.bytes(1, l.trace_id.data(), 16);
             out.bytes(2, l.span_id.data(), 8);
@@ -374,7 +377,7 @@ std::vector<Request> encode_requests(const Built& built, const std::string& scop
     const std::vector<KeyField>& keys = key_fields();
     for (uint32_t idx : built.order) {
         const size_t before = body.size();
-        body.message(2, [&] { put_span(body, built.spans[idx], built.attrs, keys); }, 2);
+        body.message(2, [&] { put_span(body, built.spans[idx], built, keys); }, 2);
         size_t scope_spans, resource_spans;
         if (count && request_size(body.size() - room, scope_spans, resource_spans) > max_bytes) {
             // this span opens the next batch

@@ -74,10 +74,12 @@ inline void append_millis(std::string& out, int64_t ns) {
 using Attrs = BigVector<AttrValue>;  // attributes, keyed by AttrValue::key
 using ResourceAttr = std::pair<std::string_view, AttrValue>;
 
-// A span's attributes: a contiguous range of Built::attrs (one pool, not a vector per span).
+// A span's attributes, span events or links: a contiguous range of one of Built's pools
+// (Built::attrs, events, links), not a vector per span.
 struct AttrRange {
     uint32_t begin = 0, count = 0;
 };
+using PoolRange = AttrRange;
 
 struct SpanEvent {
     int64_t ts;
@@ -91,20 +93,22 @@ struct SpanLink {
     const char* kind;  // otelprof.link.kind
 };
 
+// 104 bytes: a large trace has a hundred thousand spans and more.
 struct Span {
-    int64_t order = -1;  // event ordinal; -1 for synthetic roots
     TraceId trace_id{};
     SpanId span_id{};
     SpanId parent_id{};
-    bool has_parent = false;
-    std::string_view name;
     int64_t start = 0, end = 0;
+    std::string_view name;
     AttrRange attrs;
-    std::vector<SpanEvent> events;
+    PoolRange events;  // in Built::events
+    PoolRange links;   // in Built::links
+    uint32_t order = UINT32_MAX;  // event ordinal; UINT32_MAX for synthetic roots
     uint32_t dropped_events = 0;
-    std::vector<SpanLink> links;
     uint32_t dropped_links = 0;
+    bool has_parent = false;
 };
+static_assert(sizeof(Span) <= 104, "a large trace has a hundred thousand spans and more");
 
 struct OpRow {
     std::string name, kind, input_shapes;
@@ -146,6 +150,8 @@ using Stats = std::vector<std::pair<std::string, int64_t>>;
 struct Built {
     std::deque<std::string> strings;  // owns strings that attribute views point at
     Attrs attrs;                      // every span's and span event's attributes, range by range
+    std::vector<SpanEvent> events;    // every span's span events, range by range
+    std::vector<SpanLink> links;      // every span's links, range by range
     BigVector<Span> spans;
     std::vector<uint32_t> order;  // indices into spans, in output order
     std::vector<OpRow> ops;
