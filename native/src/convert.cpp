@@ -1,6 +1,11 @@
 #include "otelprof/convert.hpp"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 
 #include "otelprof/builder.hpp"
@@ -28,6 +33,11 @@ ConvertOutput convert_trace(std::string_view json, const Options& options) {
     // before the requests are written (peak memory)
     doc.reset();
     trace = Trace();
+#if defined(__GLIBC__)
+    // The build's scratch, freed, stays in the heap (glibc raises its mmap threshold as large
+    // blocks are freed): ~14 MiB on the largest shared trace, given back in about a millisecond.
+    malloc_trim(0);
+#endif
     auto t3 = clock::now();
     ConvertOutput out;
     out.requests = encode_requests(built, options.scope_version, static_cast<size_t>(options.max_request_bytes));
