@@ -175,15 +175,14 @@ int64_t cut_strings(Built& out, int64_t attribute_value_length_limit) {
             ++cut;
         }
         if (attribute_value_length_limit < 0) continue;
-        for (uint32_t k = 0; k < sp.attrs.count; ++k) {
-            AttrValue& v = out.attrs[sp.attrs.begin + k];
-            if (v.type != AttrValue::Type::Str) continue;
+        out.attrs.edit(sp.attrs, [&](AttrValue& v) {
+            if (v.type != AttrValue::Type::Str) return;
             const std::string_view s = cut_chars(std::string_view(v.s, v.len), attribute_value_length_limit);
             if (s.size() != v.len) {
                 v.len = static_cast<uint32_t>(s.size());
                 ++cut;
             }
-        }
+        });
     }
     return cut;
 }
@@ -412,7 +411,7 @@ void trace_identity(BuildState& st) {
     const Options& opts = st.opts;
     const std::vector<Event>& ev = st.ev;
     const int n = st.n;
-    st.out.attrs.reserve(static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount + 64);
+    st.out.attrs.reserve((static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount) * 5 + 4096);
     int64_t* stats = st.stats;
     stats[EVENTS_TOTAL] = trace.total;
     stats[COMPLETE_EVENTS] = n;

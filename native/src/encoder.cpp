@@ -305,13 +305,13 @@ void put_span_head(Buf& out, const Span& sp) {
 void put_span(Buf& out, const Span& sp, const Built& built, const std::vector<KeyField>& keys) {
     const Attrs& pool = built.attrs;
     put_span_head(out, sp);
-    for (uint32_t k = 0; k < sp.attrs.count; ++k) put_attribute(out, 9, pool[sp.attrs.begin + k], keys);
+    pool.visit(sp.attrs, [&](const AttrValue& v) { put_attribute(out, 9, v, keys); });
     for (uint32_t at = sp.events.begin; at < sp.events.begin + sp.events.count; ++at) {
         const SpanEvent& e = built.events[at];
         out.message(11, [&] {
             if (e.ts) out.fixed64(1, static_cast<uint64_t>(e.ts));
             out.bytes(2, "pytorch.memory", 14);
-            for (uint32_t k = 0; k < e.attrs.count; ++k) put_attribute(out, 3, pool[e.attrs.begin + k], keys);
+            pool.visit(e.attrs, [&](const AttrValue& v) { put_attribute(out, 3, v, keys); });
         });
     }
     if (sp.dropped_events) {

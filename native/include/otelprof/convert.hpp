@@ -14,7 +14,7 @@ struct ConvertOutput {
     std::vector<Request> requests;
     std::vector<OpRow> ops;
     Stats stats;
-    Stats phase_ns;  // wall time of parse / read / build / encode, for benchmarks
+    Stats phase_ns;  // wall time of parse / read / build / free (what encoding does not need) / encode, for benchmarks
     std::string window_id;
 };
 
