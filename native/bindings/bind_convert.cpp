@@ -1,6 +1,9 @@
 // Glue only: Python objects <-> otelprof::Options / ConvertOutput. The GIL is released while
-// converting, and taken again only to call the resource composer (once per trace).
+// converting, and taken again only to call the resource composer (once per trace) and to take
+// each request, as it is written, into a bytes object (no request is held in C++ meanwhile).
+#include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -124,18 +127,26 @@ PyConvertOutput convert(const py::buffer& data, const py::dict& options) {
     if (buf.ndim > 1 || (buf.ndim == 1 && buf.strides[0] != buf.itemsize))
         throw py::type_error("convert() needs a contiguous bytes-like object");
     std::string_view json(static_cast<const char*>(buf.ptr), static_cast<size_t>(buf.size * buf.itemsize));
+    PyConvertOutput result;
+    py::list& requests = result.requests;
+    opts.request_sink = [&requests](std::string_view head, std::string_view spans) {
+        py::gil_scoped_acquire gil;
+        PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(head.size() + spans.size()));
+        if (!b) {
+            PyErr_Clear();
+            throw std::bad_alloc();
+        }
+        char* p = PyBytes_AS_STRING(b);
+        std::memcpy(p, head.data(), head.size());
+        std::memcpy(p + head.size(), spans.data(), spans.size());
+        requests.append(py::reinterpret_steal<py::object>(b));
+    };
     otelprof::ConvertOutput out;
     {
         py::gil_scoped_release release;
         out = otelprof::convert_trace(json, opts);
     }
-    PyConvertOutput result;
     for (const auto& [k, v] : out.phase_ns) result.phases[py::str(k)] = v;
-    for (auto& r : out.requests) {
-        std::string_view b = r.bytes();
-        result.requests.append(py::bytes(b.data(), b.size()));
-        r.data.reset();  // each request's buffer is freed once copied, so they are not all held twice
-    }
     result.ops = std::move(out.ops);
     for (const auto& [k, v] : out.stats) result.stats[py::str(k)] = v;
     result.window_id = std::move(out.window_id);

@@ -41,14 +41,21 @@ ConvertOutput convert_trace(std::string_view json, const Options& options) {
 #endif
     ConvertOutput out;
     auto t4 = clock::now();
-    out.requests = encode_requests(built, options.scope_version, static_cast<size_t>(options.max_request_bytes));
+    const auto max_bytes = static_cast<size_t>(options.max_request_bytes);
+    size_t n_requests;
+    if (options.request_sink) {
+        n_requests = encode_requests(built, options.scope_version, max_bytes, options.request_sink);
+    } else {
+        out.requests = encode_requests(built, options.scope_version, max_bytes);
+        n_requests = out.requests.size();
+    }
     auto t5 = clock::now();
     out.phase_ns = {{"parse", ns(t0, t1)}, {"read", ns(t1, t2)}, {"build", ns(t2, t3)}, {"free", ns(t3, t4)}, {"encode", ns(t4, t5)}};
     out.ops = std::move(built.ops);
     out.stats = std::move(built.stats);
     out.window_id = std::move(built.window_id);
     for (auto& [key, value] : out.stats)
-        if (key == "requests") value = static_cast<int64_t>(out.requests.size());
+        if (key == "requests") value = static_cast<int64_t>(n_requests);
     return out;
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <string>
@@ -255,6 +256,10 @@ struct LiveStep {
     std::string trigger;  // what started the window ("": unknown, no attribute)
 };
 
+// Takes each request as it is written: its header and its spans, the two parts of one
+// ExportTraceServiceRequest, in that order (the views are valid during the call only).
+using RequestSink = std::function<void(std::string_view head, std::string_view spans)>;
+
 struct Options {
     std::optional<std::string> run_id;
     std::optional<int64_t> rank, world_size, base_time_ns;
@@ -270,6 +275,7 @@ struct Options {
     bool group_by_input_shapes = false;
     std::string scope_version;
     std::vector<LiveStep> live_steps;
+    RequestSink request_sink;  // optional: takes the requests instead of ConvertOutput::requests
 };
 
 using Stats = std::vector<std::pair<std::string, int64_t>>;
