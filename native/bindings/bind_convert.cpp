@@ -1,6 +1,7 @@
 // Glue only: Python objects <-> otelprof::Options / ConvertOutput. The GIL is released while
 // converting, and taken again only to call the resource composer (once per trace) and to take
 // each request, as it is written, into a bytes object (no request is held in C++ meanwhile).
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -10,6 +11,11 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include "otelprof/convert.hpp"
 #include "otelprof/json.hpp"
@@ -110,6 +116,30 @@ otelprof::Options to_options(const py::dict& d) {
     return o;
 }
 
+// Readies a new bytes object's buffer for writing: its pages are fresh (the payload, tens of MiB
+// for a large trace), and faulting them in one 4 KiB page at a time took over half the time the
+// requests took to write. Its whole 2 MiB ranges become huge pages where the system allows them
+// on request, and the rest is populated in one call (Linux 5.14+). Both only advise the kernel:
+// the contents are unchanged, and where either is refused the pages fault in as before.
+void prefault(char* p, size_t n) {
+#if defined(__linux__)
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
+#if defined(MADV_HUGEPAGE)
+    constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+    const uintptr_t huge_begin = (begin + kHuge - 1) & ~(kHuge - 1), huge_end = end & ~(kHuge - 1);
+    if (huge_end > huge_begin) madvise(reinterpret_cast<void*>(huge_begin), huge_end - huge_begin, MADV_HUGEPAGE);
+#endif
+#if defined(MADV_POPULATE_WRITE)
+    static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t page_begin = (begin + kPage - 1) & ~(kPage - 1), page_end = end & ~(kPage - 1);
+    if (page_end > page_begin) madvise(reinterpret_cast<void*>(page_begin), page_end - page_begin, MADV_POPULATE_WRITE);
+#endif
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
 // What convert() returns: named fields, not a tuple (otelprof/_native.pyi ConvertOutput).
 struct PyConvertOutput {
     py::list requests;
@@ -137,6 +167,7 @@ PyConvertOutput convert(const py::buffer& data, const py::dict& options) {
             throw std::bad_alloc();
         }
         char* p = PyBytes_AS_STRING(b);
+        prefault(p, head.size() + spans.size());
         std::memcpy(p, head.data(), head.size());
         std::memcpy(p + head.size(), spans.data(), spans.size());
         requests.append(py::reinterpret_steal<py::object>(b));
