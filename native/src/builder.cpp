@@ -423,10 +423,13 @@ void trace_identity(BuildState& st) {
     st.rank = opts.rank ? opts.rank : trace.rank;
     st.world = opts.world_size ? opts.world_size : trace.world_size;
     st.rank_s = st.rank ? std::to_string(*st.rank) : std::string();
-    int64_t min_start = 0;
-    if (n) {
-        min_start = ev[0].start;
-        for (const Event& e : ev) min_start = std::min(min_start, e.start);
+    // one pass over the events (a large trace's are megabytes): their earliest start, and the
+    // window id's fold of (start, end)
+    int64_t min_start = n ? ev[0].start : 0;
+    WindowFold fold;
+    for (const Event& e : ev) {
+        min_start = std::min(min_start, e.start);
+        fold.add(e.start, e.end);
     }
     if (opts.run_id) {
         st.run_id = *opts.run_id;
@@ -436,8 +439,6 @@ void trace_identity(BuildState& st) {
         st.run_id = "auto|" + std::string(trace.trace_name) + "|" + std::to_string(min_start);
     }
     st.split = opts.split_world_size > 0 && st.world.value_or(1) >= opts.split_world_size;
-    WindowFold fold;
-    for (const Event& e : ev) fold.add(e.start, e.end);
     st.out.window_id = fold.finish(trace.total);
     st.base = fnv1a64("span|" + st.run_id + "|" + st.rank_s + "|" + st.out.window_id, kSeedHi);
 }
@@ -1108,7 +1109,7 @@ void assemble_event_spans(BuildState& st) {
     for (int i = 0; i < n; ++i) {
         if (!keep[i]) continue;
         const Event& e = ev[i];
-        Span sp;
+        Span& sp = by_order.emplace_back();  // built in place
         sp.order = e.ordinal;
         st.add(sp, kCategoryKey, AttrValue::str(st.input(e.cat)));
         if (!e.device() && !e.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
@@ -1154,7 +1155,6 @@ void assemble_event_spans(BuildState& st) {
         }
         if (split && st.is_step(i)) st.span_links.push_back(SpanLink{detail_trace[step_index[i]], st.slot_id(st.detail_root(i)), "rank_detail"});
         st.finish_span(sp, i);
-        by_order.push_back(std::move(sp));
     }
     // by_order holds the aggregates, then kept events (already in ordinal order): sort indices, not spans
     by_order_idx.resize(by_order.size());

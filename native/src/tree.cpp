@@ -115,21 +115,31 @@ void nest_cpu_events(const Trace& trace, EventTree& t) {
     std::vector<int>& parent = t.parent;
     parent.assign(n, -1);
     std::unordered_map<std::pair<Ident, Ident>, std::vector<Item>, IdentPairHash, IdentPairEq> groups;
+    // events of one thread come in runs: the last thread's group is looked up once per run
+    std::vector<Item>* last = nullptr;
+    std::pair<Ident, Ident> last_key;
+    auto group = [&](const Ident& pid, const Ident& tid) -> std::vector<Item>& {
+        if (!last || !(last_key.first == pid) || !(last_key.second == tid)) {
+            last_key = {pid, tid};
+            last = &groups[last_key];  // stays valid: the map's elements do not move
+        }
+        return *last;
+    };
     for (int i = 0; i < n; ++i) {
         const Event& e = ev[i];
-        if (!e.device()) groups[{e.pid, e.tid}].push_back(Item{e.start, 0, -e.end, e.ordinal, i});
+        if (!e.device()) group(e.pid, e.tid).push_back(Item{e.start, 0, -e.end, e.ordinal, i});
     }
     const int n_mem = static_cast<int>(trace.memory.size());
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
-        groups[{m.pid, m.tid}].push_back(Item{m.ts, 1, 0, m.ordinal, -1 - k});
+        group(m.pid, m.tid).push_back(Item{m.ts, 1, 0, m.ordinal, -1 - k});
     }
     std::vector<const Flow*>& fwd_flows = t.fwd_flows;
     for (const Flow& f : trace.flows)
         if (f.fwdbwd) fwd_flows.push_back(&f);
     for (size_t k = 0; k < fwd_flows.size(); ++k) {
         const Flow& f = *fwd_flows[k];
-        groups[{f.pid, f.tid}].push_back(Item{f.ts, 1, 0, f.ordinal, -1 - n_mem - static_cast<int>(k)});
+        group(f.pid, f.tid).push_back(Item{f.ts, 1, 0, f.ordinal, -1 - n_mem - static_cast<int>(k)});
     }
     std::vector<int>& probe_owner = t.probe_owner;
     probe_owner.assign(static_cast<size_t>(n_mem) + fwd_flows.size(), -1);

@@ -40,7 +40,7 @@ enum FixedKey : AttrKey {
     // what a trace list shows (OpenInference's input/output; MLflow's request/response previews)
     kWindowTriggerKey, kInputValueKey, kInputMimeTypeKey, kOutputValueKey, kOutputMimeTypeKey, kFixedKeyCount
 };
-AttrKey arg_key(int arg_attribute);
+constexpr AttrKey arg_key(int arg_attribute) { return static_cast<AttrKey>(kFixedKeyCount + arg_attribute); }
 AttrKey memory_key(int memory_attribute);
 std::string_view key_name(AttrKey key);
 size_t key_count();
@@ -89,7 +89,7 @@ using PoolRange = AttrRange;
 // the top two bits, then the key, or 63 and the key in the next two bytes), then its value: Int a
 // zigzag varint, Double 8 bytes, Bool 1 byte, Str its pointer (8 bytes) and length (4). A range of
 // them (AttrRange) starts at a byte offset (size()) and counts attributes.
-class Attrs {
+class __attribute__((visibility("hidden"))) Attrs {
   public:
     Attrs() = default;
     Attrs(Attrs&& o) noexcept : data_(std::move(o.data_)), len_(std::exchange(o.len_, 0)), cap_(std::exchange(o.cap_, 0)) {}
@@ -104,7 +104,7 @@ class Attrs {
     void reserve(size_t bytes) {
         if (bytes > cap_) grow(bytes);
     }
-    void push_back(const AttrValue& v) {
+    __attribute__((always_inline)) void push_back(const AttrValue& v) {
         if (len_ + kMaxRecord > cap_) grow(std::max(cap_ * 2, len_ + kMaxRecord + 4096));
         uint8_t* p = data_.get() + len_;
         const uint8_t type = static_cast<uint8_t>(v.type) << 6;
