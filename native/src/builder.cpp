@@ -870,6 +870,20 @@ void memory_span_events(BuildState& st) {
     static const int device_id = memory_arg("Device Id"), addr = memory_arg("Addr");
     std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
     const std::vector<int> memory_attribute = key_table(doc, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
+    // device names, kept once each (a trace has a few devices and thousands of memory events)
+    struct Device {
+        int64_t type;
+        bool has_id;
+        int64_t id;
+        std::string_view name;
+    };
+    std::vector<Device> devices;
+    auto device = [&](int64_t type, bool has_id, int64_t id) {
+        for (const Device& d : devices)
+            if (d.type == type && d.has_id == has_id && d.id == id) return d.name;
+        devices.push_back(Device{type, has_id, id, st.keep_str(device_name(type, has_id, id))});
+        return devices.back().name;
+    };
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
         const uint64_t present = find_args(doc, m.args, memory_attribute, mem_args.data());
@@ -906,8 +920,8 @@ void memory_span_events(BuildState& st) {
                 int64_t dtype, did;
                 if (as_int64(member(device_type), dtype)) {
                     const bool has_id = as_int64(member(device_id), did);
-                    if (std::string dev = device_name(dtype, has_id, has_id ? did : 0); !dev.empty())
-                        push(kMemoryDeviceKey, AttrValue::str(st.keep_str(dev)));
+                    if (const std::string_view dev = device(dtype, has_id, has_id ? did : 0); !dev.empty())
+                        push(kMemoryDeviceKey, AttrValue::str(dev));
                 }
                 if (has) push(memory_key(a), AttrValue::str(st.keep_str(hex_address(v))));
                 continue;
