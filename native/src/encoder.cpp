@@ -238,7 +238,8 @@ void put_attribute(Buf& out, int field, const AttrValue& v, const std::vector<Ke
     char* p = out.ensure(1 + 10 + KeyField::kMax + 1 + 10 + 1 + 10 + v.len + 8);
     *p++ = static_cast<char>(tag(field, 2));
     p = put_varint(p, body);
-    std::memcpy(p, key.bytes, KeyField::kMax);
+    if (key.size <= 32) std::memcpy(p, key.bytes, 32);  // most keys: half the fixed-size copy
+    else std::memcpy(p, key.bytes, KeyField::kMax);
     p += key.size;
     *p++ = static_cast<char>(tag(2, 2));
     p = put_varint(p, any);
