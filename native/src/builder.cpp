@@ -169,12 +169,16 @@ std::string_view keep_string(std::deque<std::string>& strings, std::string_view 
 // attribute value length limit does (in characters); returns how many were cut.
 int64_t cut_strings(Built& out, int64_t attribute_value_length_limit) {
     int64_t cut = 0;
+    // a string of no more bytes than the limit has no more characters: when none is longer, the
+    // attributes are not read again (a million on a large trace)
+    const bool cut_values = attribute_value_length_limit >= 0 &&
+                            out.attrs.longest_string() > static_cast<uint64_t>(attribute_value_length_limit);
     for (Span& sp : out.spans) {
         if (const std::string_view name = cut_chars(sp.name, kSpanNameLengthLimit); name.size() != sp.name.size()) {
             sp.name = name;
             ++cut;
         }
-        if (attribute_value_length_limit < 0) continue;
+        if (!cut_values) continue;
         out.attrs.edit(sp.attrs, [&](AttrValue& v) {
             if (v.type != AttrValue::Type::Str) return;
             const std::string_view s = cut_chars(std::string_view(v.s, v.len), attribute_value_length_limit);

@@ -92,15 +92,20 @@ using PoolRange = AttrRange;
 class __attribute__((visibility("hidden"))) Attrs {
   public:
     Attrs() = default;
-    Attrs(Attrs&& o) noexcept : data_(std::move(o.data_)), len_(std::exchange(o.len_, 0)), cap_(std::exchange(o.cap_, 0)) {}
+    Attrs(Attrs&& o) noexcept
+        : data_(std::move(o.data_)), len_(std::exchange(o.len_, 0)), cap_(std::exchange(o.cap_, 0)),
+          longest_(std::exchange(o.longest_, 0)) {}
     Attrs& operator=(Attrs&& o) noexcept {
         data_ = std::move(o.data_);
         len_ = std::exchange(o.len_, 0);
         cap_ = std::exchange(o.cap_, 0);
+        longest_ = std::exchange(o.longest_, 0);
         return *this;
     }
     // Where the next attribute starts.
     uint32_t size() const { return static_cast<uint32_t>(len_); }
+    // The length (bytes) of the longest string pushed.
+    uint32_t longest_string() const { return longest_; }
     void reserve(size_t bytes) {
         if (bytes > cap_) grow(bytes);
     }
@@ -120,6 +125,7 @@ class __attribute__((visibility("hidden"))) Attrs {
                 std::memcpy(p, &v.s, 8);
                 std::memcpy(p + 8, &v.len, 4);
                 p += 12;
+                longest_ = std::max(longest_, v.len);
                 break;
             case AttrValue::Type::Int: {
                 uint64_t z = (static_cast<uint64_t>(v.i) << 1) ^ static_cast<uint64_t>(v.i >> 63);
@@ -170,6 +176,7 @@ class __attribute__((visibility("hidden"))) Attrs {
     };
     std::unique_ptr<uint8_t, Free> data_;
     size_t len_ = 0, cap_ = 0;
+    uint32_t longest_ = 0;
 
     void grow(size_t cap) {
         auto* grown = static_cast<uint8_t*>(std::realloc(data_.get(), cap));
