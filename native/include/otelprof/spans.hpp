@@ -6,11 +6,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <new>
 #include <deque>
 #include <functional>
+#include <memory>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string_view>
 #include <string>
 #include <utility>
@@ -179,6 +180,11 @@ class __attribute__((visibility("hidden"))) Attrs {
     uint32_t longest_ = 0;
 
     void grow(size_t cap) {
+        // ranges start at 32-bit offsets: more would wrap (a trace far beyond the inputs read)
+        if (cap > UINT32_MAX) {
+            if (len_ + kMaxRecord > UINT32_MAX) throw std::length_error("span attributes over 4 GiB");
+            cap = UINT32_MAX;
+        }
         auto* grown = static_cast<uint8_t*>(std::realloc(data_.get(), cap));
         if (!grown) throw std::bad_alloc();
         data_.release();
