@@ -146,6 +146,12 @@ std::vector<std::vector<int>> find_sibling_runs(const std::vector<Event>& ev, co
     return aggs;
 }
 
+// Frees a vector's memory (clear() keeps it).
+template <typename V>
+void release(V& v) {
+    V().swap(v);
+}
+
 // Copies `s` into `strings`: large chunks that never reallocate, so the views stay valid.
 std::string_view keep_string(std::deque<std::string>& strings, std::string_view s) {
     constexpr size_t kChunk = 1 << 20;
@@ -163,21 +169,24 @@ std::string_view keep_string(std::deque<std::string>& strings, std::string_view 
 // attribute value length limit does (in characters); returns how many were cut.
 int64_t cut_strings(Built& out, int64_t attribute_value_length_limit) {
     int64_t cut = 0;
+    // a string of no more bytes than the limit has no more characters: when none is longer, the
+    // attributes are not read again (a million on a large trace)
+    const bool cut_values = attribute_value_length_limit >= 0 &&
+                            out.attrs.longest_string() > static_cast<uint64_t>(attribute_value_length_limit);
     for (Span& sp : out.spans) {
         if (const std::string_view name = cut_chars(sp.name, kSpanNameLengthLimit); name.size() != sp.name.size()) {
             sp.name = name;
             ++cut;
         }
-        if (attribute_value_length_limit < 0) continue;
-        for (uint32_t k = 0; k < sp.attrs.count; ++k) {
-            AttrValue& v = out.attrs[sp.attrs.begin + k];
-            if (v.type != AttrValue::Type::Str) continue;
+        if (!cut_values) continue;
+        out.attrs.edit(sp.attrs, [&](AttrValue& v) {
+            if (v.type != AttrValue::Type::Str) return;
             const std::string_view s = cut_chars(std::string_view(v.s, v.len), attribute_value_length_limit);
             if (s.size() != v.len) {
                 v.len = static_cast<uint32_t>(s.size());
                 ++cut;
             }
-        }
+        });
     }
     return cut;
 }
@@ -221,15 +230,18 @@ inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
 // What the stages of build_spans share (reference: builder.py's _BuildState), filled in stage by
 // stage; the small questions every stage asks (whose trace, which parent) are its methods.
 struct BuildState {
-    BuildState(const Document& d, const Trace& t, const Options& o)
-        : doc(d), trace(t), opts(o), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full) {}
+    BuildState(const Document& d, Trace& t, const Options& o, std::string_view j)
+        : doc(d), trace(t), opts(o), json(j), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full),
+          names(t.names.size()) {}
 
     const Document& doc;
-    const Trace& trace;
+    Trace& trace;  // its memory events and flows are freed once read (fwdbwd_links)
     const Options& opts;
+    const std::string_view json;  // the text doc was parsed from
     const std::vector<Event>& ev;
     const int n;
     const bool full;
+    std::vector<std::string_view> names;  // event names by name id, as input() gives them (on demand)
     Built out;
     int64_t stats[kStatCount] = {};
     // trace_identity
@@ -265,8 +277,12 @@ struct BuildState {
     // aggregate_spans
     size_t n_aggregates = 0;
     // hidden_counts
-    std::vector<int64_t> hidden_count;
-    std::vector<std::string_view> hidden_text;
+    struct Hidden {
+        int64_t count;
+        std::string_view text;
+    };
+    std::vector<uint32_t> hidden_at;  // by slot: index in hidden + 1, or 0 (few slots hide any)
+    std::vector<Hidden> hidden;
     // op_self_times
     SelfTimes self;
     // memory_span_events
@@ -274,11 +290,25 @@ struct BuildState {
     std::vector<int64_t> cpu_peak, acc_peak;
     // fwdbwd_links
     SparseLists<SpanLink> links;
+    std::vector<SpanLink> span_links;  // the links of the span being assembled (finish_span)
     // assemble_synthetic_roots, assemble_event_spans
     int64_t fwdbwd_links = 0;  // fwdbwd links sent
     std::vector<uint32_t> by_order_idx;  // out.spans by ordinal: aggregates merged into kept events
 
     std::string_view keep_str(std::string_view s) { return keep_string(out.strings, s); }
+    // A string of the input, as a view that outlives the document: into the JSON text, or (a
+    // string the parser decoded, in the document's arena) a copy.
+    std::string_view input(std::string_view s) {
+        if (s.empty()) return {};
+        if (s.data() >= json.data() && s.size() <= json.size() && static_cast<size_t>(s.data() - json.data()) <= json.size() - s.size())
+            return s;
+        return keep_str(s);
+    }
+    std::string_view name_of(const Event& e) {
+        std::string_view& name = names[e.name_id];
+        if (!name.data()) name = input(e.name);
+        return name;
+    }
     void add(Span& sp, AttrKey key, AttrValue value) { add_attr(out.attrs, sp, key, value); }
     SpanId sid(uint64_t ordinal) const { return make_span_id(base, ordinal); }
     bool is_step(int i) const { return tree.is_step(i); }
@@ -342,7 +372,8 @@ struct BuildState {
         int ps = parent_span(k);
         return ps >= 0 ? ps : level_target(owner[i]);
     }
-    // Attaches the memory events of `slot` to `sp` (by time), and applies the event and link limits.
+    // Attaches the memory events of `slot` and the links in span_links (taken) to `sp`, in the
+    // pools of the output, and applies the event and link limits.
     void finish_span(Span& sp, int slot) {
         const auto event_limit = static_cast<size_t>(opts.event_limit);
         const auto link_limit = static_cast<size_t>(opts.link_limit);
@@ -356,19 +387,24 @@ struct BuildState {
                 stats[MEMORY_EVENTS_DROPPED] += sp.dropped_events;
                 evs.resize(event_limit);
             }
-            sp.events = std::move(evs);
+            sp.events = PoolRange{static_cast<uint32_t>(out.events.size()), static_cast<uint32_t>(evs.size())};
+            out.events.insert(out.events.end(), evs.begin(), evs.end());
+            release(evs);
         }
-        if (link_limit && sp.links.size() > link_limit) {
-            sp.dropped_links = static_cast<uint32_t>(sp.links.size() - link_limit);
+        if (link_limit && span_links.size() > link_limit) {
+            sp.dropped_links = static_cast<uint32_t>(span_links.size() - link_limit);
             stats[LINKS_DROPPED] += sp.dropped_links;
-            sp.links.resize(link_limit);
+            span_links.resize(link_limit);
         }
-        for (const SpanLink& l : sp.links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
+        for (const SpanLink& l : span_links) fwdbwd_links += std::string_view(l.kind) == "fwdbwd";
+        sp.links = PoolRange{static_cast<uint32_t>(out.links.size()), static_cast<uint32_t>(span_links.size())};
+        out.links.insert(out.links.end(), span_links.begin(), span_links.end());
+        span_links.clear();
     }
     void add_hidden(Span& sp, int slot) {
-        if (const int64_t c = hidden_count[static_cast<size_t>(slot)]) {
-            add(sp, kHiddenSpansKey, AttrValue::integer(c));
-            add(sp, kHiddenKey, AttrValue::str(hidden_text[static_cast<size_t>(slot)]));
+        if (const uint32_t at = hidden_at[static_cast<size_t>(slot)]) {
+            add(sp, kHiddenSpansKey, AttrValue::integer(hidden[at - 1].count));
+            add(sp, kHiddenKey, AttrValue::str(hidden[at - 1].text));
         }
     }
 };
@@ -379,7 +415,9 @@ void trace_identity(BuildState& st) {
     const Options& opts = st.opts;
     const std::vector<Event>& ev = st.ev;
     const int n = st.n;
-    st.out.attrs.reserve(static_cast<size_t>(n) * 8 + trace.memory.size() * kMemoryAttributeCount + 64);
+    // packed attributes take 50-70 bytes an event at full detail on the shared traces, far fewer
+    // at default detail: room reserved, not touched, costs no memory until written
+    st.out.attrs.reserve(static_cast<size_t>(n) * 64 + trace.memory.size() * 48 + 4096);
     int64_t* stats = st.stats;
     stats[EVENTS_TOTAL] = trace.total;
     stats[COMPLETE_EVENTS] = n;
@@ -391,10 +429,13 @@ void trace_identity(BuildState& st) {
     st.rank = opts.rank ? opts.rank : trace.rank;
     st.world = opts.world_size ? opts.world_size : trace.world_size;
     st.rank_s = st.rank ? std::to_string(*st.rank) : std::string();
-    int64_t min_start = 0;
-    if (n) {
-        min_start = ev[0].start;
-        for (const Event& e : ev) min_start = std::min(min_start, e.start);
+    // one pass over the events (a large trace's are megabytes): their earliest start, and the
+    // window id's fold of (start, end)
+    int64_t min_start = n ? ev[0].start : 0;
+    WindowFold fold;
+    for (const Event& e : ev) {
+        min_start = std::min(min_start, e.start);
+        fold.add(e.start, e.end);
     }
     if (opts.run_id) {
         st.run_id = *opts.run_id;
@@ -404,8 +445,6 @@ void trace_identity(BuildState& st) {
         st.run_id = "auto|" + std::string(trace.trace_name) + "|" + std::to_string(min_start);
     }
     st.split = opts.split_world_size > 0 && st.world.value_or(1) >= opts.split_world_size;
-    WindowFold fold;
-    for (const Event& e : ev) fold.add(e.start, e.end);
     st.out.window_id = fold.finish(trace.total);
     st.base = fnv1a64("span|" + st.run_id + "|" + st.rank_s + "|" + st.out.window_id, kSeedHi);
 }
@@ -722,10 +761,10 @@ void aggregate_spans(BuildState& st) {
         sp.parent_id = st.slot_id(ps);
         if (ps == owner[run[0]] && st.live_step(ps)) sp.parent_id = st.under_phase(ps, run[0], end);
         sp.has_parent = true;
-        sp.name = first.name;
+        sp.name = st.name_of(first);
         sp.start = first.start;
         sp.end = end;
-        st.add(sp, kCategoryKey, AttrValue::str(first.cat));
+        st.add(sp, kCategoryKey, AttrValue::str(st.input(first.cat)));
         if (!first.device() && !first.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
         st.add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
         st.add(sp, kAggregatedDurationKey, AttrValue::integer(total));
@@ -746,8 +785,7 @@ void hidden_counts(BuildState& st) {
     int64_t* stats = st.stats;
     const size_t n_slots = st.n_slots;
     const Options& opts = st.opts;
-    std::vector<int64_t>& hidden_count = st.hidden_count;
-    std::vector<std::string_view>& hidden_text = st.hidden_text;
+    std::vector<uint32_t>& hidden_at = st.hidden_at;
     std::vector<std::pair<int, int>> hidden;  // (target slot, event)
     for (int i = 0; i < n; ++i) {
         if (keep[i] || aggregated[i]) continue;
@@ -757,8 +795,7 @@ void hidden_counts(BuildState& st) {
         const int target = st.parent_of(i);
         if (target >= 0) hidden.emplace_back(target, i);
     }
-    hidden_count.assign(n_slots, 0);
-    hidden_text.assign(n_slots, std::string_view());
+    hidden_at.assign(n_slots, 0);
     {
         auto name_of = [&](int i) { return std::string_view(ev[i].name); };
         std::sort(hidden.begin(), hidden.end(), [&](const auto& a, const auto& b) {
@@ -807,8 +844,8 @@ void hidden_counts(BuildState& st) {
                 listed += counts[k].first;
             }
             if (total > listed) text += " and " + std::to_string(total - listed) + " more";
-            hidden_count[static_cast<size_t>(slot)] = total;
-            hidden_text[static_cast<size_t>(slot)] = st.keep_str(text);
+            st.hidden.push_back(BuildState::Hidden{total, st.keep_str(text)});
+            hidden_at[static_cast<size_t>(slot)] = static_cast<uint32_t>(st.hidden.size());
             lo = hi;
         }
     }
@@ -839,6 +876,20 @@ void memory_span_events(BuildState& st) {
     static const int device_id = memory_arg("Device Id"), addr = memory_arg("Addr");
     std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
     const std::vector<int> memory_attribute = key_table(doc, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
+    // device names, kept once each (a trace has a few devices and thousands of memory events)
+    struct Device {
+        int64_t type;
+        bool has_id;
+        int64_t id;
+        std::string_view name;
+    };
+    std::vector<Device> devices;
+    auto device = [&](int64_t type, bool has_id, int64_t id) {
+        for (const Device& d : devices)
+            if (d.type == type && d.has_id == has_id && d.id == id) return d.name;
+        devices.push_back(Device{type, has_id, id, st.keep_str(device_name(type, has_id, id))});
+        return devices.back().name;
+    };
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
         const uint64_t present = find_args(doc, m.args, memory_attribute, mem_args.data());
@@ -875,8 +926,8 @@ void memory_span_events(BuildState& st) {
                 int64_t dtype, did;
                 if (as_int64(member(device_type), dtype)) {
                     const bool has_id = as_int64(member(device_id), did);
-                    if (std::string dev = device_name(dtype, has_id, has_id ? did : 0); !dev.empty())
-                        push(kMemoryDeviceKey, AttrValue::str(st.keep_str(dev)));
+                    if (const std::string_view dev = device(dtype, has_id, has_id ? did : 0); !dev.empty())
+                        push(kMemoryDeviceKey, AttrValue::str(dev));
                 }
                 if (has) push(memory_key(a), AttrValue::str(st.keep_str(hex_address(v))));
                 continue;
@@ -915,6 +966,11 @@ void fwdbwd_links(BuildState& st) {
         }
         bucket.push_back(target);
     }
+    // no later stage reads memory events or flows: they go before the spans are assembled
+    release(st.trace.memory);
+    release(st.trace.flows);
+    release(st.tree.fwd_flows);
+    release(st.tree.probe_owner);
 }
 
 // The synthetic roots (the window's, the iterations', the detail roots) with their attributes,
@@ -956,7 +1012,7 @@ void assemble_synthetic_roots(BuildState& st) {
         st.add(sp, kIterationSourceKey, AttrValue::str(it_source));
         st.add_hidden(sp, it_base + k);
         st.add(sp, kSyntheticKey, AttrValue::boolean(true));
-        sp.links.push_back(SpanLink{window_trace, st.slot_id(window_root), "window"});
+        st.span_links.push_back(SpanLink{window_trace, st.slot_id(window_root), "window"});
         st.finish_span(sp, it_base + k);
         synthetic.push_back(std::move(sp));
     }
@@ -965,7 +1021,7 @@ void assemble_synthetic_roots(BuildState& st) {
             Span sp;
             sp.trace_id = detail_trace[step_index[s]];
             sp.span_id = st.slot_id(st.detail_root(s));
-            sp.name = ev[s].name;
+            sp.name = st.name_of(ev[s]);
             sp.start = ev[s].start;
             sp.end = ev[s].end;
             st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
@@ -973,7 +1029,7 @@ void assemble_synthetic_roots(BuildState& st) {
             if (rank) st.add(sp, kRankKey, AttrValue::integer(*rank));
             st.add_hidden(sp, st.detail_root(s));
             st.add(sp, kSyntheticKey, AttrValue::boolean(true));
-            sp.links.push_back(SpanLink{step_trace[step_index[s]], st.sid(ev[s].ordinal), "step"});
+            st.span_links.push_back(SpanLink{step_trace[step_index[s]], st.sid(ev[s].ordinal), "step"});
             st.finish_span(sp, st.detail_root(s));
             synthetic.push_back(std::move(sp));
         }
@@ -1013,7 +1069,7 @@ inline void add_arg_attributes(BuildState& st, Span& sp, const JNode* event_args
                 break;
             }
             case ArgType::String:
-                if (v->type == JType::Str && v->len) st.add(sp, arg_key(a), AttrValue::str(v->str()));
+                if (v->type == JType::Str && v->len) st.add(sp, arg_key(a), AttrValue::str(st.input(v->str())));
                 break;
             case ArgType::Json:
                 reader.rendered.clear();
@@ -1073,17 +1129,17 @@ void assemble_event_spans(BuildState& st) {
     for (int i = 0; i < n; ++i) {
         if (!keep[i]) continue;
         const Event& e = ev[i];
-        Span sp;
+        Span& sp = by_order.emplace_back();  // built in place
         sp.order = e.ordinal;
-        st.add(sp, kCategoryKey, AttrValue::str(e.cat));
+        st.add(sp, kCategoryKey, AttrValue::str(st.input(e.cat)));
         if (!e.device() && !e.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
-        std::string_view name = e.name;
+        std::string_view name = st.name_of(e);
         if (e.kind == Kind::Kernel) {  // folded once per name (reference: fold_kernel_name)
             std::string_view& folded = kernel_names[e.name_id];
             if (!folded.data()) folded = st.keep_str(fold_kernel_name(e.name));
             if (folded != e.name) {
+                st.add(sp, kKernelNameKey, AttrValue::str(name));
                 name = folded;
-                st.add(sp, kKernelNameKey, AttrValue::str(e.name));
             }
         }
         if (e.args) add_arg_attributes(st, sp, e.args, args);
@@ -1113,10 +1169,12 @@ void assemble_event_spans(BuildState& st) {
         sp.name = name;
         sp.start = e.start;
         sp.end = e.end;
-        if (auto* found = links.find(static_cast<size_t>(i))) sp.links = std::move(*found);
-        if (split && st.is_step(i)) sp.links.push_back(SpanLink{detail_trace[step_index[i]], st.slot_id(st.detail_root(i)), "rank_detail"});
+        if (auto* found = links.find(static_cast<size_t>(i))) {
+            st.span_links.swap(*found);
+            release(*found);
+        }
+        if (split && st.is_step(i)) st.span_links.push_back(SpanLink{detail_trace[step_index[i]], st.slot_id(st.detail_root(i)), "rank_detail"});
         st.finish_span(sp, i);
-        by_order.push_back(std::move(sp));
     }
     // by_order holds the aggregates, then kept events (already in ordinal order): sort indices, not spans
     by_order_idx.resize(by_order.size());
@@ -1206,8 +1264,8 @@ Built finish_build(BuildState& st) {
 }  // namespace
 
 // The stages, in order; reference/builder.py's build runs the same ones under the same names.
-Built build_spans(const Document& doc, const Trace& trace, const Options& opts) {
-    BuildState st(doc, trace, opts);
+Built build_spans(const Document& doc, Trace& trace, const Options& opts, std::string_view json) {
+    BuildState st(doc, trace, opts, json);
     trace_identity(st);
     event_tree(st);
     volume_keep(st);

@@ -55,10 +55,10 @@ ConvertOutput convert_gzip(std::string_view gz, uint64_t cap, const Options& opt
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::unique_ptr<Document> doc;
-    TraceReader reader(options.base_time_ns, inflater->size_hint());
+    auto reader = std::make_unique<TraceReader>(options.base_time_ns, inflater->size_hint());
     try {
         Inflating input(*inflater);
-        doc = std::make_unique<Document>(input, &reader);
+        doc = std::make_unique<Document>(input, reader.get());
     } catch (const TraceError&) {
         const size_t size = inflater->finish();  // a gzip error comes first
         return convert_inflated(std::string_view(inflater->data(), size), options);
@@ -70,7 +70,7 @@ ConvertOutput convert_gzip(std::string_view gz, uint64_t cap, const Options& opt
         return convert_inflated(std::string_view(inflater->data(), size), options);
     }
     const auto parse_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    return convert_parsed(reader, doc, options, static_cast<int64_t>(parse_ns));
+    return convert_parsed(std::move(reader), std::move(doc), options, static_cast<int64_t>(parse_ns));
 }
 
 }  // namespace otelprof

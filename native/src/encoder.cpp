@@ -238,7 +238,8 @@ void put_attribute(Buf& out, int field, const AttrValue& v, const std::vector<Ke
     char* p = out.ensure(1 + 10 + KeyField::kMax + 1 + 10 + 1 + 10 + v.len + 8);
     *p++ = static_cast<char>(tag(field, 2));
     p = put_varint(p, body);
-    std::memcpy(p, key.bytes, KeyField::kMax);
+    if (key.size <= 32) std::memcpy(p, key.bytes, 32);  // most keys: half the fixed-size copy
+    else std::memcpy(p, key.bytes, KeyField::kMax);
     p += key.size;
     *p++ = static_cast<char>(tag(2, 2));
     p = put_varint(p, any);
@@ -302,21 +303,24 @@ void put_span_head(Buf& out, const Span& sp) {
     out.advance_to(p);
 }
 
-void put_span(Buf& out, const Span& sp, const Attrs& pool, const std::vector<KeyField>& keys) {
+void put_span(Buf& out, const Span& sp, const Built& built, const std::vector<KeyField>& keys) {
+    const Attrs& pool = built.attrs;
     put_span_head(out, sp);
-    for (uint32_t k = 0; k < sp.attrs.count; ++k) put_attribute(out, 9, pool[sp.attrs.begin + k], keys);
-    for (const SpanEvent& e : sp.events) {
+    pool.visit(sp.attrs, [&](const AttrValue& v) { put_attribute(out, 9, v, keys); });
+    for (uint32_t at = sp.events.begin; at < sp.events.begin + sp.events.count; ++at) {
+        const SpanEvent& e = built.events[at];
         out.message(11, [&] {
             if (e.ts) out.fixed64(1, static_cast<uint64_t>(e.ts));
             out.bytes(2, "pytorch.memory", 14);
-            for (uint32_t k = 0; k < e.attrs.count; ++k) put_attribute(out, 3, pool[e.attrs.begin + k], keys);
+            pool.visit(e.attrs, [&](const AttrValue& v) { put_attribute(out, 3, v, keys); });
         });
     }
     if (sp.dropped_events) {
         out.byte(tag(12, 0));
         out.varint(sp.dropped_events);
     }
-    for (const SpanLink& l : sp.links) {
+    for (uint32_t at = sp.links.begin; at < sp.links.begin + sp.links.count; ++at) {
+        const SpanLink& l = built.links[at];
         out.message(13, [&] {
             out.bytes(1, l.trace_id.data(), 16);
             out.bytes(2, l.span_id.data(), 8);
@@ -331,7 +335,14 @@ void put_span(Buf& out, const Span& sp, const Attrs& pool, const std::vector<Key
 
 }  // namespace
 
-std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes) {
+namespace {
+
+// The requests of `built`, batch by batch: each batch's spans are written after `room` bytes,
+// enough for any request header, and emit(body, room, n, head) takes the n bytes of spans after
+// the room, with their header, then leaves `body` open (at `room`) for the next batch.
+template <typename Open, typename Emit>
+size_t encode_batches(const Built& built, const std::string& scope_version, size_t max_bytes, Buf& body,
+                      Open&& open_batch, Emit&& emit) {
     Buf resource_buf, scope_buf;
     put_attributes(resource_buf, 1, built.resource);
     scope_buf.bytes(1, "otelprof", 8);
@@ -343,18 +354,14 @@ std::vector<Request> encode_requests(const Built& built, const std::string& scop
         resource_spans = field_len(resource.size()) + field_len(scope_spans);
         return field_len(resource_spans);
     };
-    // Each batch's spans are written after `room` bytes, enough for any request header; the
-    // header is then written just before the spans, and the buffer becomes the request.
     const size_t room = 2 * (1 + 10) + field_len(resource.size()) + field_len(scope.size());
     // Batches fill up to max_bytes; the span that overflows one is written before it is moved on.
     const size_t batch_capacity = room + std::min<size_t>(max_bytes, size_t{64} << 20) + (size_t{64} << 10);
-    std::vector<Request> requests;
-    Buf body;
-    auto open_batch = [&] { body.reset(batch_capacity, room); };
+    size_t requests = 0;
     // Emits the first `n` bytes of the batch's spans as one request.
     auto flush = [&](size_t n) {
         size_t scope_spans, resource_spans;
-        const size_t total = request_size(n, scope_spans, resource_spans);
+        request_size(n, scope_spans, resource_spans);
         Buf head;
         head.byte(tag(1, 2));  // ExportTraceServiceRequest.resource_spans
         head.varint(resource_spans);
@@ -362,26 +369,22 @@ std::vector<Request> encode_requests(const Built& built, const std::string& scop
         head.byte(tag(2, 2));                              // ResourceSpans.scope_spans
         head.varint(scope_spans);
         head.bytes(1, scope.data(), scope.size());  // ScopeSpans.scope
-        Request req;
-        req.begin = room - head.size();
-        req.size = total;
-        req.data = body.release();
-        std::memcpy(req.data.get() + req.begin, head.data(), head.size());
-        requests.push_back(std::move(req));
+        emit(body, room, n, head);
+        ++requests;
     };
-    open_batch();
+    open_batch(batch_capacity, room);
     size_t count = 0;
+    std::string span;
     const std::vector<KeyField>& keys = key_fields();
     for (uint32_t idx : built.order) {
         const size_t before = body.size();
-        body.message(2, [&] { put_span(body, built.spans[idx], built.attrs, keys); }, 2);
+        body.message(2, [&] { put_span(body, built.spans[idx], built, keys); }, 2);
         size_t scope_spans, resource_spans;
         if (count && request_size(body.size() - room, scope_spans, resource_spans) > max_bytes) {
             // this span opens the next batch
-            const std::string span(body.data() + before, body.size() - before);
+            span.assign(body.data() + before, body.size() - before);
             body.truncate(before);
             flush(before - room);
-            open_batch();
             body.raw(span.data(), span.size());
             count = 0;
         }
@@ -389,6 +392,42 @@ std::vector<Request> encode_requests(const Built& built, const std::string& scop
     }
     if (count) flush(body.size() - room);
     return requests;
+}
+
+}  // namespace
+
+std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes) {
+    std::vector<Request> requests;
+    Buf body;
+    size_t capacity = 0;
+    auto open_batch = [&](size_t batch_capacity, size_t room) {
+        capacity = batch_capacity;
+        body.reset(batch_capacity, room);
+    };
+    // the buffer becomes the request, its header written just before its spans
+    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head) {
+        Request req;
+        req.begin = room - head.size();
+        req.size = head.size() + n;
+        batch.truncate(room + n);
+        req.data = batch.release();
+        std::memcpy(req.data.get() + req.begin, head.data(), head.size());
+        requests.push_back(std::move(req));
+        batch.reset(capacity, room);
+    };
+    encode_batches(built, scope_version, max_bytes, body, open_batch, emit);
+    return requests;
+}
+
+size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, const RequestSink& sink) {
+    Buf body;
+    auto open_batch = [&](size_t batch_capacity, size_t room) { body.reset(batch_capacity, room); };
+    // one buffer for every batch: its pages are faulted in once, and stay in cache
+    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head) {
+        sink(std::string_view(head.data(), head.size()), std::string_view(batch.data() + room, n));
+        batch.truncate(room);
+    };
+    return encode_batches(built, scope_version, max_bytes, body, open_batch, emit);
 }
 
 }  // namespace otelprof

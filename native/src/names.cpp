@@ -1,7 +1,5 @@
 #include "otelprof/names.hpp"
 
-#include <cinttypes>
-#include <cstdio>
 #include <vector>
 
 namespace otelprof {
@@ -251,9 +249,18 @@ std::string device_name(int64_t device_type, bool has_id, int64_t device_id) {
 }
 
 std::string hex_address(int64_t v) {
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "0x%" PRIx64, static_cast<uint64_t>(v));
-    return buf;
+    // as "0x%" PRIx64 writes it, without printf (a large trace has tens of thousands)
+    static const char digits[] = "0123456789abcdef";
+    char buf[18];
+    char* p = buf + sizeof buf;
+    uint64_t u = static_cast<uint64_t>(v);
+    do {
+        *--p = digits[u & 0xF];
+        u >>= 4;
+    } while (u);
+    *--p = 'x';
+    *--p = '0';
+    return std::string(p, static_cast<size_t>(buf + sizeof buf - p));
 }
 
 }  // namespace otelprof

@@ -128,7 +128,6 @@ const std::string_view kMemoryAttributes[][2] = {
 const int kMemoryAttributeCount = sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]);
 static_assert(sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
 
-AttrKey arg_key(int arg_attribute) { return static_cast<AttrKey>(kFixedKeyCount + arg_attribute); }
 AttrKey memory_key(int memory_attribute) { return static_cast<AttrKey>(kFixedKeyCount + kArgAttributeCount + memory_attribute); }
 size_t key_count() { return kFixedKeyCount + kArgAttributeCount + kMemoryAttributeCount; }
 std::string_view key_name(AttrKey key) {

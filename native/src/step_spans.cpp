@@ -30,7 +30,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
     for (const StepRecord& step : steps) span_count += 1 + step.phases.size();
     built.spans.reserve(span_count);
     built.order.reserve(span_count);
-    built.attrs.reserve(span_count * 2 + steps.size() * 9);
+    built.attrs.reserve((span_count * 2 + steps.size() * 9) * 13);
     auto attr = [&](Span& sp, AttrKey key, AttrValue v) {
         v.key = key;
         built.attrs.push_back(v);

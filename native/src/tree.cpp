@@ -4,6 +4,7 @@
 #include "otelprof/tree.hpp"
 
 #include <algorithm>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -77,6 +78,49 @@ class EventByInt {
     }
 };
 
+// Id -> event index where the first event of an id wins. Ids (correlation, external) number a
+// trace's calls densely: where they span at most a few times as many values as there are, a table
+// indexed by id (read and written in order, as the ids come) replaces the hash table (a cache
+// miss per lookup on a large trace).
+class EventById {
+  public:
+    explicit EventById(const std::vector<std::pair<int64_t, int>>& entries) {
+        if (entries.empty()) return;
+        int64_t lo = entries[0].first, hi = lo;
+        for (const auto& [id, event] : entries) {
+            lo = std::min(lo, id);
+            hi = std::max(hi, id);
+        }
+        const uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
+        if (span < 4 * entries.size() + 1024) {
+            lo_ = lo;
+            dense_.assign(span + 1, -1);
+            for (const auto& [id, event] : entries) {
+                int& slot = dense_[static_cast<uint64_t>(id) - static_cast<uint64_t>(lo)];
+                if (slot < 0) slot = event;
+            }
+        } else {
+            hashed_ = std::make_unique<EventByInt>(entries.size());
+            for (const auto& [id, event] : entries) hashed_->try_emplace(id, event);
+        }
+    }
+    int find(int64_t id) const {  // -1 if absent
+        if (hashed_) return hashed_->find(id);
+        const uint64_t at = static_cast<uint64_t>(id) - static_cast<uint64_t>(lo_);
+        return at < dense_.size() ? dense_[at] : -1;
+    }
+
+  private:
+    int64_t lo_ = 0;
+    std::vector<int> dense_;
+    std::unique_ptr<EventByInt> hashed_;
+};
+
+template <typename V>
+void release(V& v) {
+    V().swap(v);
+}
+
 // Steps: the first ProfilerStep#N of each N on the CPU side, in start order (reference:
 // builder.py's step table); later stages index them by position.
 void find_steps(const Trace& trace, EventTree& t) {
@@ -115,21 +159,31 @@ void nest_cpu_events(const Trace& trace, EventTree& t) {
     std::vector<int>& parent = t.parent;
     parent.assign(n, -1);
     std::unordered_map<std::pair<Ident, Ident>, std::vector<Item>, IdentPairHash, IdentPairEq> groups;
+    // events of one thread come in runs: the last thread's group is looked up once per run
+    std::vector<Item>* last = nullptr;
+    std::pair<Ident, Ident> last_key;
+    auto group = [&](const Ident& pid, const Ident& tid) -> std::vector<Item>& {
+        if (!last || !(last_key.first == pid) || !(last_key.second == tid)) {
+            last_key = {pid, tid};
+            last = &groups[last_key];  // stays valid: the map's elements do not move
+        }
+        return *last;
+    };
     for (int i = 0; i < n; ++i) {
         const Event& e = ev[i];
-        if (!e.device()) groups[{e.pid, e.tid}].push_back(Item{e.start, 0, -e.end, e.ordinal, i});
+        if (!e.device()) group(e.pid, e.tid).push_back(Item{e.start, 0, -e.end, e.ordinal, i});
     }
     const int n_mem = static_cast<int>(trace.memory.size());
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
-        groups[{m.pid, m.tid}].push_back(Item{m.ts, 1, 0, m.ordinal, -1 - k});
+        group(m.pid, m.tid).push_back(Item{m.ts, 1, 0, m.ordinal, -1 - k});
     }
     std::vector<const Flow*>& fwd_flows = t.fwd_flows;
     for (const Flow& f : trace.flows)
         if (f.fwdbwd) fwd_flows.push_back(&f);
     for (size_t k = 0; k < fwd_flows.size(); ++k) {
         const Flow& f = *fwd_flows[k];
-        groups[{f.pid, f.tid}].push_back(Item{f.ts, 1, 0, f.ordinal, -1 - n_mem - static_cast<int>(k)});
+        group(f.pid, f.tid).push_back(Item{f.ts, 1, 0, f.ordinal, -1 - n_mem - static_cast<int>(k)});
     }
     std::vector<int>& probe_owner = t.probe_owner;
     probe_owner.assign(static_cast<size_t>(n_mem) + fwd_flows.size(), -1);
@@ -168,15 +222,18 @@ void attach_device_events(const Document& doc, const Trace& trace, EventTree& t)
     const std::vector<Event>& ev = trace.events;
     const int n = static_cast<int>(ev.size());
     const KeyId correlation_key = doc.key_id("correlation"), external_id_key = doc.key_id("External id");
-    EventByInt launcher_by_corr(static_cast<size_t>(n) / 2), annotation_by_ext(64);
+    std::vector<std::pair<int64_t, int>> launchers, annotations;  // (id, event), in event order
     for (int i = 0; i < n; ++i) {
         int64_t v;
         if (ev[i].kind == Kind::Runtime) {
-            if (as_int64(arg(doc, ev[i].args, correlation_key), v)) launcher_by_corr.try_emplace(v, i);
+            if (as_int64(arg(doc, ev[i].args, correlation_key), v)) launchers.emplace_back(v, i);
         } else if (ev[i].kind == Kind::Annotation) {
-            if (as_int64(arg(doc, ev[i].args, external_id_key), v)) annotation_by_ext.try_emplace(v, i);
+            if (as_int64(arg(doc, ev[i].args, external_id_key), v)) annotations.emplace_back(v, i);
         }
     }
+    const EventById launcher_by_corr(launchers), annotation_by_ext(annotations);
+    release(launchers);
+    release(annotations);
     for (int i = 0; i < n; ++i) {
         if (!ev[i].device()) continue;
         int64_t v;

@@ -167,3 +167,22 @@ def test_live_steps_match_reference(fragment: str, detail: Detail) -> None:
     split = ConvertOptions(detail=detail, world_size=64, split_world_size=2)
     with_live = dataclasses.replace(split, live_steps=live)
     assert convert(path, engine="native", options=with_live).requests == convert(path, options=split).requests
+
+
+@pytest.mark.parametrize("detail", ["full", "default"])
+def test_escaped_strings_match_reference(detail: Detail) -> None:
+    """Names, categories and arg strings the parser decodes (escapes) outlive the parsed document."""
+    from otelprof.converter import convert_bytes
+
+    def event(k: int, name: str, cat: str, dur: int) -> str:
+        return (
+            f'{{"ph":"X","cat":"{cat}","name":"{name}","pid":1,"tid":2,"ts":{10 + k * 100},"dur":{dur},'
+            f'"args":{{"Module Hierarchy":"m\\u00e9{k}\\"x\\"","Input Dims":[[1,{k}]],"kind":"K\\tind"}}}}'
+        )
+
+    events = [event(0, "ProfilerStep#1", "user_annotation", 5000)]
+    events += [event(k, f"aten::mul\\u00e9{k % 3}", "cpu\\u005fop", 1 + k % 2) for k in range(1, 40)]
+    events += [event(k, "void k\\u003cfloat\\u003e(int)", "ker\\u006eel", 3) for k in range(40, 45)]
+    data = ('{"traceEvents":[' + ",".join(events) + "]}").encode()
+    options = ConvertOptions(detail=detail)
+    _assert_same(convert_bytes(data, options, engine="native"), convert_bytes(data, options, engine="reference"))

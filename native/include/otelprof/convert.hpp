@@ -15,7 +15,7 @@ struct ConvertOutput {
     std::vector<Request> requests;
     std::vector<OpRow> ops;
     Stats stats;
-    Stats phase_ns;  // wall time of parse / read / build / encode, for benchmarks
+    Stats phase_ns;  // wall time of parse / read / build / free (what encoding does not need) / encode, for benchmarks
     std::string window_id;
 };
 
@@ -27,6 +27,7 @@ ConvertOutput convert_trace(std::string_view json, const Options& options);
 
 // The rest of a conversion once `doc` has been parsed with `reader` as its sink (`parse_ns`:
 // how long that took, reported as the "parse" phase).
-ConvertOutput convert_parsed(TraceReader& reader, std::unique_ptr<Document>& doc, const Options& options, int64_t parse_ns);
+ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_ptr<Document> doc, const Options& options,
+                             int64_t parse_ns);
 
 }  // namespace otelprof

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -27,5 +28,9 @@ struct Request {
 };
 
 std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes);
+
+// The same requests, handed to `sink` one by one as they are written (one buffer reused for all):
+// returns how many.
+size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, const RequestSink& sink);
 
 }  // namespace otelprof
