@@ -70,9 +70,10 @@ def test_import_benchmark_runs_import_and_anchor() -> None:
     text, figures = _run(
         "import.py", str(shared_trace("critical_path")), str(shared_trace("amd_trace")), "--repeat", "1"
     )
-    assert set(figures) == {"import_events_per_s", "convert_events_per_s", "ratio"}
-    assert all(v > 0 for v in figures.values())
+    assert set(figures) == {"import_events_per_s", "convert_events_per_s", "ratio", "met"}
+    assert all(figures[k] > 0 for k in ("import_events_per_s", "convert_events_per_s", "ratio"))
     assert "input      : 2 files, 1,628 trace events" in text and "import / convert" in text
+    assert "target >= 0.8: met" in text or "target >= 0.8: NOT met" in text
 
 
 def test_distributed_scale_benchmark_runs() -> None:
