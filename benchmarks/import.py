@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -32,6 +33,15 @@ from otelprof.importer import convert_source, find_sources  # noqa: E402
 from otelprof.resource import options_from_env  # noqa: E402
 
 DEFAULT_PATH = ROOT.parent / "shared" / "traces" / "kineto"
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of this process (every thread), or of process ``pid`` (Linux)."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def convert_all(paths: list[Path], detail: str) -> tuple[float, int, int]:
@@ -74,13 +84,20 @@ def main() -> int:
 
     receiver = Receiver()
     files = len(find_sources(args.paths))
-    converts, imports = [], []
+    converts: list[float] = []
+    imports: list[float] = []
+    cpu: dict[str, list[float]] = {"convert": [], "import": [], "receiver": []}
     for _ in range(args.repeat):  # alternating, so a busy moment of the machine hits both
+        c0 = cpu_seconds()
         seconds, events, spans = convert_all(args.paths, args.detail)
+        c1, r1 = cpu_seconds(), cpu_seconds(receiver._process.pid)
         converts.append(seconds)
         receiver.reset()
         with tempfile.TemporaryDirectory() as tmp:
             imports.append(import_all(args.paths, receiver.port, Path(tmp), args.detail, args.compression))
+        cpu["convert"].append(c1 - c0)
+        cpu["import"].append(cpu_seconds() - c1)
+        cpu["receiver"].append(cpu_seconds(receiver._process.pid) - r1)
         got = receiver.spans()
         if got != spans:
             raise RuntimeError(f"receiver decoded {got} spans, the conversion made {spans}")
@@ -94,6 +111,11 @@ def main() -> int:
     print(
         f"import     : {t_import * 1e3:.0f} ms = {import_rate:,.0f} events/s, {spans / t_import:,.0f} spans/s "
         f"(discovery, conversion, OTLP/gRPC to a local receiver, compression {args.compression}, ledger)"
+    )
+    c = {k: statistics.median(v) for k, v in cpu.items()}
+    print(
+        f"cpu        : convert {c['convert']:.2f} s; import {c['import']:.2f} s in this process + "
+        f"{c['receiver']:.2f} s in the receiver, on {os.cpu_count()} cores shared with whatever else runs"
     )
     print(f"ratio      : import / convert = {ratio:.2f} (target >= 0.8: {'met' if ratio >= 0.8 else 'NOT met'})")
     print(json.dumps({"import_events_per_s": round(import_rate), "convert_events_per_s": round(convert_rate),
