@@ -3,7 +3,9 @@ and record each batch in the ledger once the exporter has delivered it (sent, or
 the spool that it replays later).
 
 - A file is converted completely before any of its requests is submitted, so a bad file sends
-  nothing.
+  nothing. Its list of requests lets go of each batch once submitted (``ConvertResult.requests``
+  is emptied as the import goes), so a big file and the next one's conversion are not both
+  held whole.
 - A batch is recorded only after ``Exporter.flush`` says the queue is empty and nothing is in
   flight, and only if the exporter lost none of it meanwhile (``losses()``: rejected by the
   backend, refused by an unwritable spool, ...); the ledger therefore never claims a request
@@ -285,6 +287,7 @@ class Importer:
                 self.sink.submit(request)
             if d is None:
                 d = digest(requests)
+            requests[i:j] = [b""] * (j - i)  # the exporter holds them now: the next file converts meanwhile
             # counts split by request share; cumulative, so a file's batches add up exactly
             self._pending = _Batch(
                 source,

@@ -81,9 +81,11 @@ def test_every_request_in_order_and_the_ledger_never_ahead_of_delivery(tmp_path:
     sources = find_sources(_files())
     sink = Sink()
     ledger = CheckedLedger(tmp_path / "ledger.json", sink)
-    report = _importer(sink, ledger).run(sources)
+    results: list[Any] = []
+    report = _importer(sink, ledger, on_file=lambda source, result, start: results.append(result)).run(sources)
     want = [r for s in sources for r in convert(s.path, options=OPTIONS).requests]
     assert sink.submitted == want and report.requests == len(want) and report.files_sent == len(sources)
+    assert all(r == b"" for result in results for r in result.requests)  # let go of once submitted
     assert all(e.complete for e in ledger.entries.values()) and len(ledger.entries) == len(sources)
     assert sink.flushes > len(sources)  # several batches per file, each confirmed
 
