@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from otelprof import _native
@@ -54,9 +55,9 @@ def child_rss(trace: Path) -> dict[str, int]:
     return figures
 
 
-def timed(fn: object, *args: object, **kwargs: object) -> float:
+def timed(fn: Callable[..., object], *args: object, **kwargs: object) -> float:
     start = time.perf_counter()
-    fn(*args, **kwargs)  # type: ignore[operator]
+    fn(*args, **kwargs)
     return time.perf_counter() - start
 
 
