@@ -3,15 +3,21 @@ and record each batch in the ledger once the exporter has delivered it (sent, or
 the spool that it replays later).
 
 - A file is converted completely before any of its requests is submitted, so a bad file sends
-  nothing.
+  nothing. Its list of requests lets go of each batch once submitted (``ConvertResult.requests``
+  is emptied as the import goes), so a big file and the next one's conversion are not both
+  held whole.
 - A batch is recorded only after ``Exporter.flush`` says the queue is empty and nothing is in
   flight, and only if the exporter lost none of it meanwhile (``losses()``: rejected by the
   backend, refused by an unwritable spool, ...); the ledger therefore never claims a request
   that was or could still be lost, and a resumed import sends what was not confirmed. A file
   with a lost batch stops there (its later batches could not be recorded either): it is a
   failed file, and ``--resume`` sends it from its last recorded batch.
-- The next file is converted while the exporter still sends the last batch of the previous
-  one (the converter releases the GIL), so conversion and network overlap.
+- One batch is in flight at a time, and the work around it overlaps it: the next files are
+  read and converted on a thread of their own (``_Ahead``: the next file always, more while
+  their requests stay under ``AHEAD_BATCHES`` batches; the converter and the inflater release
+  the GIL) while the exporter sends this one's batches; a file's digest is taken while its
+  first batch is sent, and a delivered batch is written to the ledger (an fsync) once the next
+  batch is on its way.
 - ``stop`` (set by the CLI on SIGINT/SIGTERM) is honoured between batches: the batch in flight
   is finished and recorded, nothing new is submitted.
 """
@@ -21,7 +27,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,6 +44,8 @@ _log = logging.getLogger(__name__)
 #: Bytes submitted per batch before waiting for delivery: far below the exporter's 64 MiB
 #: queue, so nothing ever takes the overflow path, and a Ctrl-C waits for little.
 DEFAULT_BATCH_BYTES = 8 * 1024 * 1024
+#: Converted requests held ahead of the file being sent, in batches (see _Ahead).
+AHEAD_BATCHES = 4
 
 
 class Sink(Protocol):
@@ -83,7 +93,86 @@ class _Batch:
     losses_before: int  # the sink's losses() when the batch was submitted
 
 
+@dataclass
+class _Prepared:
+    """A file made ready to send, off the import loop's thread: its ledger entry (on resume),
+    and its conversion unless the ledger says it is complete or it cannot be read."""
+
+    source: Source
+    size: int = 0
+    mtime_ns: int = 0
+    options: str = ""  # fingerprint
+    entry: Entry | None = None
+    result: ConvertResult | None = None
+    error: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(map(len, self.result.requests)) if self.result is not None else 0
+
+
+class _Ahead:
+    """Files prepared (converted) in order on a thread of their own, ahead of the import loop
+    that takes them: the next file always, more while the requests converted and not yet taken
+    stay under ``budget`` bytes (so small files do not wait for a big one's batches to be sent,
+    and memory stays bounded). Nothing new starts once ``stop`` is set."""
+
+    def __init__(
+        self, prepare: Callable[[Source], _Prepared], sources: Sequence[Source], budget: int, stop: threading.Event
+    ) -> None:
+        self._prepare = prepare
+        self._sources = sources
+        self._budget = budget
+        self._stop = stop
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otelprof-import-convert")
+        self._lock = threading.Lock()
+        self._futures: deque[Future[_Prepared]] = deque()
+        self._held = 0  # request bytes of prepared files not taken yet
+        self._next = 0  # index of the next source to prepare
+        self._closed = False
+        self._top_up()
+
+    def take(self) -> _Prepared | None:
+        """The next file, once prepared (its errors raised here); None when all were taken or
+        ``stop`` was set before it started."""
+        with self._lock:
+            future = self._futures.popleft() if self._futures else None
+        if future is None:
+            return None
+        prepared = future.result()
+        with self._lock:
+            self._held -= prepared.nbytes
+        self._top_up()
+        return prepared
+
+    def close(self, wait: bool = True) -> None:
+        """Starts nothing more; waits for the file being prepared (if any) when ``wait``."""
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=wait, cancel_futures=True)
+
+    def _top_up(self) -> None:
+        with self._lock:
+            busy = any(not f.done() for f in self._futures)
+            full = bool(self._futures) and self._held >= self._budget
+            if busy or full or self._next >= len(self._sources) or self._stop.is_set() or self._closed:
+                return
+            future = self._pool.submit(self._prepare, self._sources[self._next])
+            self._next += 1
+            self._futures.append(future)
+        future.add_done_callback(self._prepared)
+
+    def _prepared(self, future: Future[_Prepared]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            with self._lock:
+                self._held += future.result().nbytes
+            self._top_up()
+
+
 class Importer:
+    """Imports ``sources`` in order (``run``). ``options_for`` is called, and each file read and
+    converted, on the conversion thread (``_Ahead``); everything else happens on the caller's."""
+
     def __init__(
         self,
         sink: Sink,
@@ -114,41 +203,54 @@ class Importer:
 
     def run(self, sources: Sequence[Source]) -> Report:
         started = time.perf_counter()
+        ahead = _Ahead(self._prepare, sources, AHEAD_BATCHES * self.batch_bytes, self.stop)
+        finished = False
         try:
-            for source in sources:
-                if self.stop.is_set():
-                    break
-                self._import(source)
+            while not self.stop.is_set() and (prepared := ahead.take()) is not None:
+                self._import(prepared)
             self._confirm()
+            finished = True
         finally:
+            ahead.close(wait=finished)  # a second Ctrl-C does not wait for a conversion
             self.report.stopped = self.stop.is_set()
             self.report.seconds = time.perf_counter() - started
         return self.report
 
-    def _import(self, source: Source) -> None:
+    def _prepare(self, source: Source) -> _Prepared:
+        """Runs on the conversion thread: reads nothing the import loop writes but the ledger's
+        entry for this file, which only this file's own import (later, on the loop) changes."""
         options = self.options_for(source)
         try:
             st = source.path.stat()
         except OSError as exc:
-            self._fail(source, f"{source.path}: cannot read ({exc.strerror or exc})")
-            return
+            return _Prepared(source, error=f"{source.path}: cannot read ({exc.strerror or exc})")
         fp = fingerprint(f"{source.kind}|{options!r}")
         entry = self.ledger.get(source.key, st.st_size, st.st_mtime_ns, fp) if self.resume else None
+        prepared = _Prepared(source, st.st_size, st.st_mtime_ns, fp, entry)
         if entry is not None and entry.complete:
+            return prepared
+        try:
+            prepared.result = convert_source(source, options, self.engine)
+        except (TraceFormatError, RuntimeError) as exc:  # RuntimeError: engine="native" without the module
+            prepared.error = " ".join(str(exc).splitlines())
+        return prepared
+
+    def _import(self, prepared: _Prepared) -> None:
+        source, entry, result = prepared.source, prepared.entry, prepared.result
+        if result is None and prepared.error is None:  # complete in the ledger
             self.report.files_skipped += 1
             self._advance(nbytes=source.size, files=1)
             return
-        try:
-            result = convert_source(source, options, self.engine)  # the previous batch sends meanwhile
-        except (TraceFormatError, RuntimeError) as exc:  # RuntimeError: engine="native" without the module
-            self._confirm()
-            self._fail(source, " ".join(str(exc).splitlines()))
+        done = self._settle()  # the previous file's last batch, sent while this one converted
+        if result is None:
+            self._record(done)
+            self._fail(source, prepared.error or "")
             return
-        self._confirm()
         if self.stop.is_set():
+            self._record(done)
             return
         requests = result.requests
-        d = digest(requests)
+        d = digest(requests) if entry is not None else None  # else hashed while the first batch sends
         start = 0
         if entry is not None:
             if entry.digest == d and entry.requests == len(requests):
@@ -163,7 +265,9 @@ class Importer:
         if start:  # what an earlier run delivered counts as progress already made
             self._advance(nbytes=source.size * start / max(total, 1))
         if start >= total:
-            self.ledger.record(source.key, Entry(st.st_size, st.st_mtime_ns, fp, d, total, total))
+            self._record(done)
+            entry = Entry(prepared.size, prepared.mtime_ns, prepared.options, d or digest(requests), total, total)
+            self.ledger.record(source.key, entry)
             self.report.files_sent += 1
             self._advance(files=1)
             return
@@ -173,13 +277,21 @@ class Importer:
             while j < total and (j == i or size + len(requests[j]) <= self.batch_bytes):
                 size += len(requests[j])
                 j += 1
+            if i > start:  # the previous batch of this file
+                done = self._settle()
+                if self.stop.is_set() or source.key in self._lost:
+                    self._record(done)
+                    return
             losses = self.sink.losses()
             for request in requests[i:j]:
                 self.sink.submit(request)
+            if d is None:
+                d = digest(requests)
+            requests[i:j] = [b""] * (j - i)  # the exporter holds them now: the next file converts meanwhile
             # counts split by request share; cumulative, so a file's batches add up exactly
             self._pending = _Batch(
                 source,
-                Entry(st.st_size, st.st_mtime_ns, fp, d, total, j),
+                Entry(prepared.size, prepared.mtime_ns, prepared.options, d, total, j),
                 j - i,
                 events * j // total - events * i // total,
                 spans * j // total - spans * i // total,
@@ -187,17 +299,20 @@ class Importer:
                 j == total,
                 losses,
             )
+            self._record(done)  # the ledger is written while this batch is sent
+            done = None
             i = j
-            if i < total:  # the file's last batch is confirmed after the next conversion
-                self._confirm()
-                if self.stop.is_set() or source.key in self._lost:
-                    return
 
     def _confirm(self) -> None:
         """Wait until the exporter delivered everything submitted; record it."""
+        self._record(self._settle())
+
+    def _settle(self) -> _Batch | None:
+        """Wait until the exporter delivered everything submitted; the batch it was, to be
+        recorded, or None (nothing pending, or some of it was lost: the file fails)."""
         batch, self._pending = self._pending, None
         if batch is None:
-            return
+            return None
         while not self.sink.flush(timeout_s=0.5):
             pass
         lost = self.sink.losses() - batch.losses_before
@@ -212,6 +327,12 @@ class Importer:
                 "delivered, --resume sends the rest",
                 nbytes=batch.nbytes,
             )
+            return None
+        return batch
+
+    def _record(self, batch: _Batch | None) -> None:
+        """A delivered batch into the ledger, the report and the progress line."""
+        if batch is None:
             return
         self.ledger.record(batch.source.key, batch.entry)
         self.report.requests += batch.count
