@@ -166,16 +166,23 @@ PyConvertOutput converted(otelprof::Options& opts, Convert&& convert) {
     PyConvertOutput result;
     py::list& requests = result.requests;
     opts.request_sink = [&requests](std::string_view head, std::string_view spans) {
-        py::gil_scoped_acquire gil;
-        PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(head.size() + spans.size()));
-        if (!b) {
-            PyErr_Clear();
-            throw std::bad_alloc();
+        // The GIL only to create and append the bytes object: it is filled without it (no other
+        // thread can see it yet), so a training loop beside a window's conversion is not held up
+        // for the megabytes of a request.
+        PyObject* b;
+        {
+            py::gil_scoped_acquire gil;
+            b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(head.size() + spans.size()));
+            if (!b) {
+                PyErr_Clear();
+                throw std::bad_alloc();
+            }
         }
         char* p = PyBytes_AS_STRING(b);
         prefault(p, head.size() + spans.size());
         std::memcpy(p, head.data(), head.size());
         std::memcpy(p + head.size(), spans.data(), spans.size());
+        py::gil_scoped_acquire gil;
         requests.append(py::reinterpret_steal<py::object>(b));
     };
     otelprof::ConvertOutput out;
