@@ -224,16 +224,11 @@ StreamingGunzip::~StreamingGunzip() {
 void StreamingGunzip::run() {
     std::string error;
     size_t total = 0;
+    bool redo = false;  // the fast inflater gave up: finish() has zlib inflate it again
     try {
         Sink sink(*this);
 #ifdef OTELPROF_HAVE_ISAL
-        if (!isal_gunzip(in_, cap_, sink, total)) {
-            std::lock_guard<std::mutex> lock(mutex_);
-            redo_ = true;  // finish() has zlib inflate it again, once the parser is done
-            done_ = true;
-            changed_.notify_all();
-            return;
-        }
+        redo = !isal_gunzip(in_, cap_, sink, total);
 #else
         total = gunzip(in_, cap_, sink);
 #endif
@@ -246,8 +241,9 @@ void StreamingGunzip::run() {
     }
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (error.empty()) available_ = total;
+        if (error.empty() && !redo) available_ = total;
         error_ = std::move(error);
+        redo_ = redo;
         done_ = true;
     }
     changed_.notify_all();
@@ -264,17 +260,9 @@ size_t StreamingGunzip::finish(bool* rewritten) {
     if (thread_.joinable()) thread_.join();
     if (rewritten) *rewritten = redo_;
     if (redo_) {  // nobody reads the region now
-        struct Overwrite final : GzipSink {
-            StreamingGunzip& owner;
-            explicit Overwrite(StreamingGunzip& o) : owner(o) {}
-            char* resize(size_t n) override {
-                if (n > owner.reserved_) throw std::bad_alloc();
-                return owner.base_;
-            }
-        } sink(*this);
         redo_ = false;
-        available_ = gunzip(in_, cap_, sink);  // throws GzipError in zlib's words
-        return available_;
+        Sink sink(*this);
+        return gunzip(in_, cap_, sink);  // throws GzipError in zlib's words
     }
     if (!error_.empty()) throw GzipError(error_);
     return available_;
