@@ -18,6 +18,7 @@
 #endif
 
 #include "otelprof/convert.hpp"
+#include "otelprof/hugepages.hpp"
 #include "otelprof/json.hpp"
 #ifdef OTELPROF_HAVE_ZLIB
 #include "otelprof/convert_gzip.hpp"
@@ -126,21 +127,12 @@ otelprof::Options to_options(const py::dict& d) {
 // on request, and the rest is populated in one call (Linux 5.14+). Both only advise the kernel:
 // the contents are unchanged, and where either is refused the pages fault in as before.
 void prefault(char* p, size_t n) {
-#if defined(__linux__)
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
-#if defined(MADV_HUGEPAGE)
-    constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-    const uintptr_t huge_begin = (begin + kHuge - 1) & ~(kHuge - 1), huge_end = end & ~(kHuge - 1);
-    if (huge_end > huge_begin) madvise(reinterpret_cast<void*>(huge_begin), huge_end - huge_begin, MADV_HUGEPAGE);
-#endif
-#if defined(MADV_POPULATE_WRITE)
+    otelprof::advise_huge_pages(p, n);
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
     static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
     const uintptr_t page_begin = (begin + kPage - 1) & ~(kPage - 1), page_end = end & ~(kPage - 1);
     if (page_end > page_begin) madvise(reinterpret_cast<void*>(page_begin), page_end - page_begin, MADV_POPULATE_WRITE);
-#endif
-#else
-    (void)p;
-    (void)n;
 #endif
 }
 
