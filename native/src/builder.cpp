@@ -787,9 +787,14 @@ void hidden_counts(BuildState& st) {
     const Options& opts = st.opts;
     std::vector<uint32_t>& hidden_at = st.hidden_at;
     std::vector<std::pair<int, int>> hidden;  // (target slot, event)
+    // why event i is hidden: the reason recorded, else what the keep rule saw (python, short)
+    auto why_hidden = [&](int i) -> int {
+        if (reason[i]) return reason[i];
+        return ev[i].kind == Kind::Python ? kHiddenPython : kHiddenShort;
+    };
     for (int i = 0; i < n; ++i) {
         if (keep[i] || aggregated[i]) continue;
-        const int why = reason[i] ? reason[i] : (ev[i].kind == Kind::Python ? kHiddenPython : kHiddenShort);
+        const int why = why_hidden(i);
         ++stats[kHiddenStat[why]];
         if (why == kHiddenWindowRoot) continue;
         const int target = st.parent_of(i);
@@ -811,7 +816,7 @@ void hidden_counts(BuildState& st) {
             counts.clear();
             while (hi < hidden.size() && hidden[hi].first == slot) {
                 const int i = hidden[hi].second;
-                why |= 1u << (reason[i] ? reason[i] : (ev[i].kind == Kind::Python ? kHiddenPython : kHiddenShort));
+                why |= 1u << why_hidden(i);
                 if (counts.empty() || counts.back().second != name_of(i)) counts.emplace_back(0, name_of(i));
                 ++counts.back().first;
                 ++hi;

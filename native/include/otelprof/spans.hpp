@@ -90,7 +90,7 @@ using PoolRange = AttrRange;
 // the top two bits, then the key, or 63 and the key in the next two bytes), then its value: Int a
 // zigzag varint, Double 8 bytes, Bool 1 byte, Str its pointer (8 bytes) and length (4). A range of
 // them (AttrRange) starts at a byte offset (size()) and counts attributes.
-class __attribute__((visibility("hidden"))) Attrs {
+class Attrs {
   public:
     Attrs() = default;
     Attrs(Attrs&& o) noexcept
