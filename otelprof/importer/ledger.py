@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 from ..otlp.file import atomic_writer
 
 VERSION = 1
+_CRC_PREFIX = "c1:"
 
 
 class LedgerError(ValueError):
@@ -30,7 +32,7 @@ class Entry:
     size: int
     mtime_ns: int
     options: str  # fingerprint of the conversion options
-    digest: str  # sha256 over the file's requests
+    digest: str  # digest() of the file's requests
     requests: int
     sent: int
 
@@ -52,12 +54,22 @@ def default_path(paths: Sequence[str | os.PathLike[str]]) -> Path:
     )
 
 
-def digest(requests: Sequence[bytes]) -> str:
+def digest(requests: Sequence[bytes], like: str = "") -> str:
+    """What the file's requests were, to tell on ``--resume`` whether a new conversion made the
+    same ones: ``c1:`` then sha256 over each request's length and CRC-32. A change detector for
+    our own converter's output, not a security boundary: CRC-32 runs at ~5 GB/s where sha256 over
+    the bytes ran at ~1.9 (the largest share of an import's own CPU beside conversion). ``like``:
+    an entry's stored digest; one written before ``c1:`` is compared as it was made (sha256 over
+    the lengths and bytes), so a ledger from an earlier version still resumes."""
     h = hashlib.sha256()
+    if like and not like.startswith(_CRC_PREFIX):
+        for request in requests:
+            h.update(len(request).to_bytes(8, "little"))
+            h.update(request)
+        return h.hexdigest()
     for request in requests:
-        h.update(len(request).to_bytes(8, "little"))
-        h.update(request)
-    return h.hexdigest()
+        h.update(len(request).to_bytes(8, "little") + zlib.crc32(request).to_bytes(4, "little"))
+    return _CRC_PREFIX + h.hexdigest()
 
 
 def fingerprint(text: str) -> str:

@@ -250,7 +250,7 @@ class Importer:
             self._record(done)
             return
         requests = result.requests
-        d = digest(requests) if entry is not None else None  # else hashed while the first batch sends
+        d = digest(requests, entry.digest) if entry is not None else None  # else hashed while the first batch sends
         start = 0
         if entry is not None:
             if entry.digest == d and entry.requests == len(requests):

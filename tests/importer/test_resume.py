@@ -3,7 +3,10 @@ the rest, so every span arrives exactly once over the two runs."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +18,9 @@ from export.receivers import HttpReceiver, Reply, free_port, http_receiver, wait
 
 from otelprof.converter import convert
 from otelprof.export.spool import Spool
-from otelprof.importer import find_sources
+from otelprof.importer import convert_source, find_sources
+from otelprof.importer.ledger import digest
+from otelprof.resource import options_from_env
 
 from .helpers import SHARED, decode, ids, import_env, received, run_import, shared
 
@@ -117,3 +122,50 @@ def test_unreachable_endpoint_spools_and_the_ledger_counts_it_delivered(
     assert ids(decode(spooled)) == ids(decode(convert(trace, run_id=source.run_id).requests))
     (entry,) = json.loads(ledger.read_text())["files"].values()
     assert entry["sent"] == entry["requests"] == 1
+
+
+def _legacy_digest(requests: list[bytes]) -> str:
+    """The ledger's digest before ``c1:``: sha256 over each request's length and bytes."""
+    h = hashlib.sha256()
+    for request in requests:
+        h.update(len(request).to_bytes(8, "little"))
+        h.update(request)
+    return h.hexdigest()
+
+
+def test_digest_tells_a_changed_request_and_keeps_reading_earlier_ledgers() -> None:
+    requests = [b"a" * 5000, b"b" * 7000]
+    d = digest(requests)
+    assert d.startswith("c1:") and d == digest(list(requests))
+    assert digest([requests[0], b"b" * 6999 + b"c"]) != d  # one byte of one request
+    assert digest([requests[0], b"b" * 7001]) != d
+    assert digest(requests[::-1]) != d
+    assert digest(requests, like=_legacy_digest(requests)) == _legacy_digest(requests)
+    assert digest(requests, like=d) == d
+
+
+def test_resume_from_a_ledger_written_with_the_earlier_digest(tmp_path: Path) -> None:
+    """A ledger from before ``c1:`` digests still resumes where it stopped: only the requests it
+    did not record are sent (decoded by the receiver), and the entry ends complete."""
+    trace = shared("sampled_rank-0")
+    ledger = tmp_path / "ledger.json"
+    flags: list[str | Path] = ["--ledger", ledger, "--max-request-bytes", "65536", "-q"]
+    with http_receiver() as rec, import_env(tmp_path, rec.port):
+        assert run_import(trace, *flags) == 0
+        sent_first = list(rec.requests)
+        assert len(sent_first) > 2
+        doc = json.loads(ledger.read_text())
+        (key,) = doc["files"]
+        (source,) = find_sources([trace])
+        options = options_from_env(os.environ, max_request_bytes=65536)  # as the CLI's
+        requests = convert_source(source, dataclasses.replace(options, run_id=source.run_id, rank=source.rank)).requests
+        assert doc["files"][key]["digest"] == digest(requests)
+        doc["files"][key].update(digest=_legacy_digest(requests), sent=2)  # as an earlier version wrote it
+        ledger.write_text(json.dumps(doc))
+        with rec.lock:
+            rec.requests.clear()
+        assert run_import(trace, *flags, "--resume") == 0
+        assert ids(received(rec.requests)) == ids(decode(requests[2:]))
+    entry = json.loads(ledger.read_text())["files"][key]
+    assert entry["sent"] == entry["requests"] == len(requests)
+    assert entry["digest"] == _legacy_digest(requests)
