@@ -36,13 +36,14 @@ ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_pt
     const std::string_view json = doc->text();
     auto t1 = clock::now();
     Trace trace = reader->finish(doc, json);
+    // the trace refers to the JSON text and to its own strings only (its events' args are digested)
     reader.reset();
+    doc.reset();
     auto t2 = clock::now();
-    Built built = build_spans(*doc, trace, options, json);
+    Built built = build_spans(trace, options);
     auto t3 = clock::now();
     // the spans refer to the JSON text and to `built` only: what the encoder does not read goes
     // before the requests are written (peak memory)
-    doc.reset();
     trace = Trace();
 #if defined(__GLIBC__)
     // The build's scratch, freed, stays in the heap (glibc raises its mmap threshold as large
