@@ -238,7 +238,6 @@ class Parser {
                 const std::string_view s = string();
                 JNode node;  // written whole, once
                 node.type = JType::Str;
-                node.decoded = s.data() < begin_ || s.data() >= end_;
                 node.key = member;
                 node.s = s.data();
                 node.len = static_cast<uint32_t>(s.size());

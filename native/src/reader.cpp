@@ -41,10 +41,9 @@ const JNode* opt_str(const JNode* n, Where&& where) {
     throw TraceError(where() + ": expected a string, got " + type_name(n));
 }
 
-// `str` as a view that outlives the document: into the input, or (unescaped by the parser) a copy.
-std::string_view kept(const JNode& str, Trace& trace) {
-    return str.decoded ? keep_string(trace.strings, str.str()) : str.str();
-}
+// `str`'s text copied into the trace's strings: the trace refers to neither the document nor the
+// JSON text, which can go as soon as the trace is read.
+std::string_view kept(const JNode& str, Trace& trace) { return keep_string(trace.strings, str.str()); }
 
 void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::optional<int64_t> base_override) {
     const JNode* base = doc.get(root, "baseTimeNanoseconds");
@@ -144,7 +143,7 @@ inline int64_t micros_ns(const JNode& n, const char* field, uint32_t ordinal) {
 TraceReader::TraceReader(std::optional<int64_t> base_override, size_t json_size)
     : base_override_(base_override), json_size_(json_size), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
 
-uint32_t TraceReader::name_id(std::string_view name, bool decoded) {
+uint32_t TraceReader::name_id(std::string_view name) {
     // Traces repeat few names: a direct-mapped cache on the name's length and ends is tried before
     // hashing the whole name. One entry per line, so crafted names cost a hash, never a long probe.
     uint64_t head = 0, tail = 0;
@@ -153,12 +152,12 @@ uint32_t TraceReader::name_id(std::string_view name, bool decoded) {
     uint64_t line = (head * 0x9E3779B97F4A7C15ULL) ^ (tail * 0xC2B2AE3D27D4EB4FULL) ^ name.size();
     uint32_t& cached = name_cache_[(line ^ (line >> 29)) % kNameCacheSize];
     if (cached && same(trace_.names[cached - 1].text, name)) return cached - 1;
-    const uint32_t id = hashed_name_id(name, decoded);
+    const uint32_t id = hashed_name_id(name);
     cached = id + 1;
     return id;
 }
 
-uint32_t TraceReader::hashed_name_id(std::string_view name, bool decoded) {
+uint32_t TraceReader::hashed_name_id(std::string_view name) {
     const uint64_t hash = hash_text(name, name_seed_);
     if (name_slots_.empty()) name_slots_.assign(1024, 0);
     const size_t mask = name_slots_.size() - 1;
@@ -167,7 +166,7 @@ uint32_t TraceReader::hashed_name_id(std::string_view name, bool decoded) {
         const uint32_t id = name_slots_[at] - 1;
         if (name_hashes_[id] == hash && same(trace_.names[id].text, name)) return id;
     }
-    const uint32_t id = add_name(name, hash, decoded);
+    const uint32_t id = add_name(name, hash);
     name_slots_[at] = id + 1;
     if (trace_.names.size() * 2 > name_slots_.size()) {  // keep the load under a half
         std::vector<uint32_t> grown(name_slots_.size() * 2, 0);
@@ -178,14 +177,14 @@ uint32_t TraceReader::hashed_name_id(std::string_view name, bool decoded) {
         }
         name_slots_ = std::move(grown);
     }
-    if (name.substr(0, 13) == "ProfilerStep#") trace_.names[id].row = hashed_name_id("ProfilerStep*", false);
+    if (name.substr(0, 13) == "ProfilerStep#") trace_.names[id].row = hashed_name_id("ProfilerStep*");
     return id;
 }
 
-uint32_t TraceReader::add_name(std::string_view name, uint64_t hash, bool decoded) {
+uint32_t TraceReader::add_name(std::string_view name, uint64_t hash) {
     const auto id = static_cast<uint32_t>(trace_.names.size());
     Name n;
-    n.text = decoded ? keep_string(trace_.strings, name) : name;
+    n.text = keep_string(trace_.strings, name);  // the text and the table's keys are views of this copy
     n.filtered = is_filtered_name(name);
     step_number(name, n.step);
     n.row = id;
@@ -232,6 +231,14 @@ void TraceReader::learn_fields(const Document& doc) {
 }
 
 std::string_view TraceReader::keep(const JNode& str) { return kept(str, trace_); }
+
+std::string_view TraceReader::other_category(std::string_view cat) {
+    if (cat.size() == last_category_.first.size() && same(cat, last_category_.first)) return last_category_.second;
+    auto [it, added] = categories_.try_emplace(cat);
+    if (added) it->second = keep_string(trace_.strings, cat);
+    last_category_ = *it;
+    return it->second;
+}
 
 // The attributes a span gets from its event's args, in one pass over them: the table decides
 // order and aliases (the first key present wins; builder.cpp copies them; reference:
@@ -348,9 +355,9 @@ void TraceReader::event(const Document& doc, const JNode& raw, uint32_t ordinal)
         e.start = static_cast<int64_t>(start);
         e.end = static_cast<int64_t>(start + dur);
         e.ordinal = ordinal;
-        e.name_id = name_id(name, name_node && name_node->decoded);
+        e.name_id = name_id(name);
         e.kind = classify_category(cat);  // a known category's text becomes the table's
-        e.cat = cat_node && cat_node->decoded && cat.data() == cat_node->s ? keep(*cat_node) : cat;
+        e.cat = cat_node && cat.data() == cat_node->s ? other_category(cat) : cat;
         e.pid = pid;
         e.tid = tid;
         if (args) event_args(doc, *args, e);
@@ -412,6 +419,8 @@ void TraceReader::begin(uint32_t array) {
     trace_.flows.reserve(json_size_ / 512);
     trace_.memory.reserve(json_size_ / 1024);
     strings_.clear();
+    categories_.clear();
+    last_category_ = {};
     name_slots_.clear();
     name_hashes_.clear();
     name_cache_.fill(0);

@@ -37,7 +37,7 @@ AttrKey memory_key(int memory_attribute);
 std::string_view key_name(AttrKey key);
 size_t key_count();
 
-// Strings are views: into the JSON text (never the parsed document), static tables, or Built::strings.
+// Strings are views: into static tables, Trace::strings or Built::strings (never the JSON text).
 // 16 bytes: the string's pointer shares the union (a million of these per large trace); string
 // lengths fit in 32 bits, as inputs are under 4 GiB. A span or span-event attribute (in an
 // Attrs pool) keeps its key in the padding.

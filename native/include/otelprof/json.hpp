@@ -88,7 +88,6 @@ constexpr KeyId kNoKey = UINT32_MAX;
 // as a block (see ElementSink).
 struct JNode {
     JType type = JType::Null;
-    bool decoded = false;  // Str: its text was unescaped into the document's arena, not in the input
     uint32_t len = 0;   // string/number text length, or child count
     KeyId key = kNoKey;  // member key when inside an object (Document::key)
     uint32_t next = 0;  // the next sibling is this many nodes on (0: none)

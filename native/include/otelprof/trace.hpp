@@ -81,7 +81,7 @@ struct Flow {
 struct Trace {
     std::vector<Event> events;
     Attrs args;                        // every event's arg attributes, range by range (Event::args)
-    std::deque<std::string> strings;   // strings the parser unescaped, and args rendered as JSON
+    std::deque<std::string> strings;   // the text of names, other categories, metadata and args
     std::vector<Name> names;
     std::vector<Instant> memory;
     std::vector<Flow> flows;
@@ -99,8 +99,8 @@ struct Trace {
 };
 
 // Reads the events of a trace, as a Document's sink while it is parsed (convert_trace), or from
-// a whole Document (read). Either way the result's strings are views into the JSON text or into
-// Trace::strings, never into the document, which can go as soon as the trace is read.
+// a whole Document (read). Either way the result's strings are views into Trace::strings (or
+// static tables), never into the document or the JSON text, which can go once the trace is read.
 // Exact round_half_away(value * 1000) of a JSON number of Kineto microseconds (mirrors
 // reference/jsonload.py micros_to_ns); errors name traceEvents[ordinal].field.
 int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal);
@@ -129,6 +129,9 @@ class TraceReader : public ElementSink {
     int64_t base_;  // time base the events are read with: the override, or 0 until the metadata is read
     Trace trace_;
     std::unordered_map<std::string_view, int64_t> strings_;  // interned pid/tid/id strings
+    // categories not in the table (input text -> Trace::strings), and the last one looked up
+    std::unordered_map<std::string_view, std::string_view> categories_;
+    std::pair<std::string_view, std::string_view> last_category_;
     // by KeyId: the event field, the kArgAttributes index, the kMemoryAttributes index, or -1
     std::vector<int8_t> field_of_, arg_of_, memory_of_;
     std::string rendered_;  // scratch: an arg rendered as JSON
@@ -145,15 +148,15 @@ class TraceReader : public ElementSink {
     void event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
     void event_args(const Document& doc, const JNode& args, Event& e);
     void memory_args(const Document& doc, const JNode& args, Instant& m);
-    std::string_view keep(const JNode& str);  // a Str node's text, as a view that outlives the document
+    std::string_view keep(const JNode& str);  // a Str node's text, copied into Trace::strings
     void learn_fields(const Document& doc);  // the tables by KeyId, for the keys `doc` has interned since
     template <typename Where>
     Ident ident(const JNode* n, Where&& where);
     Ident intern(std::string_view s);
-    // `decoded`: the name is in the document's arena (copied into Trace::strings when new)
-    uint32_t name_id(std::string_view name, bool decoded);
-    uint32_t hashed_name_id(std::string_view name, bool decoded);
-    uint32_t add_name(std::string_view name, uint64_t hash, bool decoded);
+    uint32_t name_id(std::string_view name);
+    uint32_t hashed_name_id(std::string_view name);
+    uint32_t add_name(std::string_view name, uint64_t hash);
+    std::string_view other_category(std::string_view cat);  // a category not in the table, interned
 };
 
 // Reads `doc`. Throws TraceError.
