@@ -56,7 +56,7 @@ SelfTimes self_times(const Trace& trace, const std::vector<int>& parent) {
 // One row per (name, kind[, input shapes]) in first-seen order, as torch's key_averages(): a
 // child that repeats its only parent's name folds into it (torch's _remove_dup_nodes); device
 // events are rows of their own.
-std::vector<OpRow> aggregate_ops(const Document& doc, const Trace& trace, const SelfTimes& self,
+std::vector<OpRow> aggregate_ops(const Trace& trace, const SelfTimes& self,
                                  const std::vector<int>& sweep_order, bool group_by_input_shapes) {
     const std::vector<Event>& ev = trace.events;
     const std::vector<Name>& names = trace.names;
@@ -66,6 +66,7 @@ std::vector<OpRow> aggregate_ops(const Document& doc, const Trace& trace, const 
     const std::vector<int>& a_children = self.children;
     const std::vector<int64_t>& child_dur = self.child_dur;
     const std::vector<int64_t>& self_dev = self.self_device;
+    static const AttrKey input_dims = arg_key(arg_index("Input Dims")), input_dims_lower = arg_key(arg_index("Input dims"));
     std::vector<OpRow> ops;
     {
         std::vector<char> merged(n, 0);
@@ -106,10 +107,12 @@ std::vector<OpRow> aggregate_ops(const Document& doc, const Trace& trace, const 
             std::string shapes;
             if (a_row) {
                 kind = e.kind == Kind::Annotation ? "annotation" : "op";
-                if (group_by_input_shapes && e.args) {
-                    const JNode* dims = doc.get(*e.args, "Input Dims");
-                    if (!dims) dims = doc.get(*e.args, "Input dims");
-                    if (dims && dims->type != JType::Null) render_json(doc, *dims, shapes);
+                if (group_by_input_shapes) {
+                    // the input dims attribute: "Input Dims" rendered, else "Input dims" ("null": none)
+                    trace.args.visit(e.args, [&](const AttrValue& v) {
+                        if (v.key == input_dims || v.key == input_dims_lower) shapes.assign(v.s, v.len);
+                    });
+                    if (shapes == "null") shapes.clear();
                 }
             }
             size_t row_at;

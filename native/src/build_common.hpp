@@ -49,8 +49,4 @@ struct Item {
 // Sorts items that mostly arrive as a few ascending runs (tree.cpp); the same order as std::sort.
 void sort_items(std::vector<Item>& items);
 
-inline const JNode* arg(const Document& doc, const JNode* args, KeyId key) {
-    return args ? doc.get(*args, key) : nullptr;
-}
-
 }  // namespace otelprof::detail

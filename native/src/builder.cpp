@@ -81,22 +81,6 @@ Children children_in_order(const std::vector<int>& parent, const std::vector<int
     return out;
 }
 
-// found[k] = the member of `args` whose key has table index k in `index` (see key_table; last
-// duplicate wins), in one pass over args. Returns the set of k found, bit k for index k (tables
-// have at most 64 names): callers visit only those instead of every name of the table, and
-// found[k] is left unset for the others.
-uint64_t find_args(const Document& doc, const JNode* args, const std::vector<int>& index, const JNode** found) {
-    uint64_t present = 0;
-    if (!args) return present;
-    for (const JNode* m = doc.first(*args); m; m = doc.next(m)) {
-        if (int k = index[m->key]; k >= 0) {
-            found[k] = m;
-            present |= uint64_t{1} << k;
-        }
-    }
-    return present;
-}
-
 // The first `limit` characters (code points) of UTF-8 text, or all of it (limit < 0: no limit).
 std::string_view cut_chars(std::string_view text, int64_t limit) {
     if (limit < 0 || text.size() <= static_cast<uint64_t>(limit)) return text;
@@ -104,13 +88,6 @@ std::string_view cut_chars(std::string_view text, int64_t limit) {
     for (size_t k = 0; k < text.size(); ++k)
         if ((static_cast<unsigned char>(text[k]) & 0xC0) != 0x80 && chars++ == limit) return text.substr(0, k);
     return text;
-}
-
-// Index of the memory attribute read from arg `key`.
-int memory_arg(std::string_view key) {
-    for (int a = 0; a < kMemoryAttributeCount; ++a)
-        if (kMemoryAttributes[a][0] == key) return a;
-    return -1;
 }
 
 // Runs of two or more consecutive hidden siblings (not Python) with one name and category, all in
@@ -150,19 +127,6 @@ std::vector<std::vector<int>> find_sibling_runs(const std::vector<Event>& ev, co
 template <typename V>
 void release(V& v) {
     V().swap(v);
-}
-
-// Copies `s` into `strings`: large chunks that never reallocate, so the views stay valid.
-std::string_view keep_string(std::deque<std::string>& strings, std::string_view s) {
-    constexpr size_t kChunk = 1 << 20;
-    if (strings.empty() || strings.back().capacity() - strings.back().size() < s.size()) {
-        strings.emplace_back();
-        strings.back().reserve(std::max(kChunk, s.size()));
-    }
-    std::string& chunk = strings.back();
-    size_t at = chunk.size();
-    chunk.append(s);
-    return std::string_view(chunk.data() + at, s.size());
 }
 
 // Span names and string attribute values cut to their limits, as the OpenTelemetry SDK's
@@ -230,18 +194,15 @@ inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
 // What the stages of build_spans share (reference: builder.py's _BuildState), filled in stage by
 // stage; the small questions every stage asks (whose trace, which parent) are its methods.
 struct BuildState {
-    BuildState(const Document& d, Trace& t, const Options& o, std::string_view j)
-        : doc(d), trace(t), opts(o), json(j), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full),
-          names(t.names.size()) {}
+    BuildState(Trace& t, const Options& o) : trace(t), opts(o), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full) {
+        out.strings = std::move(t.strings);  // what the trace's strings and arg attributes point at
+    }
 
-    const Document& doc;
     Trace& trace;  // its memory events and flows are freed once read (fwdbwd_links)
     const Options& opts;
-    const std::string_view json;  // the text doc was parsed from
     const std::vector<Event>& ev;
     const int n;
     const bool full;
-    std::vector<std::string_view> names;  // event names by name id, as input() gives them (on demand)
     Built out;
     int64_t stats[kStatCount] = {};
     // trace_identity
@@ -296,19 +257,7 @@ struct BuildState {
     std::vector<uint32_t> by_order_idx;  // out.spans by ordinal: aggregates merged into kept events
 
     std::string_view keep_str(std::string_view s) { return keep_string(out.strings, s); }
-    // A string of the input, as a view that outlives the document: into the JSON text, or (a
-    // string the parser decoded, in the document's arena) a copy.
-    std::string_view input(std::string_view s) {
-        if (s.empty()) return {};
-        if (s.data() >= json.data() && s.size() <= json.size() && static_cast<size_t>(s.data() - json.data()) <= json.size() - s.size())
-            return s;
-        return keep_str(s);
-    }
-    std::string_view name_of(const Event& e) {
-        std::string_view& name = names[e.name_id];
-        if (!name.data()) name = input(e.name);
-        return name;
-    }
+    std::string_view name_of(const Event& e) const { return trace.name(e); }
     void add(Span& sp, AttrKey key, AttrValue value) { add_attr(out.attrs, sp, key, value); }
     SpanId sid(uint64_t ordinal) const { return make_span_id(base, ordinal); }
     bool is_step(int i) const { return tree.is_step(i); }
@@ -451,7 +400,7 @@ void trace_identity(BuildState& st) {
 
 // Steps, nesting, launches and owners (tree.cpp; reference: tree.py): what every later stage reads.
 void event_tree(BuildState& st) {
-    st.tree = build_tree(st.doc, st.trace);
+    st.tree = build_tree(st.trace);
     st.stats[STEPS] = static_cast<int64_t>(st.tree.steps.size());
     st.stats[DEVICE_EVENTS_UNLINKED] = st.tree.device_events_unlinked;
 }
@@ -764,7 +713,7 @@ void aggregate_spans(BuildState& st) {
         sp.name = st.name_of(first);
         sp.start = first.start;
         sp.end = end;
-        st.add(sp, kCategoryKey, AttrValue::str(st.input(first.cat)));
+        st.add(sp, kCategoryKey, AttrValue::str(first.cat));
         if (!first.device() && !first.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
         st.add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
         st.add(sp, kAggregatedDurationKey, AttrValue::integer(total));
@@ -802,7 +751,7 @@ void hidden_counts(BuildState& st) {
     }
     hidden_at.assign(n_slots, 0);
     {
-        auto name_of = [&](int i) { return std::string_view(ev[i].name); };
+        auto name_of = [&](int i) { return st.name_of(ev[i]); };
         std::sort(hidden.begin(), hidden.end(), [&](const auto& a, const auto& b) {
             if (a.first != b.first) return a.first < b.first;
             return name_of(a.second) < name_of(b.second);
@@ -863,7 +812,6 @@ void op_self_times(BuildState& st) { st.self = self_times(st.trace, st.tree.pare
 void memory_span_events(BuildState& st) {
     int64_t* stats = st.stats;
     const size_t n_slots = st.n_slots;
-    const Document& doc = st.doc;
     const Trace& trace = st.trace;
     Attrs& pool = st.out.attrs;
     const std::vector<int>& steps = st.tree.steps;
@@ -877,10 +825,8 @@ void memory_span_events(BuildState& st) {
     span_events = SparseLists<SpanEvent>(n_slots);
     cpu_peak.assign(steps.size(), -1);
     acc_peak.assign(steps.size(), -1);
-    static const int total_allocated = memory_arg("Total Allocated"), device_type = memory_arg("Device Type");
-    static const int device_id = memory_arg("Device Id"), addr = memory_arg("Addr");
-    std::vector<const JNode*> mem_args(static_cast<size_t>(kMemoryAttributeCount));
-    const std::vector<int> memory_attribute = key_table(doc, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
+    static const int total_allocated = memory_index("Total Allocated"), device_type = memory_index("Device Type");
+    static const int device_id = memory_index("Device Id"), addr = memory_index("Addr");
     // device names, kept once each (a trace has a few devices and thousands of memory events)
     struct Device {
         int64_t type;
@@ -897,13 +843,16 @@ void memory_span_events(BuildState& st) {
     };
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
-        const uint64_t present = find_args(doc, m.args, memory_attribute, mem_args.data());
-        auto member = [&](int a) { return present >> a & 1 ? mem_args[a] : nullptr; };
+        // kMemoryAttributes[a]'s integer, or false
+        auto member = [&](int a, int64_t& v) {
+            v = m.memory[a];
+            return (m.memory_present >> a & 1) != 0;
+        };
         int s = st.step_at(m.ts);
         int64_t total;
-        if (s >= 0 && as_int64(member(total_allocated), total)) {
+        if (s >= 0 && member(total_allocated, total)) {
             int64_t dtype = 0;
-            bool accel = as_int64(member(device_type), dtype) && dtype != 0;
+            bool accel = member(device_type, dtype) && dtype != 0;
             int64_t& peak = (accel ? acc_peak : cpu_peak)[step_index[s]];
             peak = std::max(peak, total);
         }
@@ -926,11 +875,11 @@ void memory_span_events(BuildState& st) {
         };
         for (int a = 0; a < kMemoryAttributeCount; ++a) {
             int64_t v;
-            const bool has = as_int64(member(a), v);
+            const bool has = member(a, v);
             if (a == addr) {  // the device by name before the address, the address in hex (reference: _memory_attributes)
                 int64_t dtype, did;
-                if (as_int64(member(device_type), dtype)) {
-                    const bool has_id = as_int64(member(device_id), did);
+                if (member(device_type, dtype)) {
+                    const bool has_id = member(device_id, did);
                     if (const std::string_view dev = device(dtype, has_id, has_id ? did : 0); !dev.empty())
                         push(kMemoryDeviceKey, AttrValue::str(dev));
                 }
@@ -949,11 +898,10 @@ void fwdbwd_links(BuildState& st) {
     const std::vector<Event>& ev = st.ev;
     const std::vector<char>& keep = st.keep;
     int64_t* stats = st.stats;
-    const Document& doc = st.doc;
     const Trace& trace = st.trace;
     SparseLists<SpanLink>& links = st.links;
     const EventTree& tree = st.tree;
-    const std::vector<std::pair<int, int>> pairs = fwdbwd_pairs(doc, trace, tree);
+    const std::vector<std::pair<int, int>> pairs = fwdbwd_pairs(trace, tree);
     links = SparseLists<SpanLink>(static_cast<size_t>(n));
     for (const auto& [fw, bw] : pairs) {
         // a link joins the two ops it names: when either is not a span, it is dropped and counted
@@ -1041,49 +989,9 @@ void assemble_synthetic_roots(BuildState& st) {
     }
 }
 
-// What add_arg_attributes reads args with: the table of their keys, a slot per name, scratch.
-struct ArgReader {
-    explicit ArgReader(const Document& doc)
-        : table(key_table(doc, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; })),
-          found(static_cast<size_t>(kArgAttributeCount)) {}
-    std::vector<int> table;
-    std::vector<const JNode*> found;
-    std::string rendered;
-};
-
-// An event's args as attributes, in one pass over them; the table decides order and aliases (first
-// key present wins) (reference: _arg_attributes).
-inline void add_arg_attributes(BuildState& st, Span& sp, const JNode* event_args, ArgReader& reader) {
-    const Document& doc = st.doc;
-    std::string_view last_attr;
-    for (uint64_t rest = find_args(doc, event_args, reader.table, reader.found.data()); rest; rest &= rest - 1) {
-        const int a = __builtin_ctzll(rest);
-        const ArgAttribute& spec = kArgAttributes[a];
-        const JNode* v = reader.found[static_cast<size_t>(a)];
-        if (spec.attr == last_attr) continue;
-        uint32_t before = sp.attrs.count;
-        switch (spec.type) {
-            case ArgType::Int: {
-                int64_t x;
-                if (as_int64(v, x)) st.add(sp, arg_key(a), AttrValue::integer(x));
-                break;
-            }
-            case ArgType::Double: {
-                double x;
-                if (as_double(v, x)) st.add(sp, arg_key(a), AttrValue::dbl(x));
-                break;
-            }
-            case ArgType::String:
-                if (v->type == JType::Str && v->len) st.add(sp, arg_key(a), AttrValue::str(st.input(v->str())));
-                break;
-            case ArgType::Json:
-                reader.rendered.clear();
-                render_json(doc, *v, reader.rendered);
-                st.add(sp, arg_key(a), AttrValue::str(st.keep_str(reader.rendered)));
-                break;
-        }
-        if (sp.attrs.count != before) last_attr = spec.attr;
-    }
+// An event's args as attributes: those the reader digested (reader.cpp event_args).
+inline void add_arg_attributes(BuildState& st, Span& sp, const Event& e) {
+    st.trace.args.visit(e.args, [&](const AttrValue& v) { st.add(sp, v.key, v); });
 }
 
 // A ProfilerStep span's own attributes: step number, memory peak, what a trace list shows, the
@@ -1130,29 +1038,29 @@ void assemble_event_spans(BuildState& st) {
     const size_t n_aggregates = st.n_aggregates;
     std::vector<uint32_t>& by_order_idx = st.by_order_idx;
     std::vector<std::string_view> kernel_names(names.size());  // folded kernel names by name id
-    ArgReader args(st.doc);
+    std::string rendered;  // scratch
     for (int i = 0; i < n; ++i) {
         if (!keep[i]) continue;
         const Event& e = ev[i];
         Span& sp = by_order.emplace_back();  // built in place
         sp.order = e.ordinal;
-        st.add(sp, kCategoryKey, AttrValue::str(st.input(e.cat)));
+        st.add(sp, kCategoryKey, AttrValue::str(e.cat));
         if (!e.device() && !e.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
         std::string_view name = st.name_of(e);
         if (e.kind == Kind::Kernel) {  // folded once per name (reference: fold_kernel_name)
             std::string_view& folded = kernel_names[e.name_id];
-            if (!folded.data()) folded = st.keep_str(fold_kernel_name(e.name));
-            if (folded != e.name) {
+            if (!folded.data()) folded = st.keep_str(fold_kernel_name(name));
+            if (folded != name) {
                 st.add(sp, kKernelNameKey, AttrValue::str(name));
                 name = folded;
             }
         }
-        if (e.args) add_arg_attributes(st, sp, e.args, args);
+        add_arg_attributes(st, sp, e);
         if (in_a[i]) {
             st.add(sp, kSelfCpuKey, AttrValue::integer(e.dur() - child_dur[i]));
             st.add(sp, kSelfDeviceKey, AttrValue::integer(self_dev[i]));
         }
-        if (st.is_step(i)) add_step_attributes(st, sp, i, args.rendered);
+        if (st.is_step(i)) add_step_attributes(st, sp, i, rendered);
         st.add_hidden(sp, i);
         int parent_slot = -1;
         if (!st.is_step(i) && i != window_root_ev) {
@@ -1259,7 +1167,7 @@ Built finish_build(BuildState& st) {
     // length limits: span names and string attribute values (reference: _cut_strings)
     stats[VALUES_TRUNCATED] += cut_strings(st.out, st.opts.attribute_value_length_limit);
     // key_averages rows (aggregates.cpp; reference: builder._aggregate_ops)
-    st.out.ops = aggregate_ops(st.doc, st.trace, st.self, st.tree.sweep_order, st.opts.group_by_input_shapes);
+    st.out.ops = aggregate_ops(st.trace, st.self, st.tree.sweep_order, st.opts.group_by_input_shapes);
     // resource: composed by the caller (otelprof/otlp/resource.py), from what the trace says
     stats[VALUES_TRUNCATED] += add_resource(st.out, st.trace, st.opts, st.rank, st.world, st.run_id);
     for (int k = 0; k < kStatCount; ++k) st.out.stats.emplace_back(kStatNames[k], stats[k]);
@@ -1269,8 +1177,8 @@ Built finish_build(BuildState& st) {
 }  // namespace
 
 // The stages, in order; reference/builder.py's build runs the same ones under the same names.
-Built build_spans(const Document& doc, Trace& trace, const Options& opts, std::string_view json) {
-    BuildState st(doc, trace, opts, json);
+Built build_spans(Trace& trace, const Options& opts) {
+    BuildState st(trace, opts);
     trace_identity(st);
     event_tree(st);
     volume_keep(st);

@@ -16,7 +16,7 @@ namespace otelprof {
 
 namespace {
 using clock = std::chrono::steady_clock;
-constexpr size_t kTrimAfterBytes = size_t{32} << 20;  // JSON size from which the heap is trimmed
+constexpr size_t kTrimAfterBytes = size_t{8} << 20;  // JSON size from which the heap is trimmed
 int64_t ns(clock::time_point a, clock::time_point b) {
     return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
 }
@@ -32,25 +32,29 @@ ConvertOutput convert_trace(std::string_view json, const Options& options) {
 }
 
 ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_ptr<Document> doc, const Options& options,
-                             int64_t parse_ns) {
-    const std::string_view json = doc->text();
+                             int64_t parse_ns, const std::function<void()>& text_read) {
+    const size_t json_size = doc->text().size();
     auto t1 = clock::now();
-    Trace trace = reader->finish(doc, json);
+    Trace trace = reader->finish(doc, doc->text());
+    // the trace refers to its own strings only (its events' args are digested): the reader, the
+    // document and the text go before the build (peak memory)
     reader.reset();
-    auto t2 = clock::now();
-    Built built = build_spans(*doc, trace, options, json);
-    auto t3 = clock::now();
-    // the spans refer to the JSON text and to `built` only: what the encoder does not read goes
-    // before the requests are written (peak memory)
     doc.reset();
+    if (text_read) text_read();
+    auto t2 = clock::now();
+    Built built = build_spans(trace, options);
+    auto t3 = clock::now();
+    // the spans refer to `built` only: what the encoder does not read goes before the requests
+    // are written (peak memory)
     trace = Trace();
 #if defined(__GLIBC__)
     // The build's scratch, freed, stays in the heap (glibc raises its mmap threshold as large
     // blocks are freed): ~14 MiB on the largest shared trace, given back in about a millisecond.
-    // Only for large traces: malloc_trim locks every arena in turn and returns their pages, and
-    // a training loop allocating beside a profiling window's (a few MB) conversion waits on it
-    // (benchmarks/overhead.py's window ratio: 1.050-1.055 with it, 1.032-1.035 without).
-    if (json.size() >= kTrimAfterBytes) malloc_trim(0);
+    // Only from 8 MiB of JSON (ns_resolution's 15 MB: 2 MiB less peak): malloc_trim locks every
+    // arena in turn and returns their pages, and a training loop allocating beside a profiling
+    // window's (a few MB) conversion waits on it (benchmarks/overhead.py's window ratio:
+    // 1.050-1.055 with it, 1.032-1.035 without).
+    if (json_size >= kTrimAfterBytes) malloc_trim(0);
 #endif
     ConvertOutput out;
     auto t4 = clock::now();

@@ -70,7 +70,8 @@ ConvertOutput convert_gzip(std::string_view gz, uint64_t cap, const Options& opt
         return convert_inflated(std::string_view(inflater->data(), size), options);
     }
     const auto parse_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    return convert_parsed(std::move(reader), std::move(doc), options, static_cast<int64_t>(parse_ns));
+    // the inflated text is freed as soon as the trace is read
+    return convert_parsed(std::move(reader), std::move(doc), options, static_cast<int64_t>(parse_ns), [&] { inflater.reset(); });
 }
 
 }  // namespace otelprof

@@ -29,7 +29,7 @@ Iterations find_iterations(const Trace& trace, const EventTree& tree, const std:
     constexpr std::string_view kOptPrefix = "Optimizer.step#", kOptSuffix = ".step";
     std::vector<char> marked(n, 0);
     for (int i = 0; i < n; ++i) {
-        const std::string_view name = ev[i].name;
+        const std::string_view name = trace.name(ev[i]);
         marked[i] = !ev[i].device() && name.size() > kOptPrefix.size() + kOptSuffix.size() &&
                     name.substr(0, kOptPrefix.size()) == kOptPrefix &&
                     name.substr(name.size() - kOptSuffix.size()) == kOptSuffix;

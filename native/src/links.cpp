@@ -19,10 +19,9 @@ namespace {
 // From the fwdbwd flows: each flow end binds to the CPU op that starts exactly there on its
 // thread (the last with a sequence number, else the last), else to the op around it; a start
 // and an end with one id make a pair, in the order of the ends (reference: _flow_pairs).
-std::vector<std::pair<int, int>> flow_pairs(const Document& doc, const Trace& trace, const EventTree& tree) {
+std::vector<std::pair<int, int>> flow_pairs(const Trace& trace, const EventTree& tree) {
     const std::vector<Event>& ev = trace.events;
     const std::vector<const Flow*>& fwd_flows = tree.fwd_flows;
-    const KeyId sequence_key = doc.key_id("Sequence number");
     std::vector<std::pair<int, int>> pairs;
     struct ExactKey {
         Ident pid, tid;
@@ -46,7 +45,7 @@ std::vector<std::pair<int, int>> flow_pairs(const Document& doc, const Trace& tr
         if (it != exact.end() && !it->second.empty()) {
             int last_seq = -1;
             for (int c : it->second)
-                if (arg(doc, ev[c].args, sequence_key)) last_seq = c;
+                if (ev[c].has(kHasSequence)) last_seq = c;
             return last_seq >= 0 ? last_seq : it->second.back();
         }
         return tree.probe_owner[trace.memory.size() + k];
@@ -75,10 +74,9 @@ std::vector<std::pair<int, int>> flow_pairs(const Document& doc, const Trace& tr
 // Without flows: per process, the forward op of each sequence number (the last one seen, in start
 // order) and the first backward op with it; pairs in the order of the backward ops
 // (reference: _sequence_pairs).
-std::vector<std::pair<int, int>> sequence_pairs(const Document& doc, const Trace& trace) {
+std::vector<std::pair<int, int>> sequence_pairs(const Trace& trace) {
     const std::vector<Event>& ev = trace.events;
     const int n = static_cast<int>(ev.size());
-    const KeyId sequence_key = doc.key_id("Sequence number"), fwd_thread_key = doc.key_id("Fwd thread id");
     std::vector<std::pair<int, int>> pairs;
     struct SeqKeyHash {
         size_t operator()(const std::pair<Ident, int64_t>& k) const {
@@ -97,15 +95,12 @@ std::vector<std::pair<int, int>> sequence_pairs(const Document& doc, const Trace
     sort_items(order);
     for (const Item& item : order) {
         const int i = item.idx;
-        int64_t seq;
-        if (!as_int64(arg(doc, ev[i].args, sequence_key), seq) || seq < 0) continue;
-        std::pair<Ident, int64_t> key{ev[i].pid, seq};
-        const JNode* fwd_node = arg(doc, ev[i].args, fwd_thread_key);
-        int64_t fwd_tid = 0;
-        bool fwd_is_int = as_int64(fwd_node, fwd_tid);
-        if (fwd_is_int && fwd_tid != 0) {
+        if (!ev[i].has(kSequenceInt) || ev[i].seq < 0) continue;
+        std::pair<Ident, int64_t> key{ev[i].pid, ev[i].seq};
+        // a non-zero "Fwd thread id": backward; none, or 0: forward; any other value: neither
+        if (ev[i].has(kFwdThreadSet)) {
             bwd_by_seq.try_emplace(key, i);
-        } else if (!fwd_node || (fwd_is_int && fwd_tid == 0)) {
+        } else if (!ev[i].has(kFwdThreadOther)) {
             fwd_by_seq[key] = i;
         }
     }
@@ -120,8 +115,8 @@ std::vector<std::pair<int, int>> sequence_pairs(const Document& doc, const Trace
 
 }  // namespace
 
-std::vector<std::pair<int, int>> fwdbwd_pairs(const Document& doc, const Trace& trace, const EventTree& tree) {
-    return tree.fwd_flows.empty() ? sequence_pairs(doc, trace) : flow_pairs(doc, trace, tree);
+std::vector<std::pair<int, int>> fwdbwd_pairs(const Trace& trace, const EventTree& tree) {
+    return tree.fwd_flows.empty() ? sequence_pairs(trace) : flow_pairs(trace, tree);
 }
 
 }  // namespace otelprof

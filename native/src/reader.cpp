@@ -35,11 +35,15 @@ bool canonical_int(std::string_view s, int64_t& out) {
 }
 
 template <typename Where>
-std::string_view opt_str(const JNode* n, Where&& where) {
-    if (!n || n->type == JType::Null) return {};
-    if (n->type == JType::Str) return n->str();
+const JNode* opt_str(const JNode* n, Where&& where) {
+    if (!n || n->type == JType::Null) return nullptr;
+    if (n->type == JType::Str) return n;
     throw TraceError(where() + ": expected a string, got " + type_name(n));
 }
+
+// `str`'s text copied into the trace's strings: the trace refers to neither the document nor the
+// JSON text, which can go as soon as the trace is read.
+std::string_view kept(const JNode& str, Trace& trace) { return keep_string(trace.strings, str.str()); }
 
 void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::optional<int64_t> base_override) {
     const JNode* base = doc.get(root, "baseTimeNanoseconds");
@@ -60,15 +64,15 @@ void read_metadata(const Document& doc, const JNode& root, Trace& trace, std::op
     if (props && props->type == JType::Arr) {
         for (const JNode* prop = doc.first(*props); prop; prop = doc.next(prop)) {
             const JNode* name = doc.get(*prop, "name");
-            if (name && name->type == JType::Str) trace.gpu_models.push_back(name->str());
+            if (name && name->type == JType::Str) trace.gpu_models.push_back(kept(*name, trace));
         }
     }
     const JNode* v = doc.get(root, "trace_id");
-    if (v && v->type == JType::Str && v->len) trace.trace_id = v->str();
+    if (v && v->type == JType::Str && v->len) trace.trace_id = kept(*v, trace);
     v = doc.get(root, "traceName");
-    if (v && v->type == JType::Str && v->len) trace.trace_name = v->str();
+    if (v && v->type == JType::Str && v->len) trace.trace_name = kept(*v, trace);
     v = doc.get(root, "host_name");
-    if (v && v->type == JType::Str && v->len) trace.host_name = v->str();
+    if (v && v->type == JType::Str && v->len) trace.host_name = kept(*v, trace);
 }
 
 }  // namespace
@@ -180,7 +184,7 @@ uint32_t TraceReader::hashed_name_id(std::string_view name) {
 uint32_t TraceReader::add_name(std::string_view name, uint64_t hash) {
     const auto id = static_cast<uint32_t>(trace_.names.size());
     Name n;
-    n.text = name;
+    n.text = keep_string(trace_.strings, name);  // the text and the table's keys are views of this copy
     n.filtered = is_filtered_name(name);
     step_number(name, n.step);
     n.row = id;
@@ -210,15 +214,105 @@ Ident TraceReader::intern(std::string_view s) {
 void TraceReader::learn_fields(const Document& doc) {
     const size_t known = field_of_.size();
     field_of_.resize(doc.key_count(), -1);
-    for (size_t k = known; k < field_of_.size(); ++k)
-        for (int f = 0; f < kFieldCount; ++f)
-            if (doc.key_name(static_cast<KeyId>(k)) == kFieldKeys[f]) {
-                field_of_[k] = static_cast<int8_t>(f);
-                break;
-            }
+    arg_of_.resize(doc.key_count(), -1);
+    memory_of_.resize(doc.key_count(), -1);
+    // the first of equal names in a table wins (kArgAttributes has none)
+    auto index_in = [](std::string_view key, int count, auto name_of) {
+        for (int k = 0; k < count; ++k)
+            if (key == name_of(k)) return static_cast<int8_t>(k);
+        return int8_t{-1};
+    };
+    for (size_t k = known; k < field_of_.size(); ++k) {
+        const std::string_view key = doc.key_name(static_cast<KeyId>(k));
+        field_of_[k] = index_in(key, kFieldCount, [](int f) { return kFieldKeys[f]; });
+        arg_of_[k] = index_in(key, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; });
+        memory_of_[k] = index_in(key, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
+    }
 }
 
-TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, uint32_t ordinal) {
+std::string_view TraceReader::keep(const JNode& str) { return kept(str, trace_); }
+
+std::string_view TraceReader::other_category(std::string_view cat) {
+    if (cat.size() == last_category_.first.size() && same(cat, last_category_.first)) return last_category_.second;
+    auto [it, added] = categories_.try_emplace(cat);
+    if (added) it->second = keep_string(trace_.strings, cat);
+    last_category_ = *it;
+    return it->second;
+}
+
+// The attributes a span gets from its event's args, in one pass over them: the table decides
+// order and aliases (the first key present wins; builder.cpp copies them; reference:
+// _arg_attributes); and the ids the tree and links match on (reference: tree.py's arg lookups).
+void TraceReader::event_args(const Document& doc, const JNode& args, Event& e) {
+    const JNode* found[kArgAttributeCount];
+    uint64_t present = 0;  // bit a: found[a] is set (the last duplicate wins, as in a dict)
+    const int8_t* arg_of = arg_of_.data();
+    const JNode* m = doc.first(args);
+    for (uint32_t k = 0; k < args.len; ++k, m = doc.after(m))
+        if (const int a = arg_of[m->key]; a >= 0) {
+            found[a] = m;
+            present |= uint64_t{1} << a;
+        }
+    if (!present) return;
+    static const int external_id = arg_index("External id"), correlation = arg_index("correlation");
+    static const int sequence = arg_index("Sequence number"), fwd_thread = arg_index("Fwd thread id");
+    const int link = e.kind == Kind::Annotation || e.kind == Kind::GpuAnnotation ? external_id : correlation;
+    if (present >> link & 1 && as_int64(found[link], e.link_id)) e.arg_flags |= kHasLinkId;
+    if (present >> sequence & 1) {
+        e.arg_flags |= kHasSequence;
+        if (as_int64(found[sequence], e.seq)) e.arg_flags |= kSequenceInt;
+    }
+    if (present >> fwd_thread & 1) {
+        int64_t tid;
+        if (!as_int64(found[fwd_thread], tid)) e.arg_flags |= kFwdThreadOther;
+        else if (tid != 0) e.arg_flags |= kFwdThreadSet;
+    }
+    Attrs& pool = trace_.args;
+    e.args.begin = pool.size();
+    std::string_view last_attr;
+    for (uint64_t rest = present; rest; rest &= rest - 1) {
+        const int a = __builtin_ctzll(rest);
+        const ArgAttribute& spec = kArgAttributes[a];
+        const JNode* v = found[a];
+        if (spec.attr == last_attr) continue;
+        AttrValue attr;
+        switch (spec.type) {
+            case ArgType::Int:
+                if (!as_int64(v, attr.i)) continue;
+                attr.type = AttrValue::Type::Int;
+                break;
+            case ArgType::Double:
+                if (!as_double(v, attr.d)) continue;
+                attr.type = AttrValue::Type::Double;
+                break;
+            case ArgType::String:
+                if (v->type != JType::Str || !v->len) continue;
+                attr = AttrValue::str(keep(*v));
+                break;
+            case ArgType::Json:
+                rendered_.clear();
+                render_json(doc, *v, rendered_);
+                attr = AttrValue::str(keep_string(trace_.strings, rendered_));
+                break;
+        }
+        attr.key = arg_key(a);
+        pool.push_back(attr);
+        ++e.args.count;
+        last_attr = spec.attr;
+    }
+}
+
+void TraceReader::memory_args(const Document& doc, const JNode& args, Instant& mem) {
+    const int8_t* memory_of = memory_of_.data();
+    const JNode* m = doc.first(args);
+    for (uint32_t k = 0; k < args.len; ++k, m = doc.after(m))
+        if (const int a = memory_of[m->key]; a >= 0) {  // the last duplicate wins
+            if (as_int64(m, mem.memory[a])) mem.memory_present |= static_cast<uint8_t>(1u << a);
+            else mem.memory_present &= static_cast<uint8_t>(~(1u << a));
+        }
+}
+
+void TraceReader::event(const Document& doc, const JNode& raw, uint32_t ordinal) {
     auto where = [&]() { return "traceEvents[" + std::to_string(ordinal) + "]"; };
     if (raw.type != JType::Obj) throw TraceError(where() + ": expected an object, got " + type_name(&raw));
     // One pass over the members (last duplicate wins, as in a Python dict).
@@ -234,14 +328,16 @@ TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, ui
     std::string_view ph = ph_node->str();
     if (ph == "M") {
         ++trace_.metadata_events;
-        return Stored::None;
+        return;
     }
     if (!(ph == "X" || ph == "i" || ph == "I" || ph == "s" || ph == "f" || ph == "t")) {
         ++trace_.ignored_events;
-        return Stored::None;
+        return;
     }
-    std::string_view name = opt_str(fields[NAME], [&] { return where() + ".name"; });
-    std::string_view cat = opt_str(fields[CAT], [&] { return where() + ".cat"; });
+    const JNode* name_node = opt_str(fields[NAME], [&] { return where() + ".name"; });
+    const JNode* cat_node = opt_str(fields[CAT], [&] { return where() + ".cat"; });
+    const std::string_view name = name_node ? name_node->str() : std::string_view();
+    std::string_view cat = cat_node ? cat_node->str() : std::string_view();
     Ident pid = ident(fields[PID], [&] { return where() + ".pid"; });
     Ident tid = ident(fields[TID], [&] { return where() + ".tid"; });
     if (!ts) throw TraceError(where() + ": missing 'ts'");
@@ -260,23 +356,24 @@ TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, ui
         e.end = static_cast<int64_t>(start + dur);
         e.ordinal = ordinal;
         e.name_id = name_id(name);
-        e.kind = classify_category(cat);
-        e.cat = cat;
-        e.name = trace_.names[e.name_id].text;
+        e.kind = classify_category(cat);  // a known category's text becomes the table's
+        e.cat = cat_node && cat.data() == cat_node->s ? other_category(cat) : cat;
         e.pid = pid;
         e.tid = tid;
-        e.args = args;
+        if (args) event_args(doc, *args, e);
         trace_.events.push_back(e);
         latest_ = std::max(latest_, e.end);
-        return args ? Stored::EventArgs : Stored::None;
+        return;
     }
     if (ph == "i" || ph == "I") {
         if (name == kMemoryEventName) {
-            trace_.memory.push_back(Instant{ordinal, pid, tid, static_cast<int64_t>(start), args});
-            return args ? Stored::MemoryArgs : Stored::None;
+            Instant mem{ordinal, 0, pid, tid, static_cast<int64_t>(start), {}};
+            if (args) memory_args(doc, *args, mem);
+            trace_.memory.push_back(mem);
+            return;
         }
         ++trace_.ignored_events;
-        return Stored::None;
+        return;
     }
     bool fwdbwd = cat == "fwdbwd";
     if (fwdbwd || is_correlation_flow(cat)) {
@@ -285,7 +382,7 @@ TraceReader::Stored TraceReader::event(const Document& doc, const JNode& raw, ui
     } else {
         ++trace_.ignored_events;
     }
-    return Stored::None;
+    return;
 }
 
 Trace TraceReader::read(const Document& doc) {
@@ -322,10 +419,11 @@ void TraceReader::begin(uint32_t array) {
     trace_.flows.reserve(json_size_ / 512);
     trace_.memory.reserve(json_size_ / 1024);
     strings_.clear();
+    categories_.clear();
+    last_category_ = {};
     name_slots_.clear();
     name_hashes_.clear();
     name_cache_.fill(0);
-    args_spans_.clear();
     streamed_ = array;
     total_ = 0;
     failed_ = false;
@@ -336,33 +434,11 @@ uint32_t TraceReader::element(const Document& doc, uint32_t at) {
     const uint32_t ordinal = total_++;
     if (failed_) return kNoNode;
     try {
-        // The args pointer is taken where the args node moves to, `at` (see keep_args).
-        switch (event(doc, doc.node(at), ordinal)) {
-            case Stored::None:
-                return kNoNode;
-            case Stored::EventArgs:
-                return keep_args(doc, false, at);
-            case Stored::MemoryArgs:
-                return keep_args(doc, true, at);
-        }
+        event(doc, doc.node(at), ordinal);
     } catch (const TraceError&) {
         failed_ = true;  // read again from the whole document, for the error the reference gives
     }
-    return kNoNode;
-}
-
-uint32_t TraceReader::keep_args(const Document& doc, bool memory, uint32_t at) {
-    const JNode*& args = memory ? trace_.memory.back().args : trace_.events.back().args;
-    const uint32_t kept = doc.index(*args);
-    // where the args move to: right as long as the document's nodes stay where they are now.
-    // Where they have moved since the last args were taken, a new span of pointers starts (with
-    // the event or memory event just read), which finish() moves along with the nodes.
-    const JNode* nodes = &doc.node(0);
-    if (args_spans_.empty() || args_spans_.back().nodes != nodes) {
-        args_spans_.push_back({nodes, trace_.events.size() - (memory ? 0 : 1), trace_.memory.size() - (memory ? 1 : 0)});
-    }
-    args = nodes + at;
-    return kept;
+    return kNoNode;  // nothing of an event is kept in the document: its args are digested
 }
 
 Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json) {
@@ -376,21 +452,6 @@ Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json)
     const int64_t shift = trace_.base_ns - base_;
     if (!failed_ && static_cast<__int128>(latest_) + shift <= INT64_MAX) {
         trace_.total = total_;
-        // args pointers taken before the nodes moved (the document grew) follow them
-        const JNode* nodes = &doc->node(0);
-        for (size_t k = 0; k < args_spans_.size(); ++k) {
-            const ArgsSpan& span = args_spans_[k];
-            if (span.nodes == nodes) continue;
-            const bool last = k + 1 == args_spans_.size();
-            auto moved = [&](const JNode*& args) {
-                if (args)
-                    args = nodes + (reinterpret_cast<uintptr_t>(args) - reinterpret_cast<uintptr_t>(span.nodes)) / sizeof(JNode);
-            };
-            for (size_t e = span.events, to = last ? trace_.events.size() : args_spans_[k + 1].events; e < to; ++e)
-                moved(trace_.events[e].args);
-            for (size_t m = span.memory, to = last ? trace_.memory.size() : args_spans_[k + 1].memory; m < to; ++m)
-                moved(trace_.memory[m].args);
-        }
         if (shift) {
             for (Event& e : trace_.events) e.start += shift, e.end += shift;
             for (Instant& m : trace_.memory) m.ts += shift;

@@ -64,7 +64,7 @@ bool step_number(std::string_view name, int64_t& out) {
 
 bool is_correlation_flow(std::string_view cat) { return cat == "ac2g" || cat == "async" || cat == "async_cpu_to_gpu"; }
 
-const ArgAttribute kArgAttributes[] = {
+const ArgAttribute kArgAttributes[] = {  // its size must be kArgAttributeCount (schema.hpp)
     {"External id", "pytorch.external_id", ArgType::Int},
     {"external id", "pytorch.external_id", ArgType::Int},
     {"Sequence number", "pytorch.op.sequence_number", ArgType::Int},
@@ -101,8 +101,7 @@ const ArgAttribute kArgAttributes[] = {
     {"Group size", "pytorch.collective.group_size", ArgType::Int},
     {"Process Group Name", "pytorch.collective.process_group_name", ArgType::String},
 };
-const int kArgAttributeCount = sizeof(kArgAttributes) / sizeof(kArgAttributes[0]);
-static_assert(sizeof(kArgAttributes) / sizeof(kArgAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
+static_assert(kArgAttributeCount <= 64, "the reader finds args as a 64-bit set");
 
 namespace {
 constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
@@ -117,7 +116,7 @@ constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
 };
 }  // namespace
 
-const std::string_view kMemoryAttributes[][2] = {
+const std::string_view kMemoryAttributes[][2] = {  // its size must be kMemoryAttributeCount
     {"Bytes", "pytorch.memory.bytes"},
     {"Total Allocated", "pytorch.memory.total_allocated_bytes"},
     {"Total Reserved", "pytorch.memory.total_reserved_bytes"},
@@ -125,8 +124,19 @@ const std::string_view kMemoryAttributes[][2] = {
     {"Device Id", "pytorch.memory.device_id"},
     {"Addr", "pytorch.memory.addr"},
 };
-const int kMemoryAttributeCount = sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]);
-static_assert(sizeof(kMemoryAttributes) / sizeof(kMemoryAttributes[0]) <= 64, "find_args reports names found as a 64-bit set");
+static_assert(kMemoryAttributeCount <= 8, "Instant::memory_present is 8 bits");
+
+int arg_index(std::string_view key) {
+    for (int a = 0; a < kArgAttributeCount; ++a)
+        if (kArgAttributes[a].key == key) return a;
+    return -1;
+}
+
+int memory_index(std::string_view key) {
+    for (int a = 0; a < kMemoryAttributeCount; ++a)
+        if (kMemoryAttributes[a][0] == key) return a;
+    return -1;
+}
 
 AttrKey memory_key(int memory_attribute) { return static_cast<AttrKey>(kFixedKeyCount + kArgAttributeCount + memory_attribute); }
 size_t key_count() { return kFixedKeyCount + kArgAttributeCount + kMemoryAttributeCount; }

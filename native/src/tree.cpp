@@ -218,31 +218,24 @@ void nest_cpu_events(const Trace& trace, EventTree& t) {
 
 // Device events under the runtime call that launched them, by correlation id; GPU annotations
 // under the CPU annotation of the same external id (reference: tree.link_device_work).
-void attach_device_events(const Document& doc, const Trace& trace, EventTree& t) {
+// (The reader took each event's link_id from "External id" for annotations, "correlation" for the others.)
+void attach_device_events(const Trace& trace, EventTree& t) {
     const std::vector<Event>& ev = trace.events;
     const int n = static_cast<int>(ev.size());
-    const KeyId correlation_key = doc.key_id("correlation"), external_id_key = doc.key_id("External id");
     std::vector<std::pair<int64_t, int>> launchers, annotations;  // (id, event), in event order
     for (int i = 0; i < n; ++i) {
-        int64_t v;
-        if (ev[i].kind == Kind::Runtime) {
-            if (as_int64(arg(doc, ev[i].args, correlation_key), v)) launchers.emplace_back(v, i);
-        } else if (ev[i].kind == Kind::Annotation) {
-            if (as_int64(arg(doc, ev[i].args, external_id_key), v)) annotations.emplace_back(v, i);
-        }
+        if (!ev[i].has(kHasLinkId)) continue;
+        if (ev[i].kind == Kind::Runtime) launchers.emplace_back(ev[i].link_id, i);
+        else if (ev[i].kind == Kind::Annotation) annotations.emplace_back(ev[i].link_id, i);
     }
     const EventById launcher_by_corr(launchers), annotation_by_ext(annotations);
     release(launchers);
     release(annotations);
     for (int i = 0; i < n; ++i) {
         if (!ev[i].device()) continue;
-        int64_t v;
         int p = -1;
-        if (ev[i].kind == Kind::GpuAnnotation) {
-            if (as_int64(arg(doc, ev[i].args, external_id_key), v)) p = annotation_by_ext.find(v);
-        } else if (as_int64(arg(doc, ev[i].args, correlation_key), v)) {
-            p = launcher_by_corr.find(v);
-        }
+        if (ev[i].has(kHasLinkId))
+            p = (ev[i].kind == Kind::GpuAnnotation ? annotation_by_ext : launcher_by_corr).find(ev[i].link_id);
         t.parent[i] = p;
         if (p < 0) ++t.device_events_unlinked;
     }
@@ -286,12 +279,12 @@ int EventTree::step_at(int64_t ts) const {
     return ts < step_ends[static_cast<size_t>(it - step_starts.begin() - 1)] ? s : -1;
 }
 
-EventTree build_tree(const Document& doc, const Trace& trace) {
+EventTree build_tree(const Trace& trace) {
     EventTree t;
     find_steps(trace, t);
     for (int s : t.steps) t.step_ends.push_back(trace.events[s].end);
     nest_cpu_events(trace, t);
-    attach_device_events(doc, trace, t);
+    attach_device_events(trace, t);
     assign_owners(trace, t);
     return t;
 }

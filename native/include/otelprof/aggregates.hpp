@@ -22,7 +22,7 @@ struct SelfTimes {
 // `parent`: the event tree's (tree.hpp).
 SelfTimes self_times(const Trace& trace, const std::vector<int>& parent);
 
-std::vector<OpRow> aggregate_ops(const Document& doc, const Trace& trace, const SelfTimes& self,
+std::vector<OpRow> aggregate_ops(const Trace& trace, const SelfTimes& self,
                                  const std::vector<int>& sweep_order, bool group_by_input_shapes);
 
 }  // namespace otelprof

@@ -1,6 +1,7 @@
 // One call from JSON bytes to OTLP requests, per-op rows and counters. Pure C++: no Python here.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,8 +27,9 @@ class TraceReader;
 ConvertOutput convert_trace(std::string_view json, const Options& options);
 
 // The rest of a conversion once `doc` has been parsed with `reader` as its sink (`parse_ns`:
-// how long that took, reported as the "parse" phase).
+// how long that took, reported as the "parse" phase). `text_read`, when given, is called once
+// nothing refers to the JSON text any more (the trace is read), to free it before the build.
 ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_ptr<Document> doc, const Options& options,
-                             int64_t parse_ns);
+                             int64_t parse_ns, const std::function<void()>& text_read = {});
 
 }  // namespace otelprof

@@ -12,6 +12,6 @@
 namespace otelprof {
 
 // (forward event, backward event) index pairs, in the reference's order.
-std::vector<std::pair<int, int>> fwdbwd_pairs(const Document& doc, const Trace& trace, const EventTree& tree);
+std::vector<std::pair<int, int>> fwdbwd_pairs(const Trace& trace, const EventTree& tree);
 
 }  // namespace otelprof

@@ -32,9 +32,14 @@ bool is_filtered_name(std::string_view name);
 bool step_number(std::string_view name, int64_t& out);
 bool is_correlation_flow(std::string_view cat);
 
-extern const ArgAttribute kArgAttributes[];
-extern const int kArgAttributeCount;
-extern const std::string_view kMemoryAttributes[][2];
-extern const int kMemoryAttributeCount;
+// Sizes known to the headers: the reader digests args into fixed arrays of these (schema.cpp
+// checks them against the tables).
+constexpr int kArgAttributeCount = 35;
+constexpr int kMemoryAttributeCount = 6;
+extern const ArgAttribute kArgAttributes[kArgAttributeCount];
+extern const std::string_view kMemoryAttributes[kMemoryAttributeCount][2];
+// The index in kArgAttributes / kMemoryAttributes of the arg `key`, or -1.
+int arg_index(std::string_view key);
+int memory_index(std::string_view key);
 
 }  // namespace otelprof

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -10,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "otelprof/attrs.hpp"
 #include "otelprof/json.hpp"
 #include "otelprof/schema.hpp"
 
@@ -31,25 +33,41 @@ struct Name {
     uint32_t row = 0;       // the name its op row goes by: itself, or "ProfilerStep*" for any step
 };
 
+// What an event's args say, digested as the event is read (so that the document need not be
+// kept): the ids the event tree and links match on, and the attributes its span gets.
+enum ArgFlag : uint8_t {
+    kHasLinkId = 1,       // link_id is an integer
+    kHasSequence = 2,     // a "Sequence number" member, of any type
+    kSequenceInt = 4,     // ... and an integer: seq
+    kFwdThreadOther = 8,  // a "Fwd thread id" that is not an integer
+    kFwdThreadSet = 16,   // a "Fwd thread id" that is a non-zero integer
+};
+
 struct Event {
     int64_t start = 0;
     int64_t end = 0;
     uint32_t ordinal = 0;
     uint32_t name_id = 0;  // in Trace::names; equal names, equal ids
     Kind kind = Kind::Other;
+    uint8_t arg_flags = 0;  // ArgFlag
     std::string_view cat;
-    std::string_view name;  // names[name_id].text
     Ident pid, tid;
-    const JNode* args = nullptr;  // object or nullptr
+    // "External id" of (GPU) annotations, "correlation" of the others (runtime calls and device work)
+    int64_t link_id = 0;
+    int64_t seq = 0;  // "Sequence number"
+    AttrRange args;   // in Trace::args: the span attributes of its args (reference: _arg_attributes)
     int64_t dur() const { return end - start; }
     bool device() const { return is_device(kind); }
+    bool has(ArgFlag f) const { return arg_flags & f; }
 };
 
+// A "[memory]" instant event: its args that are integers (the reference reads no others).
 struct Instant {
     uint32_t ordinal;
+    uint8_t memory_present;  // bit a: memory[a] holds kMemoryAttributes[a]'s integer
     Ident pid, tid;
     int64_t ts;
-    const JNode* args;
+    int64_t memory[kMemoryAttributeCount];
 };
 
 struct Flow {
@@ -62,6 +80,8 @@ struct Flow {
 
 struct Trace {
     std::vector<Event> events;
+    Attrs args;                        // every event's arg attributes, range by range (Event::args)
+    std::deque<std::string> strings;   // the text of names, other categories, metadata and args
     std::vector<Name> names;
     std::vector<Instant> memory;
     std::vector<Flow> flows;
@@ -75,10 +95,12 @@ struct Trace {
     std::optional<std::string_view> trace_id;
     std::string_view trace_name;
     std::optional<std::string_view> host_name;
+    std::string_view name(const Event& e) const { return names[e.name_id].text; }
 };
 
 // Reads the events of a trace, as a Document's sink while it is parsed (convert_trace), or from
-// a whole Document (read). Either way the result refers to the document, which must outlive it.
+// a whole Document (read). Either way the result's strings are views into Trace::strings (or
+// static tables), never into the document or the JSON text, which can go once the trace is read.
 // Exact round_half_away(value * 1000) of a JSON number of Kineto microseconds (mirrors
 // reference/jsonload.py micros_to_ns); errors name traceEvents[ordinal].field.
 int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal);
@@ -102,22 +124,17 @@ class TraceReader : public ElementSink {
     uint32_t element(const Document& doc, uint32_t at) override;
 
   private:
-    enum class Stored { None, EventArgs, MemoryArgs };  // what event() kept that points at args
-    // From these indices of trace_.events and trace_.memory on, args pointers were taken into
-    // the document's nodes at `nodes` (a new span each time the nodes move: rarely).
-    struct ArgsSpan {
-        const JNode* nodes;
-        size_t events;
-        size_t memory;
-    };
-
     std::optional<int64_t> base_override_;
     size_t json_size_;
     int64_t base_;  // time base the events are read with: the override, or 0 until the metadata is read
     Trace trace_;
     std::unordered_map<std::string_view, int64_t> strings_;  // interned pid/tid/id strings
-    std::vector<int8_t> field_of_;                            // by KeyId: the event field, or -1
-    std::vector<ArgsSpan> args_spans_;
+    // categories not in the table (input text -> Trace::strings), and the last one looked up
+    std::unordered_map<std::string_view, std::string_view> categories_;
+    std::pair<std::string_view, std::string_view> last_category_;
+    // by KeyId: the event field, the kArgAttributes index, the kMemoryAttributes index, or -1
+    std::vector<int8_t> field_of_, arg_of_, memory_of_;
+    std::string rendered_;  // scratch: an arg rendered as JSON
     std::vector<uint32_t> name_slots_;  // open addressing over trace_.names: id + 1, or 0
     std::vector<uint64_t> name_hashes_;  // by name id
     uint64_t name_seed_;
@@ -128,19 +145,21 @@ class TraceReader : public ElementSink {
     bool failed_ = false;          // an event was rejected
     int64_t latest_ = 0;           // the latest start or end time read
 
-    // The node index of the args of the event (or memory event) just read, which move to `at`.
-    uint32_t keep_args(const Document& doc, bool memory, uint32_t at);
-    Stored event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
-    void learn_fields(const Document& doc);  // field_of_ for the keys `doc` has interned since
+    void event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
+    void event_args(const Document& doc, const JNode& args, Event& e);
+    void memory_args(const Document& doc, const JNode& args, Instant& m);
+    std::string_view keep(const JNode& str);  // a Str node's text, copied into Trace::strings
+    void learn_fields(const Document& doc);  // the tables by KeyId, for the keys `doc` has interned since
     template <typename Where>
     Ident ident(const JNode* n, Where&& where);
     Ident intern(std::string_view s);
     uint32_t name_id(std::string_view name);
     uint32_t hashed_name_id(std::string_view name);
     uint32_t add_name(std::string_view name, uint64_t hash);
+    std::string_view other_category(std::string_view cat);  // a category not in the table, interned
 };
 
-// Reads `doc` (which must outlive the result). Throws TraceError.
+// Reads `doc`. Throws TraceError.
 Trace read_trace(const Document& doc, std::optional<int64_t> base_override);
 
 }  // namespace otelprof

@@ -27,6 +27,6 @@ struct EventTree {
     int step_at(int64_t ts) const;
 };
 
-EventTree build_tree(const Document& doc, const Trace& trace);
+EventTree build_tree(const Trace& trace);
 
 }  // namespace otelprof
