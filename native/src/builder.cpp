@@ -693,7 +693,9 @@ void aggregate_spans(BuildState& st) {
     const std::vector<Event>& ev = st.ev;
     const std::vector<int>& owner = st.tree.owner;
     BigVector<Span>& by_order = st.out.spans;
-    by_order.reserve(static_cast<size_t>(st.n) + st.tree.steps.size() + 1);
+    // every span: kept events and aggregates (at most one per event), then the synthetic roots
+    // (order_spans): the window's, one per iteration, one per step's detail trace (split)
+    by_order.reserve(static_cast<size_t>(st.n) + 1 + static_cast<size_t>(st.n_iter) + 2 * st.tree.steps.size());
     for (const std::vector<int>& run : st.aggs) {
         if (run.empty()) continue;
         const Event& first = ev[run[0]];
