@@ -230,14 +230,18 @@ void TraceReader::learn_fields(const Document& doc) {
     }
 }
 
-std::string_view TraceReader::keep(const JNode& str) { return kept(str, trace_); }
+// Text kept once however often it repeats (a "Call stack" or "Module Hierarchy" recurs with
+// every call of its op): the trace holds one copy, where views into the JSON text held none.
+std::string_view TraceReader::interned(std::string_view text) {
+    auto [it, added] = texts_.try_emplace(text);
+    if (added) it->second = keep_string(trace_.strings, text);
+    return it->second;
+}
 
 std::string_view TraceReader::other_category(std::string_view cat) {
     if (cat.size() == last_category_.first.size() && same(cat, last_category_.first)) return last_category_.second;
-    auto [it, added] = categories_.try_emplace(cat);
-    if (added) it->second = keep_string(trace_.strings, cat);
-    last_category_ = *it;
-    return it->second;
+    last_category_ = {cat, interned(cat)};
+    return last_category_.second;
 }
 
 // The attributes a span gets from its event's args, in one pass over them: the table decides
@@ -287,7 +291,7 @@ void TraceReader::event_args(const Document& doc, const JNode& args, Event& e) {
                 break;
             case ArgType::String:
                 if (v->type != JType::Str || !v->len) continue;
-                attr = AttrValue::str(keep(*v));
+                attr = AttrValue::str(interned(v->str()));
                 break;
             case ArgType::Json:
                 rendered_.clear();
@@ -419,7 +423,7 @@ void TraceReader::begin(uint32_t array) {
     trace_.flows.reserve(json_size_ / 512);
     trace_.memory.reserve(json_size_ / 1024);
     strings_.clear();
-    categories_.clear();
+    texts_.clear();
     last_category_ = {};
     name_slots_.clear();
     name_hashes_.clear();

@@ -129,9 +129,9 @@ class TraceReader : public ElementSink {
     int64_t base_;  // time base the events are read with: the override, or 0 until the metadata is read
     Trace trace_;
     std::unordered_map<std::string_view, int64_t> strings_;  // interned pid/tid/id strings
-    // categories not in the table (input text -> Trace::strings), and the last one looked up
-    std::unordered_map<std::string_view, std::string_view> categories_;
-    std::pair<std::string_view, std::string_view> last_category_;
+    // categories not in the table and string args: input text -> its one copy in Trace::strings
+    std::unordered_map<std::string_view, std::string_view> texts_;
+    std::pair<std::string_view, std::string_view> last_category_;  // the last other_category
     // by KeyId: the event field, the kArgAttributes index, the kMemoryAttributes index, or -1
     std::vector<int8_t> field_of_, arg_of_, memory_of_;
     std::string rendered_;  // scratch: an arg rendered as JSON
@@ -148,7 +148,7 @@ class TraceReader : public ElementSink {
     void event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
     void event_args(const Document& doc, const JNode& args, Event& e);
     void memory_args(const Document& doc, const JNode& args, Instant& m);
-    std::string_view keep(const JNode& str);  // a Str node's text, copied into Trace::strings
+    std::string_view interned(std::string_view text);  // `text`'s one copy in Trace::strings
     void learn_fields(const Document& doc);  // the tables by KeyId, for the keys `doc` has interned since
     template <typename Where>
     Ident ident(const JNode* n, Where&& where);
