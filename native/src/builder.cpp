@@ -845,16 +845,11 @@ void memory_span_events(BuildState& st) {
     };
     for (int k = 0; k < n_mem; ++k) {
         const Instant& m = trace.memory[k];
-        // kMemoryAttributes[a]'s integer, or false
-        auto member = [&](int a, int64_t& v) {
-            v = m.memory[a];
-            return (m.memory_present >> a & 1) != 0;
-        };
         int s = st.step_at(m.ts);
         int64_t total;
-        if (s >= 0 && member(total_allocated, total)) {
+        if (s >= 0 && m.memory_int(total_allocated, total)) {
             int64_t dtype = 0;
-            bool accel = member(device_type, dtype) && dtype != 0;
+            bool accel = m.memory_int(device_type, dtype) && dtype != 0;
             int64_t& peak = (accel ? acc_peak : cpu_peak)[step_index[s]];
             peak = std::max(peak, total);
         }
@@ -877,11 +872,11 @@ void memory_span_events(BuildState& st) {
         };
         for (int a = 0; a < kMemoryAttributeCount; ++a) {
             int64_t v;
-            const bool has = member(a, v);
+            const bool has = m.memory_int(a, v);
             if (a == addr) {  // the device by name before the address, the address in hex (reference: _memory_attributes)
                 int64_t dtype, did;
-                if (member(device_type, dtype)) {
-                    const bool has_id = member(device_id, did);
+                if (m.memory_int(device_type, dtype)) {
+                    const bool has_id = m.memory_int(device_id, did);
                     if (const std::string_view dev = device(dtype, has_id, has_id ? did : 0); !dev.empty())
                         push(kMemoryDeviceKey, AttrValue::str(dev));
                 }

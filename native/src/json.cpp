@@ -520,20 +520,6 @@ class Parser {
         ++doc_.nodes_[idx].len;
     }
 
-    // Drops the nodes of element `at` (the last parsed), except the subtree of its member `kept`,
-    // which moves to `at`: as links are offsets, the subtree moves as a block.
-    void drop_element(uint32_t at, uint32_t kept) {
-        auto& nodes = doc_.nodes_;
-        if (kept == kNoNode) {
-            nodes.resize(at);
-            return;
-        }
-        const uint32_t end = nodes[kept].next ? kept + nodes[kept].next : static_cast<uint32_t>(nodes.size());
-        std::memmove(&nodes[at], &nodes[kept], (end - kept) * sizeof(JNode));
-        nodes[at].next = 0;  // it was the next member of the dropped element
-        nodes.resize(at + (end - kept));
-    }
-
     // `sink`: hand the elements to it instead of keeping them (see ElementSink).
     uint32_t array(int depth, ElementSink* sink, KeyId member) {
         if (depth > kMaxDepth) fail("nested too deeply");
@@ -549,8 +535,12 @@ class Parser {
             maybe_read_ahead();
             skip_ws();
             const uint32_t child = value(depth, kNoKey);
-            if (sink) drop_element(child, sink->element(doc_, child));
-            else link(idx, prev, child);
+            if (sink) {
+                sink->element(doc_, child);
+                doc_.nodes_.resize(child);  // the element's nodes go: the sink read what it needs
+            } else {
+                link(idx, prev, child);
+            }
             skip_ws();
             if (p_ >= end_) fail("Expecting ',' delimiter");
             if (*p_ == ',') {

@@ -386,7 +386,6 @@ void TraceReader::event(const Document& doc, const JNode& raw, uint32_t ordinal)
     } else {
         ++trace_.ignored_events;
     }
-    return;
 }
 
 Trace TraceReader::read(const Document& doc) {
@@ -434,15 +433,14 @@ void TraceReader::begin(uint32_t array) {
     latest_ = 0;
 }
 
-uint32_t TraceReader::element(const Document& doc, uint32_t at) {
+void TraceReader::element(const Document& doc, uint32_t at) {
     const uint32_t ordinal = total_++;
-    if (failed_) return kNoNode;
+    if (failed_) return;
     try {
-        event(doc, doc.node(at), ordinal);
+        event(doc, doc.node(at), ordinal);  // nothing of it stays in the document: its args are digested
     } catch (const TraceError&) {
         failed_ = true;  // read again from the whole document, for the error the reference gives
     }
-    return kNoNode;  // nothing of an event is kept in the document: its args are digested
 }
 
 Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json) {

@@ -84,8 +84,7 @@ using KeyId = uint32_t;
 constexpr KeyId kNoKey = UINT32_MAX;
 
 // Nodes are stored in pre-order: a container's first child follows it, and its children are
-// linked through `next`, an offset, so the parser writes each node once, and a subtree can move
-// as a block (see ElementSink).
+// linked through `next`, an offset, so the parser writes each node once.
 struct JNode {
     JType type = JType::Null;
     uint32_t len = 0;   // string/number text length, or child count
@@ -114,9 +113,8 @@ class ElementSink {
     // That array starts at node `array` (a duplicate key starts another). The document keeps
     // the array node, without elements.
     virtual void begin(uint32_t array) = 0;
-    // The array's next element, just parsed at node `at`. The document then drops the element's
-    // nodes, except the subtree of the member returned (kNoNode: none), which moves to index `at`.
-    virtual uint32_t element(const Document& doc, uint32_t at) = 0;
+    // The array's next element, just parsed at node `at`. The document then drops its nodes.
+    virtual void element(const Document& doc, uint32_t at) = 0;
 };
 
 // JSON that is still arriving (being inflated) into one buffer that never moves.
@@ -179,16 +177,6 @@ class Document {
     KeyId intern(std::string_view key);
     KeyId find_key(std::string_view key, uint64_t hash, size_t& slot) const;
 };
-
-// For each key id of `doc`: the index k < count of the first name_of(k) equal to that key, or -1.
-// Matching an object's members against a table of names is then one lookup per member.
-template <typename NameOf>
-std::vector<int> key_table(const Document& doc, int count, NameOf name_of) {
-    std::vector<int> index(doc.key_count(), -1);
-    for (int k = count - 1; k >= 0; --k)
-        if (KeyId id = doc.key_id(name_of(k)); id != kNoKey) index[id] = k;
-    return index;
-}
 
 // Canonical compact rendering, identical to the Python reference's `render`.
 void render_json(const Document& doc, const JNode& node, std::string& out);

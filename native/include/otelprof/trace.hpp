@@ -2,8 +2,8 @@
 #pragma once
 
 #include <array>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +68,11 @@ struct Instant {
     Ident pid, tid;
     int64_t ts;
     int64_t memory[kMemoryAttributeCount];
+    // kMemoryAttributes[a]'s integer into `v`, or false
+    bool memory_int(int a, int64_t& v) const {
+        v = memory[a];
+        return (memory_present >> a & 1) != 0;
+    }
 };
 
 struct Flow {
@@ -98,13 +103,13 @@ struct Trace {
     std::string_view name(const Event& e) const { return names[e.name_id].text; }
 };
 
-// Reads the events of a trace, as a Document's sink while it is parsed (convert_trace), or from
-// a whole Document (read). Either way the result's strings are views into Trace::strings (or
-// static tables), never into the document or the JSON text, which can go once the trace is read.
 // Exact round_half_away(value * 1000) of a JSON number of Kineto microseconds (mirrors
 // reference/jsonload.py micros_to_ns); errors name traceEvents[ordinal].field.
 int64_t micros_to_ns(const JNode& n, const char* field, uint32_t ordinal);
 
+// Reads the events of a trace, as a Document's sink while it is parsed (convert_trace), or from
+// a whole Document (read). Either way the result's strings are views into Trace::strings (or
+// static tables), never into the document or the JSON text, which can go once the trace is read.
 class TraceReader : public ElementSink {
   public:
     // `json_size`: the size of the JSON to be parsed with this reader as its sink, to size the
@@ -121,7 +126,7 @@ class TraceReader : public ElementSink {
     std::string_view array_key() const override { return "traceEvents"; }
 
     void begin(uint32_t array) override;
-    uint32_t element(const Document& doc, uint32_t at) override;
+    void element(const Document& doc, uint32_t at) override;
 
   private:
     std::optional<int64_t> base_override_;
