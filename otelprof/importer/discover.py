@@ -27,7 +27,7 @@ import os
 import re
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -40,6 +40,7 @@ NSYS = "nsys"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: Enough of a Kineto trace to see ``traceEvents`` and ``distributedInfo`` behind big metadata.
 _HEAD_BYTES = 1024 * 1024
+_HEAD_STEP = 64 * 1024
 _KINETO_SUFFIXES = (".json", ".json.gz")
 _TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # torch's tensorboard_trace_handler, Composer
 _NSYS_SUFFIXES = (".sqlite", ".sqlite3")
@@ -159,26 +160,56 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
-def _head(path: Path) -> bytes:
-    """The first bytes of a file, gunzipped when it is gzip (b"" when unreadable: the
-    conversion reports the real error)."""
+def _head(path: Path, enough: Callable[[bytes], bool]) -> bytes:
+    """The first bytes of a file (at most ``_HEAD_BYTES`` of it, gunzipped when it is gzip:
+    at most ``_HEAD_BYTES`` of those too), read ``_HEAD_STEP`` bytes first, then twice as many
+    each time, until ``enough(head)``: what a whole head would tell, a shorter one that tells it
+    already does (a Kineto trace names ``traceEvents`` and ``distributedInfo`` in its first few
+    KB), so a folder of big traces is not inflated a megabyte per file before its import starts.
+    b"" when unreadable (the conversion reports the real error); the raw bytes when the gzip is
+    corrupt."""
     try:
         with path.open("rb") as fh:
-            raw = fh.read(_HEAD_BYTES)
+            raw = fh.read(_HEAD_STEP)
+            if raw[:2] != b"\x1f\x8b":
+                while len(raw) < _HEAD_BYTES and not enough(raw) and (more := fh.read(len(raw))):
+                    raw += more
+                return raw[:_HEAD_BYTES]
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            head, pending, want = b"", raw, _HEAD_STEP
+            while True:
+                while len(head) < want and not inflater.eof:  # inflate up to `want` bytes
+                    if not pending:
+                        pending = fh.read(min(_HEAD_STEP, _HEAD_BYTES - len(raw))) if len(raw) < _HEAD_BYTES else b""
+                        if not pending:
+                            break
+                        raw += pending
+                    try:
+                        head += inflater.decompress(pending, want - len(head))
+                    except zlib.error:
+                        return raw
+                    pending = inflater.unconsumed_tail
+                if len(head) < want or want >= _HEAD_BYTES or enough(head):  # all there is, or enough
+                    return head
+                want = min(2 * want, _HEAD_BYTES)
     except OSError:
         return b""
-    if raw[:2] != b"\x1f\x8b":
-        return raw
-    try:
-        return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(raw, _HEAD_BYTES)
-    except zlib.error:
-        return raw
 
 
 def _looks_like_kineto(path: Path) -> bool:
     """In a folder, a ``.json`` that is not a trace (a config, a metrics file) is skipped."""
-    head = _head(path)
+    return _is_kineto_head(_head(path, lambda head: bool(head) and _is_kineto_head(head)))
+
+
+def _is_kineto_head(head: bytes) -> bool:
     return not head or b'"traceEvents"' in head or head.lstrip()[:1] == b"[" or head[:2] == b"\x1f\x8b"
+
+
+def _trace_rank(head: bytes, partial: bool = False) -> int | None:
+    """distributedInfo's rank; in a ``partial`` head, only once all of its digits are there."""
+    m = _DIST_INFO.search(head)
+    r = _DIST_RANK.search(head, m.end(), m.end() + 4096) if m else None
+    return int(r.group(1)) if r and (not partial or r.end() < len(head)) else None
 
 
 def _inspect(path: Path) -> _Found:
@@ -191,11 +222,8 @@ def _inspect(path: Path) -> _Found:
     name_rank = _rank_from_name(path.name)
     if magic == SQLITE_MAGIC or path.name.endswith(_NSYS_SUFFIXES):
         return _Found(path, NSYS, None, name_rank, size)
-    head = _head(path)
-    trace_rank = None
-    if (m := _DIST_INFO.search(head)) and (r := _DIST_RANK.search(head, m.end(), m.end() + 4096)):
-        trace_rank = int(r.group(1))
-    return _Found(path, KINETO, trace_rank, name_rank, size)
+    head = _head(path, lambda head: _trace_rank(head, partial=True) is not None)
+    return _Found(path, KINETO, _trace_rank(head), name_rank, size)
 
 
 def _rank_from_name(name: str) -> int | None:
