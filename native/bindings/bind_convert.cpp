@@ -121,20 +121,71 @@ otelprof::Options to_options(const py::dict& d) {
     return o;
 }
 
-// Readies a new bytes object's buffer for writing: its pages are fresh (the payload, tens of MiB
-// for a large trace), and faulting them in one 4 KiB page at a time took over half the time the
-// requests took to write. Its whole 2 MiB ranges become huge pages where the system allows them
-// on request, and the rest is populated in one call (Linux 5.14+). Both only advise the kernel:
-// the contents are unchanged, and where either is refused the pages fault in as before.
-void prefault(char* p, size_t n) {
-    otelprof::advise_huge_pages(p, n);
+// The requests as Python bytes objects, each written in place (otelprof::RequestStore): the GIL
+// is taken only to create a request's object and to cut it to size and append it (a training
+// loop beside a window's conversion is not held up for the megabytes of a request); it is filled
+// without the GIL, as no other thread can see it yet.
+class BytesStore final : public otelprof::RequestStore {
+  public:
+    explicit BytesStore(py::list& requests) : requests_(requests) {}
+    BytesStore(const BytesStore&) = delete;
+    BytesStore& operator=(const BytesStore&) = delete;
+    ~BytesStore() override {
+        if (open_) {  // a conversion that failed while writing a request
+            py::gil_scoped_acquire gil;
+            Py_DECREF(open_);
+        }
+    }
+
+    char* open(size_t capacity) override {
+        py::gil_scoped_acquire gil;
+        open_ = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(capacity));
+        if (!open_) fail();
+        char* p = PyBytes_AS_STRING(open_);
+        // its fresh pages (the payload: tens of MiB for a large trace) as huge pages where the
+        // system allows them on request: faulted in 4 KiB at a time, they took over half the time
+        // the requests took to write
+        otelprof::advise_huge_pages(p, capacity);
+        return p;
+    }
+
+    // The pages a request is about to fill, faulted in with one call (Linux 5.14+; advisory).
+    void ready([[maybe_unused]] char* p, [[maybe_unused]] size_t n) override {
 #if defined(__linux__) && defined(MADV_POPULATE_WRITE)
-    static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
-    const uintptr_t page_begin = (begin + kPage - 1) & ~(kPage - 1), page_end = end & ~(kPage - 1);
-    if (page_end > page_begin) madvise(reinterpret_cast<void*>(page_begin), page_end - page_begin, MADV_POPULATE_WRITE);
+        static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+        const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
+        const uintptr_t page_begin = (begin + kPage - 1) & ~(kPage - 1), page_end = end & ~(kPage - 1);
+        if (page_end > page_begin) madvise(reinterpret_cast<void*>(page_begin), page_end - page_begin, MADV_POPULATE_WRITE);
 #endif
-}
+    }
+
+    char* grow(size_t, size_t capacity) override {
+        py::gil_scoped_acquire gil;
+        resize(capacity);
+        return PyBytes_AS_STRING(open_);
+    }
+
+    void close(size_t size) override {
+        py::gil_scoped_acquire gil;
+        resize(size);
+        requests_.append(py::reinterpret_steal<py::object>(open_));
+        open_ = nullptr;
+    }
+
+  private:
+    py::list& requests_;
+    PyObject* open_ = nullptr;  // the request being written
+
+    [[noreturn]] void fail() {
+        PyErr_Clear();
+        throw std::bad_alloc();
+    }
+    // Cuts (or extends) the open object (the GIL held): realloc, which keeps a large block's
+    // pages in place.
+    void resize(size_t size) {
+        if (_PyBytes_Resize(&open_, static_cast<Py_ssize_t>(size)) != 0) fail();  // (frees it, and sets it to NULL)
+    }
+};
 
 // What convert() returns: named fields, not a tuple (otelprof/_native.pyi ConvertOutput).
 struct PyConvertOutput {
@@ -151,32 +202,13 @@ std::string_view contiguous(const py::buffer_info& buf, const char* fn) {
     return {static_cast<const char*>(buf.ptr), static_cast<size_t>(buf.size * buf.itemsize)};
 }
 
-// Runs `convert(opts)` with the GIL released; each request goes straight into a new Python
-// bytes object as it is encoded (the GIL taken for that alone), so none is held twice.
+// Runs `convert(opts)` with the GIL released; each request is written straight into a new Python
+// bytes object (BytesStore), so none is held twice.
 template <typename Convert>
 PyConvertOutput converted(otelprof::Options& opts, Convert&& convert) {
     PyConvertOutput result;
-    py::list& requests = result.requests;
-    opts.request_sink = [&requests](std::string_view head, std::string_view spans) {
-        // The GIL only to create and append the bytes object: it is filled without it (no other
-        // thread can see it yet), so a training loop beside a window's conversion is not held up
-        // for the megabytes of a request.
-        PyObject* b;
-        {
-            py::gil_scoped_acquire gil;
-            b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(head.size() + spans.size()));
-            if (!b) {
-                PyErr_Clear();
-                throw std::bad_alloc();
-            }
-        }
-        char* p = PyBytes_AS_STRING(b);
-        prefault(p, head.size() + spans.size());
-        std::memcpy(p, head.data(), head.size());
-        std::memcpy(p + head.size(), spans.data(), spans.size());
-        py::gil_scoped_acquire gil;
-        requests.append(py::reinterpret_steal<py::object>(b));
-    };
+    BytesStore store(result.requests);
+    opts.request_store = &store;
     otelprof::ConvertOutput out;
     {
         py::gil_scoped_release release;

@@ -60,8 +60,8 @@ ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_pt
     auto t4 = clock::now();
     const auto max_bytes = static_cast<size_t>(options.max_request_bytes);
     size_t n_requests;
-    if (options.request_sink) {
-        n_requests = encode_requests(built, options.scope_version, max_bytes, options.request_sink);
+    if (options.request_store) {
+        n_requests = encode_requests(built, options.scope_version, max_bytes, *options.request_store);
     } else {
         out.requests = encode_requests(built, options.scope_version, max_bytes);
         n_requests = out.requests.size();

@@ -94,48 +94,65 @@ size_t any_value_len(const AttrValue& v) {
     return 0;
 }
 
-// Append-only byte buffer with amortised growth and unchecked writes after ensure().
+// Append-only byte buffer with amortised growth and unchecked writes after ensure(). Its own
+// (malloc) storage, or a RequestStore's buffer (use_store): written there, a request is not copied.
 class Buf {
   public:
+    Buf() = default;
+    Buf(const Buf&) = delete;
+    Buf& operator=(const Buf&) = delete;
+    ~Buf() {
+        if (!store_) std::free(data_);
+    }
+
     size_t size() const { return len_; }
     std::string take() {
-        std::string out(data_.get(), len_);
+        std::string out(data_, len_);
         len_ = 0;
         return out;
     }
-    const char* data() const { return data_.get(); }
+    const char* data() const { return data_; }
+    char* begin() { return data_; }
+    // From now on, reset() opens `store`'s buffers (before anything is written).
+    void use_store(RequestStore& store) { store_ = &store; }
     // Starts over with room for `capacity` bytes, the first `skip` of them left unwritten.
     void reset(size_t capacity, size_t skip) {
-        data_.reset(static_cast<char*>(std::malloc(capacity)));
-        if (!data_) throw std::bad_alloc();
-        cap_ = capacity;
+        if (store_) {
+            data_ = store_->open(capacity);
+            store_cap_ = capacity;
+            cap_ = 0;
+            ready(std::min(capacity, skip + kReadyStep));
+        } else {
+            std::free(data_);
+            data_ = static_cast<char*>(std::malloc(capacity));
+            if (!data_) throw std::bad_alloc();
+            cap_ = capacity;
+        }
         len_ = skip;
+    }
+    // The store's buffer holds the request, its first `size` bytes: it goes to the store.
+    void close(size_t size) {
+        store_->close(size);
+        data_ = nullptr;
+        cap_ = store_cap_ = len_ = 0;
     }
     // The bytes written, in an allocation cut to their size (realloc shrinks in place): many
     // small requests must not each keep a batch's spare room.
     Bytes release() {
-        if (char* fitted = static_cast<char*>(std::realloc(data_.get(), std::max<size_t>(len_, 1)))) {
-            data_.release();
-            data_.reset(fitted);
-        }
+        if (char* fitted = static_cast<char*>(std::realloc(data_, std::max<size_t>(len_, 1)))) data_ = fitted;
+        Bytes out(data_);
+        data_ = nullptr;
         cap_ = len_ = 0;
-        return std::move(data_);
+        return out;
     }
     void truncate(size_t n) { len_ = n; }
     // Marks the bytes written up to p (from ensure()) as part of the buffer.
-    void advance_to(const char* p) { len_ = static_cast<size_t>(p - data_.get()); }
+    void advance_to(const char* p) { len_ = static_cast<size_t>(p - data_); }
 
     // Room for n more bytes (uninitialised: every byte is written before it is read).
     char* ensure(size_t n) {
-        if (len_ + n > cap_) {
-            size_t cap = std::max(cap_ * 2, len_ + n + 256);
-            char* grown = static_cast<char*>(std::realloc(data_.get(), cap));
-            if (!grown) throw std::bad_alloc();
-            data_.release();
-            data_.reset(grown);
-            cap_ = cap;
-        }
-        return data_.get() + len_;
+        if (len_ + n > cap_) grow(len_ + n);
+        return data_ + len_;
     }
     void byte(uint8_t b) {
         *ensure(1) = static_cast<char>(b);
@@ -180,10 +197,10 @@ class Buf {
         size_t need = varint_len(n);
         if (need != guess) {
             ensure(need);  // room to shift right (shifting left needs none)
-            std::memmove(data_.get() + len_pos + need, data_.get() + start, n);
+            std::memmove(data_ + len_pos + need, data_ + start, n);
             len_ = len_pos + need + n;
         }
-        char* p = data_.get() + len_pos;
+        char* p = data_ + len_pos;
         uint64_t v = n;
         while (v >= 0x80) {
             *p++ = static_cast<char>((v & 0x7F) | 0x80);
@@ -193,9 +210,36 @@ class Buf {
     }
 
   private:
-    Bytes data_;
-    size_t cap_ = 0;
+    // A store's buffer is readied this much at a time as it fills (its pages faulted in together,
+    // and no more of them than the request uses).
+    static constexpr size_t kReadyStep = size_t{512} << 10;
+
+    char* data_ = nullptr;
+    size_t cap_ = 0;  // writable (in a store's buffer: readied)
     size_t len_ = 0;
+    RequestStore* store_ = nullptr;
+    size_t store_cap_ = 0;  // the store's buffer
+
+    void ready(size_t cap) {
+        store_->ready(data_ + cap_, cap - cap_);
+        cap_ = cap;
+    }
+
+    __attribute__((noinline)) void grow(size_t need) {
+        if (!store_) {
+            const size_t cap = std::max(cap_ * 2, need + 256);
+            char* grown = static_cast<char*>(std::realloc(data_, cap));
+            if (!grown) throw std::bad_alloc();
+            data_ = grown;
+            cap_ = cap;
+            return;
+        }
+        if (need > store_cap_) {  // a span larger than the batch's slack
+            store_cap_ = std::max(store_cap_ * 2, need + 256);
+            data_ = store_->grow(len_, store_cap_);
+        }
+        ready(std::min(store_cap_, std::max(need, cap_ + kReadyStep)));
+    }
 };
 
 void put_any_value(Buf& out, const AttrValue& v) {
@@ -337,12 +381,15 @@ void put_span(Buf& out, const Span& sp, const Built& built, const std::vector<Ke
 
 namespace {
 
-// The requests of `built`, batch by batch: each batch's spans are written after `room` bytes,
-// enough for any request header, and emit(body, room, n, head) takes the n bytes of spans after
-// the room, with their header, then leaves `body` open (at `room`) for the next batch.
+// The requests of `built`, batch by batch: each batch's spans are written after `room` bytes
+// and emit(body, room, n, head, last) takes the n bytes of spans after the room, with their
+// header, then leaves `body` open (at `room`) for the next batch unless it was the `last`.
+// The room is enough for any request header, or with `tight`, just enough for that of a full
+// batch (emit moves the spans where another header is longer or shorter: in the last batch).
 template <typename Open, typename Emit>
-size_t encode_batches(const Built& built, const std::string& scope_version, size_t max_bytes, Buf& body,
+size_t encode_batches(const Built& built, const std::string& scope_version, size_t max_bytes, bool tight, Buf& body,
                       Open&& open_batch, Emit&& emit) {
+    if (built.order.empty()) return 0;
     Buf resource_buf, scope_buf;
     put_attributes(resource_buf, 1, built.resource);
     scope_buf.bytes(1, "otelprof", 8);
@@ -354,12 +401,17 @@ size_t encode_batches(const Built& built, const std::string& scope_version, size
         resource_spans = field_len(resource.size()) + field_len(scope_spans);
         return field_len(resource_spans);
     };
-    const size_t room = 2 * (1 + 10) + field_len(resource.size()) + field_len(scope.size());
     // Batches fill up to max_bytes; the span that overflows one is written before it is moved on.
-    const size_t batch_capacity = room + std::min<size_t>(max_bytes, size_t{64} << 20) + (size_t{64} << 10);
+    const size_t batch_limit = std::min<size_t>(max_bytes, size_t{64} << 20);
+    size_t room = 2 * (1 + 10) + field_len(resource.size()) + field_len(scope.size());
+    if (tight) {
+        size_t scope_spans, resource_spans;
+        room = request_size(batch_limit, scope_spans, resource_spans) - batch_limit;
+    }
+    const size_t batch_capacity = room + batch_limit + (size_t{64} << 10);
     size_t requests = 0;
     // Emits the first `n` bytes of the batch's spans as one request.
-    auto flush = [&](size_t n) {
+    auto flush = [&](size_t n, bool last) {
         size_t scope_spans, resource_spans;
         request_size(n, scope_spans, resource_spans);
         Buf head;
@@ -369,7 +421,7 @@ size_t encode_batches(const Built& built, const std::string& scope_version, size
         head.byte(tag(2, 2));                              // ResourceSpans.scope_spans
         head.varint(scope_spans);
         head.bytes(1, scope.data(), scope.size());  // ScopeSpans.scope
-        emit(body, room, n, head);
+        emit(body, room, n, head, last);
         ++requests;
     };
     open_batch(batch_capacity, room);
@@ -384,13 +436,13 @@ size_t encode_batches(const Built& built, const std::string& scope_version, size
             // this span opens the next batch
             span.assign(body.data() + before, body.size() - before);
             body.truncate(before);
-            flush(before - room);
+            flush(before - room, false);
             body.raw(span.data(), span.size());
             count = 0;
         }
         ++count;
     }
-    if (count) flush(body.size() - room);
+    flush(body.size() - room, true);
     return requests;
 }
 
@@ -405,7 +457,7 @@ std::vector<Request> encode_requests(const Built& built, const std::string& scop
         body.reset(batch_capacity, room);
     };
     // the buffer becomes the request, its header written just before its spans
-    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head) {
+    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head, bool last) {
         Request req;
         req.begin = room - head.size();
         req.size = head.size() + n;
@@ -413,21 +465,34 @@ std::vector<Request> encode_requests(const Built& built, const std::string& scop
         req.data = batch.release();
         std::memcpy(req.data.get() + req.begin, head.data(), head.size());
         requests.push_back(std::move(req));
-        batch.reset(capacity, room);
+        if (!last) batch.reset(capacity, room);
     };
-    encode_batches(built, scope_version, max_bytes, body, open_batch, emit);
+    encode_batches(built, scope_version, max_bytes, false, body, open_batch, emit);
     return requests;
 }
 
-size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, const RequestSink& sink) {
+size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, RequestStore& store) {
     Buf body;
-    auto open_batch = [&](size_t batch_capacity, size_t room) { body.reset(batch_capacity, room); };
-    // one buffer for every batch: its pages are faulted in once, and stay in cache
-    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head) {
-        sink(std::string_view(head.data(), head.size()), std::string_view(batch.data() + room, n));
-        batch.truncate(room);
+    body.use_store(store);
+    size_t capacity = 0;
+    auto open_batch = [&](size_t batch_capacity, size_t room) {
+        capacity = batch_capacity;
+        body.reset(batch_capacity, room);
     };
-    return encode_batches(built, scope_version, max_bytes, body, open_batch, emit);
+    // the header goes in the room before the spans; where it is not the room's size (a short
+    // last batch, an oversized span), the spans move to meet it
+    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head, bool last) {
+        const size_t h = head.size();
+        batch.truncate(room + n);
+        if (h != room) {
+            if (h > room) batch.ensure(h - room);
+            std::memmove(batch.begin() + h, batch.begin() + room, n);
+        }
+        std::memcpy(batch.begin(), head.data(), h);
+        batch.close(h + n);
+        if (!last) batch.reset(capacity, room);
+    };
+    return encode_batches(built, scope_version, max_bytes, true, body, open_batch, emit);
 }
 
 }  // namespace otelprof

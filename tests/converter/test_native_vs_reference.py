@@ -7,6 +7,7 @@ Runs only when ``otelprof._native`` is built (and fails instead of skipping when
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,61 @@ def test_escaped_strings_match_reference(detail: Detail) -> None:
     data = ('{"traceEvents":[' + ",".join(events) + "]}").encode()
     options = ConvertOptions(detail=detail)
     _assert_same(convert_bytes(data, options, engine="native"), convert_bytes(data, options, engine="reference"))
+
+
+def _batch_edges_trace() -> bytes:
+    """Spans for the in-place writer, which leaves room for a full batch's header before the
+    spans: full batches, a span cut to fit a request, and a short batch whose lengths take
+    shorter varints than a full one's (its spans move to meet its header)."""
+    events: list[dict[str, Any]] = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": f"aten::op{i}",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10 * i,
+            "dur": 5,
+            "args": {"External id": i},
+        }
+        for i in range(40)
+    ]
+    huge = {f"note {k}": chr(ord("a") + k) * 8000 for k in range(20)}  # 160 KB of attribute values
+    events.append(
+        {"ph": "X", "cat": "cpu_op", "name": "aten::huge", "pid": 1, "tid": 1, "ts": 500, "dur": 5, "args": huge}
+    )
+    events.append({"ph": "X", "cat": "cpu_op", "name": "z", "pid": 1, "tid": 1, "ts": 600, "dur": 5})
+    return json.dumps({"traceEvents": events}).encode()
+
+
+@pytest.mark.parametrize("max_bytes", [1024, 100_000, 3 * 1024 * 1024])
+def test_requests_written_in_place_match_reference(max_bytes: int) -> None:
+    data = _batch_edges_trace()
+    opts = ConvertOptions(detail="full", max_request_bytes=max_bytes)
+    native = convert(data, options=opts, engine="native")
+    reference = convert(data, options=opts, engine="reference")
+    _assert_same(native, reference)
+    assert max(map(len, native.requests)) <= max_bytes
+    if max_bytes == 1024:  # full batches, each closed by the span that overflows it
+        assert len(native.requests) > 10
+    else:  # one short batch: its lengths take 2-byte varints, a full batch's 3 or 4
+        assert len(native.requests) == 1
+        assert decode_requests(native.requests)[0].resource_spans[0].scope_spans[0].ByteSize() < 16384
+
+
+@pytest.mark.slow
+def test_a_request_over_its_preallocated_buffer() -> None:
+    """One request of over 64 MiB (max_request_bytes above the 64 MiB a request's buffer is
+    opened with): the bytes object grows while the spans are written into it, and its spans
+    are those the same trace gives in 3 MiB requests."""
+    name = "x" * 2000
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"{name}{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
+        for i in range(36_000)
+    ]
+    data = json.dumps({"traceEvents": events}).encode()
+    big = convert(data, engine="native", detail="full", max_request_bytes=128 << 20)
+    assert len(big.requests) == 1 and len(big.requests[0]) > 64 << 20
+    small = convert(data, engine="native", detail="full", max_request_bytes=3 << 20)
+    assert len(small.requests) > 20
+    assert all_spans_pb(big.requests) == all_spans_pb(small.requests)

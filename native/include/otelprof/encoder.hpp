@@ -29,8 +29,7 @@ struct Request {
 
 std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes);
 
-// The same requests, handed to `sink` one by one as they are written (one buffer reused for all):
-// returns how many.
-size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, const RequestSink& sink);
+// The same requests, each written into a buffer of `store` and closed there: returns how many.
+size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, RequestStore& store);
 
 }  // namespace otelprof

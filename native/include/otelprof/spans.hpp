@@ -86,9 +86,21 @@ struct LiveStep {
     std::string trigger;  // what started the window ("": unknown, no attribute)
 };
 
-// Takes each request as it is written: its header and its spans, the two parts of one
-// ExportTraceServiceRequest, in that order (the views are valid during the call only).
-using RequestSink = std::function<void(std::string_view head, std::string_view spans)>;
+// Storage the requests are written into directly, one at a time (the bindings: Python bytes
+// objects), so that none is written into the encoder's own buffer first and then copied.
+class RequestStore {
+  public:
+    virtual ~RequestStore() = default;
+    // A buffer of `capacity` bytes for the next request.
+    virtual char* open(size_t capacity) = 0;
+    // Readies [p, p + n) of the open buffer before it is first written (e.g. faults its pages in
+    // at once); called in order, a stretch at a time, as the request grows.
+    virtual void ready(char* p, size_t n) = 0;
+    // The open buffer grown to `capacity` bytes, its first `used` kept (it may move).
+    virtual char* grow(size_t used, size_t capacity) = 0;
+    // The open buffer's first `size` bytes are the request: it is done.
+    virtual void close(size_t size) = 0;
+};
 
 struct Options {
     std::optional<std::string> run_id;
@@ -105,7 +117,7 @@ struct Options {
     bool group_by_input_shapes = false;
     std::string scope_version;
     std::vector<LiveStep> live_steps;
-    RequestSink request_sink;  // optional: takes the requests instead of ConvertOutput::requests
+    RequestStore* request_store = nullptr;  // optional: holds the requests instead of ConvertOutput::requests
 };
 
 using Stats = std::vector<std::pair<std::string, int64_t>>;
