@@ -159,7 +159,7 @@ class BytesStore final : public otelprof::RequestStore {
 #endif
     }
 
-    char* grow(size_t, size_t capacity) override {
+    char* grow(size_t capacity) override {
         py::gil_scoped_acquire gil;
         resize(capacity);
         return PyBytes_AS_STRING(open_);

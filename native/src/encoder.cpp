@@ -234,9 +234,9 @@ class Buf {
             cap_ = cap;
             return;
         }
-        if (need > store_cap_) {  // a span larger than the batch's slack
+        if (need > store_cap_) {  // a batch past the 64 MiB it was opened for
             store_cap_ = std::max(store_cap_ * 2, need + 256);
-            data_ = store_->grow(len_, store_cap_);
+            data_ = store_->grow(store_cap_);
         }
         ready(std::min(store_cap_, std::max(need, cap_ + kReadyStep)));
     }
@@ -385,7 +385,8 @@ namespace {
 // and emit(body, room, n, head, last) takes the n bytes of spans after the room, with their
 // header, then leaves `body` open (at `room`) for the next batch unless it was the `last`.
 // The room is enough for any request header, or with `tight`, just enough for that of a full
-// batch (emit moves the spans where another header is longer or shorter: in the last batch).
+// batch (emit moves the spans where the header is shorter or longer: a short batch, or one past
+// the 64 MiB a batch is sized for).
 template <typename Open, typename Emit>
 size_t encode_batches(const Built& built, const std::string& scope_version, size_t max_bytes, bool tight, Buf& body,
                       Open&& open_batch, Emit&& emit) {
@@ -479,8 +480,8 @@ size_t encode_requests(const Built& built, const std::string& scope_version, siz
         capacity = batch_capacity;
         body.reset(batch_capacity, room);
     };
-    // the header goes in the room before the spans; where it is not the room's size (a short
-    // last batch, an oversized span), the spans move to meet it
+    // the header goes in the room before the spans; where it is not the room's size, the spans
+    // move to meet it
     auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head, bool last) {
         const size_t h = head.size();
         batch.truncate(room + n);

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdlib>
-#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>

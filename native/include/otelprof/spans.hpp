@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <new>
 #include <optional>
@@ -96,8 +95,8 @@ class RequestStore {
     // Readies [p, p + n) of the open buffer before it is first written (e.g. faults its pages in
     // at once); called in order, a stretch at a time, as the request grows.
     virtual void ready(char* p, size_t n) = 0;
-    // The open buffer grown to `capacity` bytes, its first `used` kept (it may move).
-    virtual char* grow(size_t used, size_t capacity) = 0;
+    // The open buffer grown to `capacity` bytes, what it holds kept (it may move).
+    virtual char* grow(size_t capacity) = 0;
     // The open buffer's first `size` bytes are the request: it is done.
     virtual void close(size_t size) = 0;
 };
