@@ -4,7 +4,10 @@ against the issue 18 targets, measured in one run.
     python benchmarks/convert.py [TRACE ...] [--repeat N] [--sdk-spans N] [--large-mb MB] [--reference]
 
 Per trace, at detail="full", the medians of N interleaved runs (in a rotating order) of
-- bytes: ``_native.convert`` of the already-inflated JSON (spans/s, MB/s of JSON);
+- bytes: ``_native.convert`` of the already-inflated JSON on one thread (spans/s, MB/s of JSON):
+         the targets are per core, as the SDK path runs;
+- 2 thr: the same with ``threads=2`` (ConvertOptions' default, TraceReader::split: a second
+         thread parses the second half of 8 MiB of JSON or more), for the record;
 - gz:    ``convert(path)``, which reads the file and inflates it in the native core (spans/s,
          MB/s of inflated JSON, slowdown against bytes);
 - sdk:   the OpenTelemetry SDK path (TracerProvider + OTLP encoder) on --sdk-spans spans of
@@ -140,9 +143,10 @@ def main() -> int:
         key=lambda q: q.stat().st_size,
     )
     opts = ConvertOptions(detail="full")
-    native_opts = opts.as_native()
+    native_opts = {**opts.as_native(), "threads": 1}
+    two_threads = {**opts.as_native(), "threads": 2}
 
-    print(f"{'trace':<34} {'JSON MB':>7} {'spans':>8} | {'bytes spans/s':>13} {'MB/s':>5} | "
+    print(f"{'trace':<34} {'JSON MB':>7} {'spans':>8} | {'bytes spans/s':>13} {'MB/s':>5} {'2 thr':>9} | "
           f"{'gz spans/s':>10} {'MB/s':>5} {'slower':>6} | "
           f"{'payload MiB':>11} {'RSS base':>8} {'peak':>5} {'/payload':>8}")  # fmt: skip
     rows, t_sdk, sample = [], [], []
@@ -151,8 +155,8 @@ def main() -> int:
         out = _native.convert(data, native_opts)
         if path == paths[-1]:  # the SDK path runs on the largest trace's spans, interleaved with it
             sample = sdk_sample(list(out.requests), args.sdk_spans)
-        t_bytes, t_gz = [], []
-        kinds = ["bytes", "gz", "sdk"] if sample else ["bytes", "gz"]
+        t_bytes, t_two, t_gz = [], [], []
+        kinds = ["bytes", "two", "gz", "sdk"] if sample else ["bytes", "two", "gz"]
         # Interleaved, so a busy moment hits each; in an order that rotates, so none always runs
         # straight after the same other (right after the SDK path's second of pure Python, the
         # largest trace converted ~10 % slower here: a fixed order charged that to one column).
@@ -160,42 +164,51 @@ def main() -> int:
             for kind in kinds[k % len(kinds) :] + kinds[: k % len(kinds)]:
                 if kind == "bytes":
                     t_bytes.append(timed(_native.convert, data, native_opts))
+                elif kind == "two":
+                    t_two.append(timed(_native.convert, data, two_threads))
                 elif kind == "gz":
                     t_gz.append(timed(convert, path, options=opts, engine="native"))
                 else:
                     t_sdk.append(sdk_run(sample))
         row = {"mb": len(data) / 1e6, "spans": out.stats["spans"], "tb": statistics.median(t_bytes)}
+        row["t2"] = statistics.median(t_two)
         row |= {"tg": statistics.median(t_gz), **child_rss(path)}
         rows.append(row)
         spans, mb, tb, tg = row["spans"], row["mb"], row["tb"], row["tg"]
         ref = ""
         if args.reference:
             ref = f" | reference {spans / timed(convert_bytes, data, opts, engine='reference'):,.0f} spans/s"
-        print(f"{short(path):<34} {mb:7.1f} {spans:8,} | {spans / tb:13,.0f} {mb / tb:5.0f} | "
+        two = spans / row["t2"]
+        print(f"{short(path):<34} {mb:7.1f} {spans:8,} | {spans / tb:13,.0f} {mb / tb:5.0f} {two:9,.0f} | "
               f"{spans / tg:10,.0f} {mb / tg:5.0f} {(tg / tb - 1) * 100:5.0f}% | "
               f"{row['payload'] / MiB:11.1f} {row['base'] / MiB:8.0f} {row['peak'] / MiB:5.0f} "
               f"{row['peak'] / max(row['payload'], 1):7.1f}x{ref}", flush=True)  # fmt: skip
     sdk_rate = len(sample) / statistics.median(t_sdk)
     native_rate = rows[-1]["spans"] / rows[-1]["tb"]
+    two_rate = rows[-1]["spans"] / rows[-1]["t2"]
     print(
         f"sdk path   : {sdk_rate:,.0f} spans/s ({len(sample):,} spans of {short(paths[-1])}, TracerProvider + OTLP "
-        f"encoder, interleaved with that trace's runs); native from bytes there {native_rate / sdk_rate:.0f}x as fast"
+        f"encoder, interleaved with that trace's runs); native from bytes there {native_rate / sdk_rate:.0f}x as fast "
+        f"on one thread, {two_rate / sdk_rate:.0f}x on two"
     )
 
     large = [r for r in rows if r["mb"] >= args.large_mb] or rows
     spans, mb = sum(r["spans"] for r in large), sum(r["mb"] for r in large)
-    tb, tg = sum(r["tb"] for r in large), sum(r["tg"] for r in large)
+    tb, tg, t2 = sum(r["tb"] for r in large), sum(r["tg"] for r in large), sum(r["t2"] for r in large)
     worst_rss = max(r["peak"] / max(r["payload"], 1) for r in large)
     figures = {
         "traces": len(rows),
         "large_traces": len(large),
         "bytes_spans_per_s": round(spans / tb),
         "bytes_mb_per_s": round(mb / tb, 1),
+        "two_threads_spans_per_s": round(spans / t2),
+        "two_threads_speedup": round(tb / t2, 2),
         "gz_spans_per_s": round(spans / tg),
         "gz_mb_per_s": round(mb / tg, 1),
         "gz_slowdown_pct": round((tg / tb - 1) * 100, 1),
         "sdk_spans_per_s": round(sdk_rate),
         "native_over_sdk": round(native_rate / sdk_rate, 1),
+        "two_threads_over_sdk": round(two_rate / sdk_rate, 1),
         "peak_rss_mib": round(max(r["peak"] for r in large) / MiB, 1),
         "base_rss_mib": round(max(r["base"] for r in large) / MiB, 1),
         "peak_over_payload": round(worst_rss, 2),
@@ -205,7 +218,10 @@ def main() -> int:
         if large[0]["mb"] >= args.large_mb
         else f"all {len(rows)} traces (none >= {args.large_mb:g} MB)"
     )
-    print(f"large      : {which}: {spans:,} spans, {mb:.1f} MB JSON; bytes {tb * 1e3:.0f} ms, gz {tg * 1e3:.0f} ms")
+    print(
+        f"large      : {which}: {spans:,} spans, {mb:.1f} MB JSON; bytes {tb * 1e3:.0f} ms, "
+        f"two threads {t2 * 1e3:.0f} ms ({tb / t2:.2f}x), gz {tg * 1e3:.0f} ms"
+    )
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "NOT met"

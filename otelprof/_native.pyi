@@ -42,7 +42,8 @@ class ConvertOutput:
     def stats(self) -> dict[str, int]: ...
     @property
     def phases(self) -> dict[str, int]:
-        """Wall time of parse / read / build / encode in ns, for benchmarks."""
+        """Wall time of parse / read / build / free / encode in ns, for benchmarks; parse_tail: the
+        second thread's part of the parse (``options["threads"]`` 2), 0 where none was taken."""
     @property
     def window_id(self) -> str: ...
 

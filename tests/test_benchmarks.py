@@ -41,7 +41,14 @@ def test_export_benchmark_runs_both_paths() -> None:
 def test_convert_benchmark_prints_every_figure() -> None:
     text, figures = _run("convert.py", str(shared_trace("critical_path")), "--repeat", "1", "--sdk-spans", "300")
     assert figures["traces"] == figures["large_traces"] == 1  # no large trace: judged on the one given
-    rates = ("bytes_spans_per_s", "bytes_mb_per_s", "gz_spans_per_s", "gz_mb_per_s", "sdk_spans_per_s")
+    rates = (
+        "bytes_spans_per_s",
+        "bytes_mb_per_s",
+        "two_threads_spans_per_s",
+        "gz_spans_per_s",
+        "gz_mb_per_s",
+        "sdk_spans_per_s",
+    )
     assert all(figures[k] > 0 for k in rates) and figures["native_over_sdk"] > 0
     assert "gz_slowdown_pct" in figures  # a difference: noise may make it < 0 on a small trace
     # the child's own memory (VmHWM), not the parent's: a few tens of MiB for a 0.3 MB trace

@@ -27,6 +27,7 @@ ConvertOutput convert_trace(std::string_view json, const Options& options) {
     // The reader takes the events as the document is parsed: "parse" includes reading them,
     // "read" is what remains (metadata, time base).
     auto reader = std::make_unique<TraceReader>(options.base_time_ns, json.size());
+    if (options.threads > 1 && static_cast<int64_t>(json.size()) >= options.split_from_bytes) reader->split(json);
     auto doc = std::make_unique<Document>(json, reader.get());
     return convert_parsed(std::move(reader), std::move(doc), options, ns(t0, clock::now()));
 }
@@ -36,6 +37,7 @@ ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_pt
     const size_t json_size = doc->text().size();
     auto t1 = clock::now();
     Trace trace = reader->finish(doc, doc->text());
+    const int64_t parse_tail_ns = reader->split_ns();
     // the trace refers to its own strings only (its events' args are digested): the reader, the
     // document and the text go before the build (peak memory)
     reader.reset();
@@ -67,7 +69,8 @@ ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_pt
         n_requests = out.requests.size();
     }
     auto t5 = clock::now();
-    out.phase_ns = {{"parse", parse_ns}, {"read", ns(t1, t2)}, {"build", ns(t2, t3)}, {"free", ns(t3, t4)}, {"encode", ns(t4, t5)}};
+    out.phase_ns = {{"parse", parse_ns}, {"read", ns(t1, t2)}, {"build", ns(t2, t3)}, {"free", ns(t3, t4)}, {"encode", ns(t4, t5)},
+                    {"parse_tail", parse_tail_ns}};
     out.ops = std::move(built.ops);
     out.stats = std::move(built.stats);
     out.window_id = std::move(built.window_id);

@@ -140,6 +140,29 @@ class Parser {
 
     std::string_view input() const { return {begin_, static_cast<size_t>(end_ - begin_)}; }
 
+    // Document::parse_elements: the elements from `from` to the array's ']' (returns its
+    // offset), at the depth of the streamed array's elements.
+    size_t run_elements(size_t from, const std::atomic<bool>& stop) {
+        quiet_ = true;
+        p_ = begin_ + from;
+        const uint32_t idx = push(JType::Arr, kNoKey);
+        sink_->begin(idx);
+        while (true) {
+            if (stop.load(std::memory_order_relaxed)) throw TraceError("stopped");
+            const uint32_t child = value(kStreamedDepth, kNoKey);
+            sink_->element(doc_, child);
+            doc_.nodes_.resize(child);
+            skip_ws();
+            if (p_ < end_ && *p_ == ',') {
+                ++p_;
+                skip_ws();
+                continue;
+            }
+            if (p_ < end_ && *p_ == ']') return static_cast<size_t>(p_ - begin_);
+            fail("Expecting ',' delimiter");
+        }
+    }
+
   private:
     Document& doc_;
     ElementSink* sink_;
@@ -149,6 +172,10 @@ class Parser {
     const char* begin_;
     const char* end_;            // streamed: the end of what has arrived
     bool complete_ = true;       // streamed: end_ is the end of the input
+    size_t handoff_ = SIZE_MAX;  // ElementSink::handoff(), until resume() is called
+    bool quiet_ = false;         // errors need no message (parse_elements: the caller parses again)
+    // The depth of the streamed array's elements: the root object's member values are at 1.
+    static constexpr int kStreamedDepth = 2;
     std::string buf_;
     // Guesses for member_key, two per slot (see there): the last two keys seen in that slot.
     static constexpr size_t kWays = 2;
@@ -186,6 +213,7 @@ class Parser {
     }
 
     [[noreturn]] void fail(const char* what) const {
+        if (quiet_) throw TraceError(what);
         // an invalid UTF-8 byte anywhere is the error (Python decodes the whole text first)
         validate_utf8(std::string_view(begin_, static_cast<size_t>(end_ - begin_)));
         // line/column like Python's JSONDecodeError
@@ -525,7 +553,10 @@ class Parser {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
         uint32_t idx = push(JType::Arr, member), prev = kNoNode;
-        if (sink) sink->begin(idx);
+        if (sink) {
+            sink->begin(idx);
+            if (!stream_) handoff_ = sink->handoff(static_cast<size_t>(p_ - begin_));
+        }
         skip_ws();
         if (p_ < end_ && *p_ == ']') {
             ++p_;
@@ -534,6 +565,15 @@ class Parser {
         while (true) {
             maybe_read_ahead();
             skip_ws();
+            if (sink && static_cast<size_t>(p_ - begin_) >= handoff_) {
+                // a second parser read the elements from here on: its end is where this goes on
+                const auto at = static_cast<size_t>(p_ - begin_);
+                handoff_ = SIZE_MAX;
+                if (const size_t to = sink->resume(at); to != at) {
+                    p_ = begin_ + to + 1;  // past the ']'
+                    return idx;
+                }
+            }
             const uint32_t child = value(depth, kNoKey);
             if (sink) {
                 sink->element(doc_, child);
@@ -609,6 +649,34 @@ Document::Document(std::string_view text, ElementSink* sink) {
     key_slots_.assign(64, kNoKey);
     Parser(*this, text, sink).run();
     text_ = text;
+}
+
+std::unique_ptr<Document> Document::parse_elements(std::string_view text, size_t from, ElementSink& sink,
+                                                   const std::atomic<bool>& stop, size_t& end) {
+    std::unique_ptr<Document> doc(new Document());
+    doc->nodes_.reserve(4096);
+    doc->key_slots_.assign(64, kNoKey);
+    doc->text_ = text;
+    end = Parser(*doc, text, &sink).run_elements(from, stop);
+    return doc;
+}
+
+size_t Document::element_near(std::string_view text, size_t near) {
+    // "}", ",", "{" (whitespace between): an object that follows one in an array, at some depth,
+    // or text inside a string. The parser that reaches it tells which (ElementSink::resume).
+    constexpr size_t kLook = size_t{1} << 20;
+    auto space = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
+    const size_t stop = std::min(text.size(), near + kLook);
+    for (size_t at = near; at < stop; ++at) {
+        const void* comma = std::memchr(text.data() + at, ',', stop - at);
+        if (!comma) break;
+        at = static_cast<size_t>(static_cast<const char*>(comma) - text.data());
+        size_t before = at, next = at + 1;
+        while (before > 0 && space(text[before - 1])) --before;
+        while (next < text.size() && space(text[next])) ++next;
+        if (before > 0 && text[before - 1] == '}' && next < text.size() && text[next] == '{') return next;
+    }
+    return SIZE_MAX;
 }
 
 Document::Document(InputStream& stream, ElementSink* sink) {

@@ -1,6 +1,10 @@
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include "otelprof/trace.hpp"
 
@@ -142,6 +146,115 @@ inline int64_t micros_ns(const JNode& n, const char* field, uint32_t ordinal) {
 
 TraceReader::TraceReader(std::optional<int64_t> base_override, size_t json_size)
     : base_override_(base_override), json_size_(json_size), base_(base_override.value_or(0)), name_seed_(random_seed()) {}
+
+struct TraceReader::Tail {
+    size_t from = 0;  // where it starts: a text offset
+    std::atomic<bool> stop{false};
+    std::unique_ptr<TraceReader> reader;
+    std::unique_ptr<Document> doc;
+    size_t end = 0;   // the offset of the events' ']'
+    bool ok = false;  // read to there without an error
+    int64_t ns = 0;   // how long that took
+    std::thread thread;
+};
+
+TraceReader::~TraceReader() { stop_tail(); }
+
+size_t TraceReader::handoff(size_t array_at) {
+    if (tail_) return tail_->from;  // (a duplicate "traceEvents": it may start in this one)
+    const std::string_view json = split_json_;
+    split_json_ = {};  // one second parser per conversion
+    if (json.empty() || array_at >= json.size()) return SIZE_MAX;
+    const size_t from = Document::element_near(json, array_at + (json.size() - array_at) / 2);
+    if (from == SIZE_MAX) return SIZE_MAX;
+    auto tail = std::make_unique<Tail>();
+    tail->from = from;
+    tail->reader = std::make_unique<TraceReader>(base_override_, json.size() - from);
+    Tail* t = tail.get();
+    try {
+        t->thread = std::thread([t, json] {
+            try {
+                const auto start = std::chrono::steady_clock::now();
+                t->doc = Document::parse_elements(json, t->from, *t->reader, t->stop, t->end);
+                t->ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+                t->ok = true;
+            } catch (...) {  // any error: the document's parser reads this part itself
+            }
+        });
+    } catch (const std::system_error&) {
+        return SIZE_MAX;  // no thread to be had: one parser reads it all
+    }
+    tail_ = std::move(tail);
+    return from;
+}
+
+void TraceReader::stop_tail() {
+    if (!tail_) return;
+    tail_->stop = true;
+    tail_->thread.join();
+    tail_.reset();
+}
+
+size_t TraceReader::resume(size_t at) {
+    if (!tail_ || at != tail_->from) {
+        stop_tail();  // the second parser did not start at one of these events: its work goes
+        return at;
+    }
+    tail_->thread.join();
+    std::unique_ptr<Tail> tail = std::move(tail_);
+    if (!tail->ok) return at;
+    take(*tail->reader);
+    taken_docs_.push_back(std::move(tail->doc));
+    taken_ns_ = tail->ns;
+    return tail->end;
+}
+
+// Ids are given in the order names and strings are first seen: `tail`'s, looked up or added here
+// in the order it gave them, are those a single parser reading on would have given.
+void TraceReader::take(TraceReader& tail) {
+    Trace& t = tail.trace_;
+    std::vector<uint32_t> names(t.names.size());
+    for (size_t k = 0; k < t.names.size(); ++k) names[k] = hashed_name_id(t.names[k].text);
+    std::vector<std::string_view> texts(tail.strings_.size());
+    for (const auto& [text, value] : tail.strings_) texts[static_cast<size_t>(value)] = text;
+    std::vector<int64_t> idents(texts.size());
+    for (size_t k = 0; k < texts.size(); ++k) idents[k] = intern(texts[k]).value;
+    auto ident = [&](Ident i) {
+        if (i.is_str) i.value = idents[static_cast<size_t>(i.value)];
+        return i;
+    };
+    const uint32_t ordinal = total_, args = trace_.args.size();
+    trace_.args.append(t.args);
+    trace_.events.reserve(trace_.events.size() + t.events.size());
+    for (Event e : t.events) {
+        e.ordinal += ordinal;
+        e.name_id = names[e.name_id];
+        e.pid = ident(e.pid);
+        e.tid = ident(e.tid);
+        e.args.begin += args;
+        trace_.events.push_back(e);
+    }
+    for (Instant m : t.memory) {
+        m.ordinal += ordinal;
+        m.pid = ident(m.pid);
+        m.tid = ident(m.tid);
+        trace_.memory.push_back(m);
+    }
+    for (Flow f : t.flows) {
+        f.ordinal += ordinal;
+        f.id = ident(f.id);
+        f.pid = ident(f.pid);
+        f.tid = ident(f.tid);
+        trace_.flows.push_back(f);
+    }
+    // the views of its events (categories, args) are into these chunks, which never reallocate
+    for (std::string& chunk : t.strings) trace_.strings.push_back(std::move(chunk));
+    trace_.metadata_events += t.metadata_events;
+    trace_.ignored_events += t.ignored_events;
+    total_ += tail.total_;
+    failed_ = failed_ || tail.failed_;
+    latest_ = std::max(latest_, tail.latest_);
+}
 
 uint32_t TraceReader::name_id(std::string_view name) {
     // Traces repeat few names: a direct-mapped cache on the name's length and ends is tried before
@@ -444,6 +557,7 @@ void TraceReader::element(const Document& doc, uint32_t at) {
 }
 
 Trace TraceReader::finish(std::unique_ptr<Document>& doc, std::string_view json) {
+    stop_tail();  // (still running only where the events ended before it started)
     const JNode& root = doc->root();
     // Without a streamed array, or when the last "traceEvents" is not it, the document is whole
     // where the reader looks.

@@ -90,6 +90,10 @@ class ConvertOptions:
     scope_version: str = ""
     #: Live step spans the profiled steps go under (not with split detail traces); () for files.
     live_steps: tuple[LiveStep, ...] = ()
+    #: Threads one conversion may use: with 2, a second thread parses the second half of a large
+    #: trace (8 MiB of JSON or more, from bytes or a plain ``.json`` file) while the first parses
+    #: the rest; the output is the same. A profiling window converts with 1, beside training.
+    threads: int = 2
 
     def __post_init__(self) -> None:
         if self.detail not in ("full", "default"):
@@ -106,6 +110,8 @@ class ConvertOptions:
                 not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT64_MAX
             ):
                 raise ValueError(f"{name} must be a non-negative integer or None, not {value!r}")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            raise ValueError(f"threads must be an integer >= 1, not {self.threads!r}")
         if self.run_id is not None and not isinstance(self.run_id, str):
             raise ValueError(f"run_id must be a string or None, not {self.run_id!r}")
         if not all(isinstance(s, LiveStep) for s in self.live_steps):
@@ -183,4 +189,5 @@ class ConvertOptions:
             "group_by_input_shapes": self.group_by_input_shapes,
             "scope_version": clean(self.scope_version),
             "live_steps": [(s.number, s.trace_id, s.span_id, list(s.phases), s.trigger) for s in self.live_steps],
+            "threads": self.threads,
         }

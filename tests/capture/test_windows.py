@@ -153,6 +153,7 @@ def test_trigger_file_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: 
     assert _profiled_steps(receiver) == [5, 6]
     assert not trigger.exists()  # consumed
     assert session.windows is not None and session.windows.windows_done == 1
+    assert session.windows._options.threads == 1  # a window's conversion leaves the other core to training
     assert _window_metrics(session)["otelprof_profiling_windows_total"]["on_demand"] == 1
     assert _triggers(receiver) == _window(4, 2, "on_demand")
     assert _marker_triggers(receiver) == {5: "on_demand", 6: "on_demand"}

@@ -125,6 +125,15 @@ class Attrs {
         }
         len_ = static_cast<size_t>(p - data_.get());
     }
+    // `other`'s attributes after these: its ranges then start size() bytes further on.
+    void append(const Attrs& other) {
+        if (!other.len_) return;
+        if (len_ + other.len_ + kMaxRecord > UINT32_MAX) throw std::length_error("span attributes over 4 GiB");
+        if (len_ + other.len_ + kMaxRecord > cap_) grow(std::max(cap_ * 2, len_ + other.len_ + kMaxRecord + 4096));
+        std::memcpy(data_.get() + len_, other.data_.get(), other.len_);
+        len_ += other.len_;
+        longest_ = std::max(longest_, other.longest_);
+    }
     // f(const AttrValue&) for each attribute of `r`, in order.
     template <typename F>
     void visit(AttrRange r, F&& f) const {

@@ -16,7 +16,9 @@ struct ConvertOutput {
     std::vector<Request> requests;
     std::vector<OpRow> ops;
     Stats stats;
-    Stats phase_ns;  // wall time of parse / read / build / free (what encoding does not need) / encode, for benchmarks
+    // wall time of parse / read / build / free (what encoding does not need) / encode, for
+    // benchmarks; parse_tail: the second parser's share of the parse (Options::threads), or 0
+    Stats phase_ns;
     std::string window_id;
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -115,6 +116,13 @@ class ElementSink {
     virtual void begin(uint32_t array) = 0;
     // The array's next element, just parsed at node `at`. The document then drops its nodes.
     virtual void element(const Document& doc, uint32_t at) = 0;
+    // The array opened at text offset `array_at` (after its '['; not called for streamed input):
+    // returns where a second parser (Document::parse_elements) reads its elements from, or
+    // SIZE_MAX. The parser calls resume() at the first element at or past that offset.
+    virtual size_t handoff([[maybe_unused]] size_t array_at) { return SIZE_MAX; }
+    // The next element starts at offset `at`: returns where this parser goes on, the offset of
+    // the array's ']' when the second parser's elements were taken from `at` to there, else `at`.
+    virtual size_t resume(size_t at) { return at; }
 };
 
 // JSON that is still arriving (being inflated) into one buffer that never moves.
@@ -137,6 +145,15 @@ class Document {
     // text again for the verdict. text() is the input parsed, once complete.
     Document(InputStream& stream, ElementSink* sink);
     std::string_view text() const { return text_; }
+    // Parses the elements of an array from offset `from` of `text` (where one starts, in the
+    // array Document(text, sink) streams) to the array's ']', each to `sink` as that parse
+    // would; sets `end` to the offset of the ']'. `stop`, read between elements, ends the parse.
+    // Throws TraceError, without a position: the caller parses that part again for the verdict.
+    static std::unique_ptr<Document> parse_elements(std::string_view text, size_t from, ElementSink& sink,
+                                                    const std::atomic<bool>& stop, size_t& end);
+    // Where a second parser can start in `text`, at or after offset `near`: an object after
+    // "}," (whitespace aside), or SIZE_MAX. It may be no element at all (text in a string).
+    static size_t element_near(std::string_view text, size_t near);
 
     const JNode& root() const { return nodes_[root_]; }
     const JNode& node(uint32_t index) const { return nodes_[index]; }
@@ -164,6 +181,7 @@ class Document {
 
   private:
     friend class Parser;
+    Document() = default;
     std::string_view text_;
     BigVector<JNode> nodes_;
     uint32_t root_ = 0;

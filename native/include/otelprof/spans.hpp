@@ -117,6 +117,8 @@ struct Options {
     std::string scope_version;
     std::vector<LiveStep> live_steps;
     RequestStore* request_store = nullptr;  // optional: holds the requests instead of ConvertOutput::requests
+    int64_t threads = 1;  // 2: JSON of split_from_bytes or more is parsed by two threads (TraceReader::split)
+    int64_t split_from_bytes = int64_t{8} << 20;  // where a thread's start and the merge are well paid for
 };
 
 using Stats = std::vector<std::pair<std::string, int64_t>>;

@@ -115,6 +115,17 @@ class TraceReader : public ElementSink {
     // `json_size`: the size of the JSON to be parsed with this reader as its sink, to size the
     // event array up front (0: unknown).
     explicit TraceReader(std::optional<int64_t> base_override, size_t json_size = 0);
+    ~TraceReader() override;
+
+    // `json` (kept alive by the caller) is read by two parsers: when the document's parser, with
+    // this reader as its sink, opens the events, a second parser starts on a thread of its own
+    // at an element near the middle of the rest (handoff). It reads from there to the events'
+    // end while the first reads up to there, then the first takes its events (resume). Where
+    // that element is not one of the events, or the second parser fails, its work is dropped
+    // and the first reads on: the trace, errors included, is the same.
+    void split(std::string_view json) { split_json_ = json; }
+    // How long the second parser took, where its events were taken (else 0).
+    int64_t split_ns() const { return taken_ns_; }
 
     // Reads `doc` whole. Throws TraceError.
     Trace read(const Document& doc);
@@ -127,6 +138,8 @@ class TraceReader : public ElementSink {
 
     void begin(uint32_t array) override;
     void element(const Document& doc, uint32_t at) override;
+    size_t handoff(size_t array_at) override;
+    size_t resume(size_t at) override;
 
   private:
     std::optional<int64_t> base_override_;
@@ -149,6 +162,14 @@ class TraceReader : public ElementSink {
     uint32_t total_ = 0;           // its elements so far
     bool failed_ = false;          // an event was rejected
     int64_t latest_ = 0;           // the latest start or end time read
+    struct Tail;                   // the second parser (split)
+    std::string_view split_json_;  // split(): the JSON, until the second parser starts
+    std::unique_ptr<Tail> tail_;
+    std::vector<std::unique_ptr<Document>> taken_docs_;  // what its taken strings_ keys point into
+    int64_t taken_ns_ = 0;
+
+    void stop_tail();
+    void take(TraceReader& tail);  // `tail`'s events after these
 
     void event(const Document& doc, const JNode& raw, uint32_t ordinal);  // throws TraceError
     void event_args(const Document& doc, const JNode& args, Event& e);

@@ -143,7 +143,8 @@ class Windows:
 
         self.settings = settings
         self.on_demand = OnDemand(settings.on_demand_steps)
-        self._options = options
+        # one thread: a window's conversion runs beside training and must not take a second core
+        self._options = dataclasses.replace(options, threads=1)
         self._submit = submit
         self.metrics = metrics
         self._base = schedule(
