@@ -84,7 +84,7 @@ class Session:
             on_first_open=self._first_step_begins,
             on_error=log_failure,
             grad_enabled=torch.is_grad_enabled,
-            on_hint=_hint,
+            on_hint=self._no_steps,
         )
         self.hooks = TorchHooks(self.tracker)
         self.metrics_server: Any = None
@@ -94,6 +94,11 @@ class Session:
         self._sink: Any = None
         self._window: str | None = None  # the open step's profiling-window mark (Windows.mark)
         self.hooks.install()
+
+    def _no_steps(self, forwards: int) -> None:
+        """The tracker's hint (training thread, inside a hook): forwards run, nothing marks a step."""
+        _hint(forwards)
+        self.hooks.no_steps()
 
     def _first_step_begins(self, number: int) -> str | None:
         """Everything but the hooks starts here (training thread, inside a hook). Returns the

@@ -3,7 +3,10 @@ back for one step every REDISCOVER_STEPS to find models first called later."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from prometheus_client import CollectorRegistry
 
 from otelprof._native_module import native
 from otelprof.capture.steps import hooks as hooks_module
@@ -82,3 +85,87 @@ def test_a_step_ending_after_remove_installs_nothing(monkeypatch: pytest.MonkeyP
     hooks.step_done()
     assert _global_forward_hooks() == before
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+@pytest.mark.parametrize("native", KINDS)
+@pytest.mark.parametrize("fails", [False, True], ids=["", "forward-raises"])
+def test_a_loop_that_ends_no_step_hands_over_to_the_roots(native: bool, fails: bool) -> None:
+    """No optimizer.step() and no otelprof.step(): the tracker's hint (after 10 forwards) moves the
+    forward hooks to the roots at the next outermost call (otherwise the global hooks, and
+    torch's slow hook path for every module call, stay for good). Forwards stay timed: steps
+    marked afterwards have their forward phase, and a forward that raises at the hand-over
+    raises its own error."""
+    steps: list[Step] = []
+    hints: list[int] = []
+    hooks: list[TorchHooks] = []
+
+    def on_hint(forwards: int) -> None:  # as the session's
+        hints.append(forwards)
+        hooks[0].no_steps()
+
+    tracker = step_tracker(steps.append, native=native, on_hint=on_hint)
+    hooks.append(TorchHooks(tracker))
+    before = _global_forward_hooks()
+    hooks[0].install()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    x = torch.randn(2, 4)
+
+    def update() -> None:  # by hand: no optimizer, so no step boundary
+        model(x).pow(2).mean().backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+
+    try:
+        for _ in range(10):
+            update()
+        forward = hooks[0].forward
+        assert forward is not None
+        assert hints == [10] and forward.discovering  # the next outermost call hands over
+        tracker.step()  # the loop marks its steps from here on
+        if fails:  # torch runs the always-called post hooks as it raises (iterating their dicts)
+            with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+                model(torch.randn(2, 5))
+        else:
+            update()
+        assert not forward.discovering and _global_forward_hooks() == before
+        assert [type(m).__name__ for m in forward.roots()] == ["Sequential"]
+        tracker.step()
+        handed_over = steps[-1]  # the step of the call that handed over: its forward timed
+        assert handed_over.phase_totals_ns.get("forward", 0) > 0
+        for _ in range(2):
+            update()
+            tracker.step()
+        assert all(s.phase_totals_ns.get("forward", 0) > 0 for s in steps[-2:])
+    finally:
+        hooks[0].remove()
+    assert _global_forward_hooks() == before
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_the_session_hands_over_when_it_hints(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """otelprof.instrument() wires the hint to the hand-over: a forward-only loop (inference, an
+    update by hand) keeps no global module hook once it is told how to mark steps."""
+    import otelprof
+
+    env = {
+        "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+        "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),
+        "OTELPROF_RUN_ID": "hint",
+        "OTELPROF_PROFILE": "false",
+    }
+    before = _global_forward_hooks()
+    session = otelprof.instrument(environ=env, registry=CollectorRegistry())
+    assert session is not None
+    try:
+        model = torch.nn.Linear(4, 1)
+        with torch.no_grad():
+            for _ in range(12):
+                model(torch.randn(2, 4))
+        assert "no steps are recorded" in caplog.text
+        assert _global_forward_hooks() == before
+        assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1
+    finally:
+        otelprof.uninstrument()
+    assert _global_forward_hooks() == before and not model._forward_hooks

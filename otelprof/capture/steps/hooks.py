@@ -180,6 +180,12 @@ class TorchHooks:
             except Exception as exc:
                 self._fail(exc)
 
+    def no_steps(self) -> None:
+        """Forwards run but nothing ends a step (the tracker's hint): step_done() may never come,
+        so the forward hooks move to the roots found without it."""
+        if self.forward is not None:
+            self.forward.hand_over()
+
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         original = getattr(owner, name)
         setattr(owner, name, replacement)
@@ -214,6 +220,7 @@ class RootForwardHooks:
         self._roots: dict[int, tuple[weakref.ref[Any], list[Any]]] = {}  # id -> (module, handles)
         self._found: dict[int, weakref.ref[Any]] = {}
         self._quiet: Callable[[], None] | None = None
+        self._hand_over = False  # hand_over(): the roots take over at the next outermost call
         self._steps = 0
         self.discoveries = 0
         self.compiled = False  # dynamo has compiled something: no more discovery
@@ -243,6 +250,14 @@ class RootForwardHooks:
             self._hook_roots()
         elif not self._global and not self.compiled and self._steps % REDISCOVER_STEPS == 0:
             self.discover()
+
+    def hand_over(self) -> None:
+        """The roots found take over from the global hooks without a step ending (a loop that
+        marks no steps would keep them, and torch's slow hook path for every module call, for
+        good): at the next outermost module call, whose hook lists torch has read by then (a
+        hook list must not change while torch iterates it)."""
+        if self._global:
+            self._hand_over = True
 
     def compile_started(self) -> None:
         """Dynamo begins compiling a frame (before it reads any hook): the roots found so far
@@ -305,13 +320,23 @@ class RootForwardHooks:
     def _global_pre(self, module: Any, _input: Any) -> None:
         local = self._local
         depth = getattr(local, "depth", 0)
-        local.depth = depth + 1
         if depth == 0:
-            local.root = root = id(module) in self._found or _has_parameters(module)
+            root = id(module) in self._found or _has_parameters(module)
+            if root and len(self._found) < MAX_ROOTS:
+                self._found.setdefault(id(module), weakref.ref(module))
+            if self._hand_over:
+                # torch read this call's hooks before this one ran (a copy, since 2.0): the
+                # global post hook will not run for it, the module's own post hook (put in
+                # now) will, so the forward begins here as it would have
+                self._hand_over = False
+                self._hook_roots()
+                if id(module) in self._roots:
+                    self._root_pre(module, _input)
+                return
+            local.root = root
             if root:
-                if len(self._found) < MAX_ROOTS:
-                    self._found.setdefault(id(module), weakref.ref(module))
                 self._root_pre(module, _input)
+        local.depth = depth + 1
 
     def _global_post(self, _module: Any, _input: Any, _output: Any) -> None:
         local = self._local
