@@ -95,8 +95,6 @@ otelprof::Options to_options(const py::dict& d) {
     o.scope_version = get_or<std::string>(d, "scope_version", "");
     o.threads = get_or<int64_t>(d, "threads", o.threads);
     o.split_from_bytes = get_or<int64_t>(d, "split_from_bytes", o.split_from_bytes);  // (tests: 0 splits any trace)
-    o.threads = get_or<int64_t>(d, "threads", o.threads);
-    o.split_from_bytes = get_or<int64_t>(d, "split_from_bytes", o.split_from_bytes);  // (tests: 0 splits any trace)
     if (d.contains("live_steps")) {
         // [(number, trace id, span id, [(span id, start, end)], trigger)], validated by ConvertOptions
         auto copy = [](const py::handle& b, uint8_t* out, size_t size) {

@@ -144,23 +144,12 @@ class Parser {
     // offset), at the depth of the streamed array's elements.
     size_t run_elements(size_t from, const std::atomic<bool>& stop) {
         quiet_ = true;
+        stop_ = &stop;
         p_ = begin_ + from;
         const uint32_t idx = push(JType::Arr, kNoKey);
         sink_->begin(idx);
-        while (true) {
-            if (stop.load(std::memory_order_relaxed)) throw TraceError("stopped");
-            const uint32_t child = value(kStreamedDepth, kNoKey);
-            sink_->element(doc_, child);
-            doc_.nodes_.resize(child);
-            skip_ws();
-            if (p_ < end_ && *p_ == ',') {
-                ++p_;
-                skip_ws();
-                continue;
-            }
-            if (p_ < end_ && *p_ == ']') return static_cast<size_t>(p_ - begin_);
-            fail("Expecting ',' delimiter");
-        }
+        elements(kStreamedDepth, sink_, idx);
+        return static_cast<size_t>(p_ - begin_) - 1;  // (p_ is past the ']')
     }
 
   private:
@@ -174,6 +163,7 @@ class Parser {
     bool complete_ = true;       // streamed: end_ is the end of the input
     size_t handoff_ = SIZE_MAX;  // ElementSink::handoff(), until resume() is called
     bool quiet_ = false;         // errors need no message (parse_elements: the caller parses again)
+    const std::atomic<bool>* stop_ = nullptr;  // parse_elements: set, the parse ends between elements
     // The depth of the streamed array's elements: the root object's member values are at 1.
     static constexpr int kStreamedDepth = 2;
     std::string buf_;
@@ -552,7 +542,7 @@ class Parser {
     uint32_t array(int depth, ElementSink* sink, KeyId member) {
         if (depth > kMaxDepth) fail("nested too deeply");
         ++p_;
-        uint32_t idx = push(JType::Arr, member), prev = kNoNode;
+        const uint32_t idx = push(JType::Arr, member);
         if (sink) {
             sink->begin(idx);
             if (!stream_) handoff_ = sink->handoff(static_cast<size_t>(p_ - begin_));
@@ -562,16 +552,26 @@ class Parser {
             ++p_;
             return idx;
         }
+        elements(depth, sink, idx);
+        return idx;
+    }
+
+    // The elements of the array at node `idx`, from the first (at p_) past the array's ']'.
+    void elements(int depth, ElementSink* sink, uint32_t idx) {
+        uint32_t prev = kNoNode;
         while (true) {
             maybe_read_ahead();
             skip_ws();
-            if (sink && static_cast<size_t>(p_ - begin_) >= handoff_) {
-                // a second parser read the elements from here on: its end is where this goes on
-                const auto at = static_cast<size_t>(p_ - begin_);
-                handoff_ = SIZE_MAX;
-                if (const size_t to = sink->resume(at); to != at) {
-                    p_ = begin_ + to + 1;  // past the ']'
-                    return idx;
+            if (sink) {
+                if (stop_ && stop_->load(std::memory_order_relaxed)) throw TraceError("stopped");
+                if (static_cast<size_t>(p_ - begin_) >= handoff_) {
+                    // a second parser read the elements from here on: its end is where this goes on
+                    const auto at = static_cast<size_t>(p_ - begin_);
+                    handoff_ = SIZE_MAX;
+                    if (const size_t to = sink->resume(at); to != at) {
+                        p_ = begin_ + to + 1;  // past the ']'
+                        return;
+                    }
                 }
             }
             const uint32_t child = value(depth, kNoKey);
@@ -589,7 +589,7 @@ class Parser {
             }
             if (*p_ == ']') {
                 ++p_;
-                return idx;
+                return;
             }
             fail("Expecting ',' delimiter");
         }
