@@ -1,13 +1,17 @@
 // Glue only: Python objects <-> otelprof::Options / ConvertOutput. The GIL is released while
 // converting, and taken again only to call the resource composer (once per trace) and to take
 // each request, as it is written, into a bytes object (no request is held in C++ meanwhile).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -95,6 +99,7 @@ otelprof::Options to_options(const py::dict& d) {
     o.scope_version = get_or<std::string>(d, "scope_version", "");
     o.threads = get_or<int64_t>(d, "threads", o.threads);
     o.split_from_bytes = get_or<int64_t>(d, "split_from_bytes", o.split_from_bytes);  // (tests: 0 splits any trace)
+    o.parallel_from = get_or<int64_t>(d, "parallel_from", o.parallel_from);
     if (d.contains("live_steps")) {
         // [(number, trace id, span id, [(span id, start, end)], trigger)], validated by ConvertOptions
         auto copy = [](const py::handle& b, uint8_t* out, size_t size) {
@@ -133,17 +138,17 @@ class BytesStore final : public otelprof::RequestStore {
     BytesStore(const BytesStore&) = delete;
     BytesStore& operator=(const BytesStore&) = delete;
     ~BytesStore() override {
-        if (open_) {  // a conversion that failed while writing a request
-            py::gil_scoped_acquire gil;
-            Py_DECREF(open_);
-        }
+        if (open_.empty()) return;
+        py::gil_scoped_acquire gil;  // a conversion that failed while writing requests
+        for (auto& [buffer, request] : open_) Py_DECREF(request);
     }
 
     char* open(size_t capacity) override {
         py::gil_scoped_acquire gil;
-        open_ = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(capacity));
-        if (!open_) fail();
-        char* p = PyBytes_AS_STRING(open_);
+        PyObject* request = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(capacity));
+        if (!request) fail();
+        char* p = PyBytes_AS_STRING(request);
+        open_.emplace(p, request);
         // its fresh pages (the payload: tens of MiB for a large trace) as huge pages where the
         // system allows them on request: faulted in 4 KiB at a time, they took over half the time
         // the requests took to write
@@ -163,29 +168,34 @@ class BytesStore final : public otelprof::RequestStore {
 
     char* grow(size_t capacity) override {
         py::gil_scoped_acquire gil;
-        resize(capacity);
-        return PyBytes_AS_STRING(open_);
+        PyObject* request = resized(open_.begin()->first, capacity);
+        char* p = PyBytes_AS_STRING(request);
+        open_.emplace(p, request);
+        return p;
     }
 
-    void close(size_t size) override {
+    void close(char* buffer, size_t size) override {
         py::gil_scoped_acquire gil;
-        resize(size);
-        requests_.append(py::reinterpret_steal<py::object>(open_));
-        open_ = nullptr;
+        requests_.append(py::reinterpret_steal<py::object>(resized(buffer, size)));
     }
 
   private:
     py::list& requests_;
-    PyObject* open_ = nullptr;  // the request being written
+    std::unordered_map<const char*, PyObject*> open_;  // the requests being written, by buffer
 
     [[noreturn]] void fail() {
         PyErr_Clear();
         throw std::bad_alloc();
     }
-    // Cuts (or extends) the open object (the GIL held): realloc, which keeps a large block's
-    // pages in place.
-    void resize(size_t size) {
-        if (_PyBytes_Resize(&open_, static_cast<Py_ssize_t>(size)) != 0) fail();  // (frees it, and sets it to NULL)
+    // The open request of `buffer`, taken out of the open ones and cut (or extended) to `size`
+    // (the GIL held): realloc, which keeps a large block's pages in place. On failure it is freed.
+    PyObject* resized(const char* buffer, size_t size) {
+        auto it = open_.find(buffer);
+        if (it == open_.end()) throw std::logic_error("a request closed or grown that was not open");
+        PyObject* request = it->second;
+        open_.erase(it);
+        if (_PyBytes_Resize(&request, static_cast<Py_ssize_t>(size)) != 0) fail();  // (it freed the object)
+        return request;
     }
 };
 

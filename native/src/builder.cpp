@@ -17,6 +17,7 @@
 #include <variant>
 
 #include "otelprof/aggregates.hpp"
+#include "otelprof/beside.hpp"
 #include "otelprof/ids.hpp"
 #include "otelprof/iterations.hpp"
 #include "otelprof/links.hpp"
@@ -194,7 +195,9 @@ inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
 // What the stages of build_spans share (reference: builder.py's _BuildState), filled in stage by
 // stage; the small questions every stage asks (whose trace, which parent) are its methods.
 struct BuildState {
-    BuildState(Trace& t, const Options& o) : trace(t), opts(o), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full) {
+    BuildState(Trace& t, const Options& o)
+        : trace(t), opts(o), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full),
+          two_threads(o.threads > 1 && n >= o.parallel_from) {
         out.strings = std::move(t.strings);  // what the trace's strings and arg attributes point at
     }
 
@@ -203,6 +206,7 @@ struct BuildState {
     const std::vector<Event>& ev;
     const int n;
     const bool full;
+    const bool two_threads;  // stages that split their work run it on two threads
     Built out;
     int64_t stats[kStatCount] = {};
     // trace_identity
@@ -398,9 +402,10 @@ void trace_identity(BuildState& st) {
     st.base = fnv1a64("span|" + st.run_id + "|" + st.rank_s + "|" + st.out.window_id, kSeedHi);
 }
 
-// Steps, nesting, launches and owners (tree.cpp; reference: tree.py): what every later stage reads.
-void event_tree(BuildState& st) {
-    st.tree = build_tree(st.trace);
+// Steps, nesting, launches and owners (tree.cpp; reference: tree.py): what every later stage
+// reads. trace_identity, which reads the events alone, runs beside the tree's CPU-side nesting.
+void identity_and_tree(BuildState& st) {
+    st.tree = build_tree(st.trace, st.two_threads, [&] { trace_identity(st); });
     st.stats[STEPS] = static_cast<int64_t>(st.tree.steps.size());
     st.stats[DEVICE_EVENTS_UNLINKED] = st.tree.device_events_unlinked;
 }
@@ -1161,10 +1166,19 @@ void order_spans(BuildState& st) {
 // Length limits, key_averages rows and the resource: what is left once spans are in order.
 Built finish_build(BuildState& st) {
     int64_t* stats = st.stats;
-    // length limits: span names and string attribute values (reference: _cut_strings)
-    stats[VALUES_TRUNCATED] += cut_strings(st.out, st.opts.attribute_value_length_limit);
-    // key_averages rows (aggregates.cpp; reference: builder._aggregate_ops)
-    st.out.ops = aggregate_ops(st.trace, st.self, st.tree.sweep_order, st.opts.group_by_input_shapes);
+    // length limits: span names and string attribute values (reference: _cut_strings), and the
+    // key_averages rows (aggregates.cpp; reference: builder._aggregate_ops), which read the trace
+    // alone: on two threads, each writes its own part of the output
+    int64_t cut = 0;
+    auto cut_values = [&] { cut = cut_strings(st.out, st.opts.attribute_value_length_limit); };
+    auto ops = [&] { st.out.ops = aggregate_ops(st.trace, st.self, st.tree.sweep_order, st.opts.group_by_input_shapes); };
+    if (st.two_threads) {
+        run_beside(cut_values, ops);
+    } else {
+        cut_values();
+        ops();
+    }
+    stats[VALUES_TRUNCATED] += cut;
     // resource: composed by the caller (otelprof/otlp/resource.py), from what the trace says
     stats[VALUES_TRUNCATED] += add_resource(st.out, st.trace, st.opts, st.rank, st.world, st.run_id);
     for (int k = 0; k < kStatCount; ++k) st.out.stats.emplace_back(kStatNames[k], stats[k]);
@@ -1176,8 +1190,7 @@ Built finish_build(BuildState& st) {
 // The stages, in order; reference/builder.py's build runs the same ones under the same names.
 Built build_spans(Trace& trace, const Options& opts) {
     BuildState st(trace, opts);
-    trace_identity(st);
-    event_tree(st);
+    identity_and_tree(st);  // trace_identity, event_tree
     volume_keep(st);
     window_iterations(st);
     trace_ids_and_roots(st);
@@ -1186,9 +1199,18 @@ Built build_spans(Trace& trace, const Options& opts) {
     window_root_rule(st);
     aggregate_spans(st);
     hidden_counts(st);
-    op_self_times(st);
-    memory_span_events(st);
-    fwdbwd_links(st);
+    // op_self_times reads the trace's events and the tree alone: on two threads, it runs beside
+    // the next two
+    auto span_events_and_links = [&] {
+        memory_span_events(st);
+        fwdbwd_links(st);
+    };
+    if (st.two_threads) {
+        run_beside(span_events_and_links, [&] { op_self_times(st); });
+    } else {
+        op_self_times(st);
+        span_events_and_links();
+    }
     assemble_synthetic_roots(st);
     assemble_event_spans(st);
     order_spans(st);

@@ -51,11 +51,14 @@ ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_pt
     trace = Trace();
 #if defined(__GLIBC__)
     // The build's scratch, freed, stays in the heap (glibc raises its mmap threshold as large
-    // blocks are freed): ~14 MiB on the largest shared trace, given back in about a millisecond.
-    // Only from 8 MiB of JSON (ns_resolution's 15 MB: 2 MiB less peak): malloc_trim locks every
-    // arena in turn and returns their pages, and a training loop allocating beside a profiling
-    // window's (a few MB) conversion waits on it (benchmarks/overhead.py's window ratio:
-    // 1.050-1.055 with it, 1.032-1.035 without).
+    // blocks are freed): ~14 MiB on the largest shared trace, given back in about a millisecond,
+    // with what the build's second thread freed in its own arena (parallel_from). Given back
+    // after the requests are written instead, the requests reuse part of it and the encode is
+    // ~4 ms faster there, but the peak is higher: ns_resolution's 15 MB, 41 -> 44 MiB (3.1x
+    // the payload), df_index's 95 -> 103 with two threads. Only from 8 MiB of JSON:
+    // malloc_trim locks every arena in turn and returns their pages, and a training loop
+    // allocating beside a profiling window's (a few MB) conversion waits on it
+    // (benchmarks/overhead.py's window ratio: 1.050-1.055 with it, 1.032-1.035 without).
     if (json_size >= kTrimAfterBytes) malloc_trim(0);
 #endif
     ConvertOutput out;
@@ -63,7 +66,8 @@ ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_pt
     const auto max_bytes = static_cast<size_t>(options.max_request_bytes);
     size_t n_requests;
     if (options.request_store) {
-        n_requests = encode_requests(built, options.scope_version, max_bytes, *options.request_store);
+        const bool two_threads = options.threads > 1 && static_cast<int64_t>(built.order.size()) >= options.parallel_from;
+        n_requests = encode_requests(built, options.scope_version, max_bytes, *options.request_store, two_threads);
     } else {
         out.requests = encode_requests(built, options.scope_version, max_bytes);
         n_requests = out.requests.size();

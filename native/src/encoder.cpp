@@ -6,6 +6,8 @@
 #include <new>
 #include <stdexcept>
 
+#include "otelprof/beside.hpp"
+
 namespace otelprof {
 
 namespace {
@@ -102,7 +104,7 @@ class Buf {
     Buf(const Buf&) = delete;
     Buf& operator=(const Buf&) = delete;
     ~Buf() {
-        if (!store_) std::free(data_);
+        if (!store_ && !fixed_) std::free(data_);
     }
 
     size_t size() const { return len_; }
@@ -115,6 +117,14 @@ class Buf {
     char* begin() { return data_; }
     // From now on, reset() opens `store`'s buffers (before anything is written).
     void use_store(RequestStore& store) { store_ = &store; }
+    // Writes into [p, p + capacity), which is not its own and never grows (before anything is
+    // written): a request whose size is known, with room for the largest ensure() of its spans.
+    void use_fixed(char* p, size_t capacity) {
+        data_ = p;
+        cap_ = capacity;
+        len_ = 0;
+        fixed_ = true;
+    }
     // Starts over with room for `capacity` bytes, the first `skip` of them left unwritten.
     void reset(size_t capacity, size_t skip) {
         if (store_) {
@@ -132,7 +142,7 @@ class Buf {
     }
     // The store's buffer holds the request, its first `size` bytes: it goes to the store.
     void close(size_t size) {
-        store_->close(size);
+        store_->close(data_, size);
         data_ = nullptr;
         cap_ = store_cap_ = len_ = 0;
     }
@@ -219,6 +229,7 @@ class Buf {
     size_t len_ = 0;
     RequestStore* store_ = nullptr;
     size_t store_cap_ = 0;  // the store's buffer
+    bool fixed_ = false;    // use_fixed
 
     void ready(size_t cap) {
         store_->ready(data_ + cap_, cap - cap_);
@@ -226,6 +237,7 @@ class Buf {
     }
 
     __attribute__((noinline)) void grow(size_t need) {
+        if (fixed_) throw std::logic_error("a request outgrew the size its spans were given");
         if (!store_) {
             const size_t cap = std::max(cap_ * 2, need + 256);
             char* grown = static_cast<char*>(std::realloc(data_, cap));
@@ -377,9 +389,68 @@ void put_span(Buf& out, const Span& sp, const Built& built, const std::vector<Ke
     }
 }
 
+// The size of the ScopeSpans.spans field put_span writes for `sp`, without writing it.
+// `longest` rises to the longest string it writes in one piece (a name, a string value): a
+// buffer with that much room (and a little) to spare takes every ensure() of the span.
+size_t span_field_size(const Span& sp, const Built& built, const std::vector<KeyField>& keys, size_t& longest) {
+    auto attribute = [&](const AttrValue& v) {
+        if (v.type == AttrValue::Type::Str) longest = std::max<size_t>(longest, v.len);
+        const size_t any = any_value_len(v);
+        return field_len(keys[v.key].size + 1 + varint_len(any) + any);
+    };
+    longest = std::max(longest, sp.name.size());
+    size_t n = 18 + 10 + (sp.has_parent ? 10 : 0) + 2 + (sp.start ? 9 : 0) + (sp.end ? 9 : 0);
+    if (!sp.name.empty()) n += field_len(sp.name.size());
+    built.attrs.visit(sp.attrs, [&](const AttrValue& v) { n += attribute(v); });
+    for (uint32_t at = sp.events.begin; at < sp.events.begin + sp.events.count; ++at) {
+        const SpanEvent& e = built.events[at];
+        size_t event = (e.ts ? 9 : 0) + field_len(14);
+        built.attrs.visit(e.attrs, [&](const AttrValue& v) { event += attribute(v); });
+        n += field_len(event);
+    }
+    if (sp.dropped_events) n += 1 + varint_len(sp.dropped_events);
+    for (uint32_t at = sp.links.begin; at < sp.links.begin + sp.links.count; ++at) {
+        const size_t kind = std::strlen(built.links[at].kind);
+        n += field_len(18 + 10 + field_len(field_len(18) + field_len(field_len(kind))));
+    }
+    if (sp.dropped_links) n += 1 + varint_len(sp.dropped_links);
+    return field_len(n);
+}
+
 }  // namespace
 
 namespace {
+
+// The header of every request of `built`, before its spans: ExportTraceServiceRequest
+// .resource_spans, its ResourceSpans.resource and .scope_spans, their ScopeSpans.scope.
+class RequestHead {
+  public:
+    RequestHead(const Built& built, const std::string& scope_version) {
+        Buf resource_buf, scope_buf;
+        put_attributes(resource_buf, 1, built.resource);
+        scope_buf.bytes(1, "otelprof", 8);
+        if (!scope_version.empty()) scope_buf.bytes(2, scope_version.data(), scope_version.size());
+        resource_ = resource_buf.take();
+        scope_ = scope_buf.take();
+    }
+    // A request's size, `body` bytes of spans with their header.
+    size_t request_size(size_t body) const { return field_len(resource_spans(body)); }
+    // The most a header can take (a body under 2^64 bytes).
+    size_t max_size() const { return 2 * (1 + 10) + field_len(resource_.size()) + field_len(scope_.size()); }
+    void put(Buf& out, size_t body) const {
+        out.byte(tag(1, 2));  // ExportTraceServiceRequest.resource_spans
+        out.varint(resource_spans(body));
+        out.bytes(1, resource_.data(), resource_.size());  // ResourceSpans.resource
+        out.byte(tag(2, 2));                               // ResourceSpans.scope_spans
+        out.varint(scope_spans(body));
+        out.bytes(1, scope_.data(), scope_.size());  // ScopeSpans.scope
+    }
+
+  private:
+    std::string resource_, scope_;
+    size_t scope_spans(size_t body) const { return field_len(scope_.size()) + body; }
+    size_t resource_spans(size_t body) const { return field_len(resource_.size()) + field_len(scope_spans(body)); }
+};
 
 // The requests of `built`, batch by batch: each batch's spans are written after `room` bytes
 // and emit(body, room, n, head, last) takes the n bytes of spans after the room, with their
@@ -391,38 +462,17 @@ template <typename Open, typename Emit>
 size_t encode_batches(const Built& built, const std::string& scope_version, size_t max_bytes, bool tight, Buf& body,
                       Open&& open_batch, Emit&& emit) {
     if (built.order.empty()) return 0;
-    Buf resource_buf, scope_buf;
-    put_attributes(resource_buf, 1, built.resource);
-    scope_buf.bytes(1, "otelprof", 8);
-    if (!scope_version.empty()) scope_buf.bytes(2, scope_version.data(), scope_version.size());
-    const std::string resource = resource_buf.take(), scope = scope_buf.take();
-
-    auto request_size = [&](size_t body_size, size_t& scope_spans, size_t& resource_spans) {
-        scope_spans = field_len(scope.size()) + body_size;
-        resource_spans = field_len(resource.size()) + field_len(scope_spans);
-        return field_len(resource_spans);
-    };
+    const RequestHead head(built, scope_version);
     // Batches fill up to max_bytes; the span that overflows one is written before it is moved on.
     const size_t batch_limit = std::min<size_t>(max_bytes, size_t{64} << 20);
-    size_t room = 2 * (1 + 10) + field_len(resource.size()) + field_len(scope.size());
-    if (tight) {
-        size_t scope_spans, resource_spans;
-        room = request_size(batch_limit, scope_spans, resource_spans) - batch_limit;
-    }
+    const size_t room = tight ? head.request_size(batch_limit) - batch_limit : head.max_size();
     const size_t batch_capacity = room + batch_limit + (size_t{64} << 10);
     size_t requests = 0;
     // Emits the first `n` bytes of the batch's spans as one request.
     auto flush = [&](size_t n, bool last) {
-        size_t scope_spans, resource_spans;
-        request_size(n, scope_spans, resource_spans);
-        Buf head;
-        head.byte(tag(1, 2));  // ExportTraceServiceRequest.resource_spans
-        head.varint(resource_spans);
-        head.bytes(1, resource.data(), resource.size());  // ResourceSpans.resource
-        head.byte(tag(2, 2));                              // ResourceSpans.scope_spans
-        head.varint(scope_spans);
-        head.bytes(1, scope.data(), scope.size());  // ScopeSpans.scope
-        emit(body, room, n, head, last);
+        Buf header;
+        head.put(header, n);
+        emit(body, room, n, header, last);
         ++requests;
     };
     open_batch(batch_capacity, room);
@@ -432,8 +482,7 @@ size_t encode_batches(const Built& built, const std::string& scope_version, size
     for (uint32_t idx : built.order) {
         const size_t before = body.size();
         body.message(2, [&] { put_span(body, built.spans[idx], built, keys); }, 2);
-        size_t scope_spans, resource_spans;
-        if (count && request_size(body.size() - room, scope_spans, resource_spans) > max_bytes) {
+        if (count && head.request_size(body.size() - room) > max_bytes) {
             // this span opens the next batch
             span.assign(body.data() + before, body.size() - before);
             body.truncate(before);
@@ -445,6 +494,69 @@ size_t encode_batches(const Built& built, const std::string& scope_version, size
     }
     flush(body.size() - room, true);
     return requests;
+}
+
+// encode_batches' requests into `store`, on two threads: first the spans' sizes (half the spans
+// each), which fix the batches; then each thread writes whole requests, about half the bytes
+// each, into buffers the store opened for all of them at once. No span is written twice.
+size_t encode_on_two_threads(const Built& built, const std::string& scope_version, size_t max_bytes,
+                             RequestStore& store) {
+    const RequestHead head(built, scope_version);
+    const std::vector<KeyField>& keys = key_fields();
+    const size_t n = built.order.size();
+    std::vector<size_t> sizes(n);
+    size_t longest[2] = {0, 0};
+    auto measure = [&](size_t from, size_t to, size_t& most) {
+        for (size_t k = from; k < to; ++k) sizes[k] = span_field_size(built.spans[built.order[k]], built, keys, most);
+    };
+    run_beside([&] { measure(0, n / 2, longest[0]); }, [&] { measure(n / 2, n, longest[1]); });
+
+    struct Batch {
+        size_t first = 0, body = 0;  // its first span (in output order), its spans' bytes
+    };
+    std::vector<Batch> batches(1);
+    for (size_t k = 0, count = 0; k < n; ++k, ++count) {
+        if (count && head.request_size(batches.back().body + sizes[k]) > max_bytes) {
+            batches.push_back({k, 0});
+            count = 0;
+        }
+        batches.back().body += sizes[k];
+    }
+    batches.push_back({n, 0});  // (where the last one ends)
+    const size_t n_requests = batches.size() - 1;
+
+    // the second thread's requests are the last ones, about half the bytes: their buffers open
+    // first, then it starts, and this thread opens its own while it writes
+    size_t total = 0, split = n_requests;
+    for (size_t r = 0; r < n_requests; ++r) total += batches[r].body;
+    for (size_t r = 0, bytes = 0; r < n_requests && split == n_requests; ++r)
+        if ((bytes += batches[r].body) >= total / 2) split = r + 1;
+    const size_t spare = std::max(longest[0], longest[1]) + 256;
+    std::vector<char*> buffers(n_requests);
+    auto open = [&](size_t from, size_t to) {
+        for (size_t r = from; r < to; ++r) buffers[r] = store.open(head.request_size(batches[r].body) + spare);
+    };
+    auto write = [&](size_t from, size_t to) {
+        for (size_t r = from; r < to; ++r) {
+            const size_t size = head.request_size(batches[r].body);
+            store.ready(buffers[r], size);
+            Buf out;
+            out.use_fixed(buffers[r], size + spare);
+            head.put(out, batches[r].body);
+            for (size_t k = batches[r].first; k < batches[r + 1].first; ++k)
+                out.message(2, [&] { put_span(out, built.spans[built.order[k]], built, keys); }, 2);
+            if (out.size() != size) throw std::logic_error("a request's spans were mismeasured");
+        }
+    };
+    open(split, n_requests);
+    auto first = [&] {
+        open(0, split);
+        write(0, split);
+    };
+    if (split < n_requests) run_beside(first, [&] { write(split, n_requests); });
+    else first();
+    for (size_t r = 0; r < n_requests; ++r) store.close(buffers[r], head.request_size(batches[r].body));
+    return n_requests;
 }
 
 }  // namespace
@@ -472,7 +584,9 @@ std::vector<Request> encode_requests(const Built& built, const std::string& scop
     return requests;
 }
 
-size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, RequestStore& store) {
+size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, RequestStore& store,
+                       bool two_threads) {
+    if (two_threads && !built.order.empty()) return encode_on_two_threads(built, scope_version, max_bytes, store);
     Buf body;
     body.use_store(store);
     size_t capacity = 0;

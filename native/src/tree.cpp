@@ -4,9 +4,12 @@
 #include "otelprof/tree.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
+
+#include "otelprof/beside.hpp"
 
 #include "build_common.hpp"
 
@@ -157,7 +160,6 @@ void nest_cpu_events(const Trace& trace, EventTree& t) {
     const std::vector<Event>& ev = trace.events;
     const int n = static_cast<int>(ev.size());
     std::vector<int>& parent = t.parent;
-    parent.assign(n, -1);
     std::unordered_map<std::pair<Ident, Ident>, std::vector<Item>, IdentPairHash, IdentPairEq> groups;
     // events of one thread come in runs: the last thread's group is looked up once per run
     std::vector<Item>* last = nullptr;
@@ -279,12 +281,23 @@ int EventTree::step_at(int64_t ts) const {
     return ts < step_ends[static_cast<size_t>(it - step_starts.begin() - 1)] ? s : -1;
 }
 
-EventTree build_tree(const Trace& trace) {
+EventTree build_tree(const Trace& trace, bool two_threads, const std::function<void()>& also) {
     EventTree t;
-    find_steps(trace, t);
+    // the CPU side's nesting and the rest write apart: each its own events' parents, its own fields
+    t.parent.assign(trace.events.size(), -1);
+    auto cpu_side = [&] { nest_cpu_events(trace, t); };
+    auto rest = [&] {
+        attach_device_events(trace, t);
+        find_steps(trace, t);
+        if (also) also();
+    };
+    if (two_threads) {
+        run_beside(cpu_side, rest);
+    } else {
+        cpu_side();
+        rest();
+    }
     for (int s : t.steps) t.step_ends.push_back(trace.events[s].end);
-    nest_cpu_events(trace, t);
-    attach_device_events(trace, t);
     assign_owners(trace, t);
     return t;
 }

@@ -92,7 +92,8 @@ class ConvertOptions:
     live_steps: tuple[LiveStep, ...] = ()
     #: Threads one conversion may use: with 2, a second thread parses the second half of a large
     #: trace (8 MiB of JSON or more, from bytes or a plain ``.json`` file) while the first parses
-    #: the rest; the output is the same. A profiling window converts with 1, beside training.
+    #: the rest, and from 16k events or spans the build and the encoder share their work with it;
+    #: the output is the same. A profiling window converts with 1, beside training.
     threads: int = 2
 
     def __post_init__(self) -> None:

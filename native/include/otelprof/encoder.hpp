@@ -29,6 +29,8 @@ struct Request {
 std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes);
 
 // The same requests, each written into a buffer of `store` and closed there: returns how many.
-size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, RequestStore& store);
+// With two_threads, a second thread writes about half of them (the spans' sizes measured first).
+size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, RequestStore& store,
+                       bool two_threads = false);
 
 }  // namespace otelprof

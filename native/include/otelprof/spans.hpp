@@ -85,20 +85,23 @@ struct LiveStep {
     std::string trigger;  // what started the window ("": unknown, no attribute)
 };
 
-// Storage the requests are written into directly, one at a time (the bindings: Python bytes
-// objects), so that none is written into the encoder's own buffer first and then copied.
+// Storage the requests are written into directly (the bindings: Python bytes objects), so that
+// none is written into the encoder's own buffer first and then copied. One buffer is open at a
+// time, or (requests of known sizes, written by two threads) several; they are closed in the
+// requests' order.
 class RequestStore {
   public:
     virtual ~RequestStore() = default;
-    // A buffer of `capacity` bytes for the next request.
+    // A buffer of `capacity` bytes for a request.
     virtual char* open(size_t capacity) = 0;
-    // Readies [p, p + n) of the open buffer before it is first written (e.g. faults its pages in
-    // at once); called in order, a stretch at a time, as the request grows.
+    // Readies [p, p + n) of an open buffer before it is first written (e.g. faults its pages in
+    // at once), from the thread that writes it; called in order, a stretch at a time, as a
+    // request grows, or once for a request of known size.
     virtual void ready(char* p, size_t n) = 0;
-    // The open buffer grown to `capacity` bytes, what it holds kept (it may move).
+    // The one open buffer grown to `capacity` bytes, what it holds kept (it may move).
     virtual char* grow(size_t capacity) = 0;
-    // The open buffer's first `size` bytes are the request: it is done.
-    virtual void close(size_t size) = 0;
+    // The first `size` bytes of the open buffer `buffer` are the next request: it is done.
+    virtual void close(char* buffer, size_t size) = 0;
 };
 
 struct Options {
@@ -117,8 +120,12 @@ struct Options {
     std::string scope_version;
     std::vector<LiveStep> live_steps;
     RequestStore* request_store = nullptr;  // optional: holds the requests instead of ConvertOutput::requests
-    int64_t threads = 1;  // 2: JSON of split_from_bytes or more is parsed by two threads (TraceReader::split)
+    // 2: JSON of split_from_bytes or more is parsed by two threads (TraceReader::split), and the
+    // build stages and the encoder split their work between two from parallel_from events
+    // (build) or spans (encoder): where a thread's start is well paid for
+    int64_t threads = 1;
     int64_t split_from_bytes = int64_t{8} << 20;  // where a thread's start and the merge are well paid for
+    int64_t parallel_from = 16384;
 };
 
 using Stats = std::vector<std::pair<std::string, int64_t>>;

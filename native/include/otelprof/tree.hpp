@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "otelprof/json.hpp"
@@ -27,6 +28,8 @@ struct EventTree {
     int step_at(int64_t ts) const;
 };
 
-EventTree build_tree(const Trace& trace);
+// With two_threads, the CPU side's nesting runs beside the device side's and the steps', then
+// `also` (work of the caller's that writes nothing the tree does), on a second thread.
+EventTree build_tree(const Trace& trace, bool two_threads = false, const std::function<void()>& also = {});
 
 }  // namespace otelprof
