@@ -322,3 +322,19 @@ def fwdbwd_pairs(raw: RawTrace) -> dict[Any, tuple[dict[str, Any], dict[str, Any
             elif e.get("ph") == "f":
                 ends.setdefault(key, e)
     return {k: (starts[k], ends[k]) for k in ends if k in starts}
+
+
+def cpu_op_event(k: int, **over: Any) -> dict[str, Any]:
+    """The k-th of a run of small CPU ops on three threads, as Kineto writes them; `over` replaces fields."""
+    ev: dict[str, Any] = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": f"aten::op{k % 7}",
+        "pid": 1,
+        "tid": 2 + k % 3,
+        "ts": 1000 + 10 * k,
+        "dur": 5,
+        "args": {"External id": k, "Sequence number": k // 2, "Fwd thread id": 1},
+    }
+    ev.update(over)
+    return ev

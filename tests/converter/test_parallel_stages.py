@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from converter_helpers import KINETO_TRACES, skip_unless_native
+from converter_helpers import KINETO_TRACES, cpu_op_event, skip_unless_native
 
 from otelprof.converter import ConvertOptions
 
@@ -83,19 +83,7 @@ def test_shared_traces_convert_the_same(path: Path, detail: str, max_request_byt
     assert len(requests) == 1 if payload <= max_request_bytes else len(requests) > 1
 
 
-def _event(k: int, **over: Any) -> dict[str, Any]:
-    ev: dict[str, Any] = {
-        "ph": "X",
-        "cat": "cpu_op",
-        "name": f"aten::op{k % 7}",
-        "pid": 1,
-        "tid": 2 + k % 3,
-        "ts": 1000 + 10 * k,
-        "dur": 8,
-        "args": {"External id": k, "Sequence number": k // 2, "Fwd thread id": 1},
-    }
-    ev.update(over)
-    return ev
+_event = cpu_op_event
 
 
 def _trace(events: list[Any]) -> bytes:

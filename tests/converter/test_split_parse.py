@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from converter_helpers import KINETO_TRACES, skip_unless_native
+from converter_helpers import KINETO_TRACES, cpu_op_event, skip_unless_native
 
 from otelprof.converter import ConvertOptions
 
@@ -63,19 +63,7 @@ def _same_as_one_thread(data: bytes, **fields: Any) -> bool:
     return bool(two[4])
 
 
-def _event(k: int, **over: Any) -> dict[str, Any]:
-    ev: dict[str, Any] = {
-        "ph": "X",
-        "cat": "cpu_op",
-        "name": f"aten::op{k % 7}",
-        "pid": 1,
-        "tid": 2 + k % 3,
-        "ts": 1000 + 10 * k,
-        "dur": 5,
-        "args": {"External id": k, "Sequence number": k // 2, "Fwd thread id": 1},
-    }
-    ev.update(over)
-    return ev
+_event = cpu_op_event
 
 
 def _kineto(events: list[Any], head: str = "", tail: str = "") -> bytes:
