@@ -197,7 +197,7 @@ inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
 struct BuildState {
     BuildState(Trace& t, const Options& o)
         : trace(t), opts(o), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full),
-          two_threads(o.threads > 1 && n >= o.parallel_from) {
+          two_threads(o.parallel(t.events.size())) {
         out.strings = std::move(t.strings);  // what the trace's strings and arg attributes point at
     }
 

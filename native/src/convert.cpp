@@ -66,8 +66,8 @@ ConvertOutput convert_parsed(std::unique_ptr<TraceReader> reader, std::unique_pt
     const auto max_bytes = static_cast<size_t>(options.max_request_bytes);
     size_t n_requests;
     if (options.request_store) {
-        const bool two_threads = options.threads > 1 && static_cast<int64_t>(built.order.size()) >= options.parallel_from;
-        n_requests = encode_requests(built, options.scope_version, max_bytes, *options.request_store, two_threads);
+        n_requests = encode_requests(built, options.scope_version, max_bytes, *options.request_store,
+                                     options.parallel(built.order.size()));
     } else {
         out.requests = encode_requests(built, options.scope_version, max_bytes);
         n_requests = out.requests.size();

@@ -435,6 +435,9 @@ class RequestHead {
     }
     // A request's size, `body` bytes of spans with their header.
     size_t request_size(size_t body) const { return field_len(resource_spans(body)); }
+    // The rule every batch is cut by: a span that takes a batch of `count` spans to `body` bytes
+    // past max_bytes opens the next batch instead, unless it would be the batch's first.
+    bool overflows(size_t count, size_t body, size_t max_bytes) const { return count && request_size(body) > max_bytes; }
     // The most a header can take (a body under 2^64 bytes).
     size_t max_size() const { return 2 * (1 + 10) + field_len(resource_.size()) + field_len(scope_.size()); }
     void put(Buf& out, size_t body) const {
@@ -482,7 +485,7 @@ size_t encode_batches(const Built& built, const std::string& scope_version, size
     for (uint32_t idx : built.order) {
         const size_t before = body.size();
         body.message(2, [&] { put_span(body, built.spans[idx], built, keys); }, 2);
-        if (count && head.request_size(body.size() - room) > max_bytes) {
+        if (head.overflows(count, body.size() - room, max_bytes)) {
             // this span opens the next batch
             span.assign(body.data() + before, body.size() - before);
             body.truncate(before);
@@ -516,7 +519,7 @@ size_t encode_on_two_threads(const Built& built, const std::string& scope_versio
     };
     std::vector<Batch> batches(1);
     for (size_t k = 0, count = 0; k < n; ++k, ++count) {
-        if (count && head.request_size(batches.back().body + sizes[k]) > max_bytes) {
+        if (head.overflows(count, batches.back().body + sizes[k], max_bytes)) {
             batches.push_back({k, 0});
             count = 0;
         }

@@ -126,6 +126,9 @@ struct Options {
     int64_t threads = 1;
     int64_t split_from_bytes = int64_t{8} << 20;  // where a thread's start and the merge are well paid for
     int64_t parallel_from = 16384;
+
+    // Whether a stage with `items` events or spans splits its work between two threads.
+    bool parallel(size_t items) const { return threads > 1 && static_cast<int64_t>(items) >= parallel_from; }
 };
 
 using Stats = std::vector<std::pair<std::string, int64_t>>;
