@@ -528,8 +528,9 @@ size_t encode_on_two_threads(const Built& built, const std::string& scope_versio
     batches.push_back({n, 0});  // (where the last one ends)
     const size_t n_requests = batches.size() - 1;
 
-    // the second thread's requests are the last ones, about half the bytes: their buffers open
-    // first, then it starts, and this thread opens its own while it writes
+    // the second thread's requests are the last ones, about half the bytes; each thread opens
+    // the buffers it writes (an open faults in a buffer's first page: on the second thread, that
+    // work is shared too)
     size_t total = 0, split = n_requests;
     for (size_t r = 0; r < n_requests; ++r) total += batches[r].body;
     for (size_t r = 0, bytes = 0; r < n_requests && split == n_requests; ++r)
@@ -551,13 +552,14 @@ size_t encode_on_two_threads(const Built& built, const std::string& scope_versio
             if (out.size() != size) throw std::logic_error("a request's spans were mismeasured");
         }
     };
-    open(split, n_requests);
-    auto first = [&] {
-        open(0, split);
-        write(0, split);
+    auto part = [&](size_t from, size_t to) {
+        return [&, from, to] {
+            open(from, to);
+            write(from, to);
+        };
     };
-    if (split < n_requests) run_beside(first, [&] { write(split, n_requests); });
-    else first();
+    if (split < n_requests) run_beside(part(0, split), part(split, n_requests));
+    else part(0, n_requests)();
     for (size_t r = 0; r < n_requests; ++r) store.close(buffers[r], head.request_size(batches[r].body));
     return n_requests;
 }

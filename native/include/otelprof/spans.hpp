@@ -87,8 +87,9 @@ struct LiveStep {
 
 // Storage the requests are written into directly (the bindings: Python bytes objects), so that
 // none is written into the encoder's own buffer first and then copied. One buffer is open at a
-// time, or (requests of known sizes, written by two threads) several; they are closed in the
-// requests' order.
+// time, or (requests of known sizes, written by two threads) several, opened and readied from
+// both threads (open must be safe to call from either: BytesStore takes the GIL); they are
+// closed in the requests' order, from the calling thread.
 class RequestStore {
   public:
     virtual ~RequestStore() = default;
