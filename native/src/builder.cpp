@@ -1163,22 +1163,18 @@ void order_spans(BuildState& st) {
     stats[SPANS] = static_cast<int64_t>(out.order.size());
 }
 
-// Length limits, key_averages rows and the resource: what is left once spans are in order.
+// Length limits: span names and string attribute values (reference: _cut_strings).
+void cut_values(BuildState& st) { st.stats[VALUES_TRUNCATED] += cut_strings(st.out, st.opts.attribute_value_length_limit); }
+
+// key_averages rows (aggregates.cpp; reference: builder._aggregate_ops): from the trace and the
+// self times alone.
+void key_average_rows(BuildState& st) {
+    st.out.ops = aggregate_ops(st.trace, st.self, st.tree.sweep_order, st.opts.group_by_input_shapes);
+}
+
+// The resource and the stats: what is left once spans are in order.
 Built finish_build(BuildState& st) {
     int64_t* stats = st.stats;
-    // length limits: span names and string attribute values (reference: _cut_strings), and the
-    // key_averages rows (aggregates.cpp; reference: builder._aggregate_ops), which read the trace
-    // alone: on two threads, each writes its own part of the output
-    int64_t cut = 0;
-    auto cut_values = [&] { cut = cut_strings(st.out, st.opts.attribute_value_length_limit); };
-    auto ops = [&] { st.out.ops = aggregate_ops(st.trace, st.self, st.tree.sweep_order, st.opts.group_by_input_shapes); };
-    if (st.two_threads) {
-        run_beside(cut_values, ops);
-    } else {
-        cut_values();
-        ops();
-    }
-    stats[VALUES_TRUNCATED] += cut;
     // resource: composed by the caller (otelprof/otlp/resource.py), from what the trace says
     stats[VALUES_TRUNCATED] += add_resource(st.out, st.trace, st.opts, st.rank, st.world, st.run_id);
     for (int k = 0; k < kStatCount; ++k) st.out.stats.emplace_back(kStatNames[k], stats[k]);
@@ -1211,9 +1207,20 @@ Built build_spans(Trace& trace, const Options& opts) {
         op_self_times(st);
         span_events_and_links();
     }
-    assemble_synthetic_roots(st);
-    assemble_event_spans(st);
-    order_spans(st);
+    // the key_averages rows read the trace and the self times alone: on two threads, they are
+    // made beside the spans' assembly, which writes only the output's spans
+    auto spans = [&] {
+        assemble_synthetic_roots(st);
+        assemble_event_spans(st);
+        order_spans(st);
+        cut_values(st);
+    };
+    if (st.two_threads) {
+        run_beside(spans, [&] { key_average_rows(st); });
+    } else {
+        spans();
+        key_average_rows(st);
+    }
     return finish_build(st);
 }
 
