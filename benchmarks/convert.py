@@ -3,7 +3,8 @@ against the issue 18 targets, measured in one run.
 
     python benchmarks/convert.py [TRACE ...] [--repeat N] [--sdk-spans N] [--large-mb MB] [--reference]
 
-Per trace, at detail="full", the medians of N interleaved runs (in a rotating order) of
+Per trace, at detail="full", the medians of N interleaved runs (in balanced orders: each kind
+as often straight after each other kind, benchmarks/orders.py) of
 - bytes: ``_native.convert`` of the already-inflated JSON on one thread (spans/s, MB/s of JSON):
          the targets are per core, as the SDK path runs;
 - 2 thr: the same with ``threads=2`` (ConvertOptions' default, TraceReader::split: a second
@@ -31,10 +32,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from otelprof import _native
-from otelprof.converter import ConvertOptions, convert, convert_bytes, load_bytes
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks.orders, when run as a script
+
+from benchmarks.orders import balanced_orders  # noqa: E402
+from otelprof import _native  # noqa: E402
+from otelprof.converter import ConvertOptions, convert, convert_bytes, load_bytes  # noqa: E402
+
 DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "kineto"
 MiB = 1024 * 1024
 
@@ -156,12 +160,14 @@ def main() -> int:
         if path == paths[-1]:  # the SDK path runs on the largest trace's spans, interleaved with it
             sample = sdk_sample(list(out.requests), args.sdk_spans)
         t_bytes, t_two, t_gz = [], [], []
-        kinds = ["bytes", "two", "gz", "sdk"] if sample else ["bytes", "two", "gz"]
-        # Interleaved, so a busy moment hits each; in an order that rotates, so none always runs
-        # straight after the same other (right after the SDK path's second of pure Python, the
-        # largest trace converted ~10 % slower here: a fixed order charged that to one column).
+        orders = balanced_orders(["bytes", "two", "gz", "sdk"] if sample else ["bytes", "two", "gz"])
+        # Interleaved, so a busy moment hits each; in balanced orders, so none always runs
+        # straight after the same other. Right after the SDK path's second of pure Python, the
+        # largest trace converts 10-40 % slower here (this VM hands memory freed for ~1 s back to
+        # its host, and faulting it in again costs ~10x): the rotated order used before this kept
+        # "bytes" straight after the SDK path, and charged that to the one-thread figure alone.
         for k in range(args.repeat):
-            for kind in kinds[k % len(kinds) :] + kinds[: k % len(kinds)]:
+            for kind in orders[k % len(orders)]:
                 if kind == "bytes":
                     t_bytes.append(timed(_native.convert, data, native_opts))
                 elif kind == "two":

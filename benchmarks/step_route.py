@@ -10,9 +10,10 @@
 - ``otlp``: ``OTEL_METRICS_EXPORTER=prometheus,otlp`` (histograms recorded per step through
   the SDK; the export interval is long, so no export runs inside the measurement).
 
-Each round runs the bare tiny loop (benchmarks/overhead.py's) and every route once, in an
-order rotated per round; the figure per route is the median over rounds of its difference to
-the bare run of the same round, in microseconds per step.
+Each round runs the bare tiny loop (benchmarks/overhead.py's) and every route once, in balanced
+orders (each side as often straight after each other side: benchmarks/orders.py); the figure
+per route is the median over rounds of its difference to the bare run of the same round, in
+microseconds per step.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import otelprof
+from benchmarks.orders import balanced_orders
 from benchmarks.overhead import make_loop
 from otelprof.capture import session as session_module
 from otelprof.capture.steps.device_timing import CpuEvent, DeviceTiming
@@ -110,10 +112,10 @@ def main() -> int:
             "otlp": routed(run, {**env, "OTEL_METRICS_EXPORTER": "prometheus,otlp"}),
         }
         names = list(sides)
+        orders = balanced_orders(names)
         times: dict[str, list[float]] = {name: [] for name in names}
         for round_ in range(args.rounds):
-            k = round_ % len(names)
-            for name in names[k:] + names[:k]:
+            for name in orders[round_ % len(orders)]:
                 gc.collect()
                 times[name].append(sides[name]())
     if args.json:
