@@ -166,9 +166,9 @@ class BytesStore final : public otelprof::RequestStore {
 #endif
     }
 
-    char* grow(size_t capacity) override {
+    char* grow(char* buffer, size_t capacity) override {
         py::gil_scoped_acquire gil;
-        PyObject* request = resized(open_.begin()->first, capacity);
+        PyObject* request = resized(buffer, capacity);
         char* p = PyBytes_AS_STRING(request);
         open_.emplace(p, request);
         return p;

@@ -104,7 +104,7 @@ class Buf {
     Buf(const Buf&) = delete;
     Buf& operator=(const Buf&) = delete;
     ~Buf() {
-        if (!store_ && !fixed_) std::free(data_);
+        if (!store_) std::free(data_);
     }
 
     size_t size() const { return len_; }
@@ -117,14 +117,6 @@ class Buf {
     char* begin() { return data_; }
     // From now on, reset() opens `store`'s buffers (before anything is written).
     void use_store(RequestStore& store) { store_ = &store; }
-    // Writes into [p, p + capacity), which is not its own and never grows (before anything is
-    // written): a request whose size is known, with room for the largest ensure() of its spans.
-    void use_fixed(char* p, size_t capacity) {
-        data_ = p;
-        cap_ = capacity;
-        len_ = 0;
-        fixed_ = true;
-    }
     // Starts over with room for `capacity` bytes, the first `skip` of them left unwritten.
     void reset(size_t capacity, size_t skip) {
         if (store_) {
@@ -143,6 +135,10 @@ class Buf {
     // The store's buffer holds the request, its first `size` bytes: it goes to the store.
     void close(size_t size) {
         store_->close(data_, size);
+        detach();
+    }
+    // The store's buffer stays open, to be closed later (by begin()); the Buf lets go of it.
+    void detach() {
         data_ = nullptr;
         cap_ = store_cap_ = len_ = 0;
     }
@@ -229,7 +225,6 @@ class Buf {
     size_t len_ = 0;
     RequestStore* store_ = nullptr;
     size_t store_cap_ = 0;  // the store's buffer
-    bool fixed_ = false;    // use_fixed
 
     void ready(size_t cap) {
         store_->ready(data_ + cap_, cap - cap_);
@@ -237,7 +232,6 @@ class Buf {
     }
 
     __attribute__((noinline)) void grow(size_t need) {
-        if (fixed_) throw std::logic_error("a request outgrew the size its spans were given");
         if (!store_) {
             const size_t cap = std::max(cap_ * 2, need + 256);
             char* grown = static_cast<char*>(std::realloc(data_, cap));
@@ -248,7 +242,7 @@ class Buf {
         }
         if (need > store_cap_) {  // a batch past the 64 MiB it was opened for
             store_cap_ = std::max(store_cap_ * 2, need + 256);
-            data_ = store_->grow(store_cap_);
+            data_ = store_->grow(data_, store_cap_);
         }
         ready(std::min(store_cap_, std::max(need, cap_ + kReadyStep)));
     }
@@ -390,15 +384,11 @@ void put_span(Buf& out, const Span& sp, const Built& built, const std::vector<Ke
 }
 
 // The size of the ScopeSpans.spans field put_span writes for `sp`, without writing it.
-// `longest` rises to the longest string it writes in one piece (a name, a string value): a
-// buffer with that much room (and a little) to spare takes every ensure() of the span.
-size_t span_field_size(const Span& sp, const Built& built, const std::vector<KeyField>& keys, size_t& longest) {
+size_t span_field_size(const Span& sp, const Built& built, const std::vector<KeyField>& keys) {
     auto attribute = [&](const AttrValue& v) {
-        if (v.type == AttrValue::Type::Str) longest = std::max<size_t>(longest, v.len);
         const size_t any = any_value_len(v);
         return field_len(keys[v.key].size + 1 + varint_len(any) + any);
     };
-    longest = std::max(longest, sp.name.size());
     size_t n = 18 + 10 + (sp.has_parent ? 10 : 0) + 2 + (sp.start ? 9 : 0) + (sp.end ? 9 : 0);
     if (!sp.name.empty()) n += field_len(sp.name.size());
     built.attrs.visit(sp.attrs, [&](const AttrValue& v) { n += attribute(v); });
@@ -455,127 +445,159 @@ class RequestHead {
     size_t resource_spans(size_t body) const { return field_len(resource_.size()) + field_len(scope_spans(body)); }
 };
 
-// The requests of `built`, batch by batch: each batch's spans are written after `room` bytes
-// and emit(body, room, n, head, last) takes the n bytes of spans after the room, with their
-// header, then leaves `body` open (at `room`) for the next batch unless it was the `last`.
+// The requests of `built`, a batch at a time: spans go in after `room` bytes, and a span that
+// takes a batch past max_bytes (RequestHead::overflows) is written, then moved on to open the
+// next. emit(body, room, n, head) takes the n bytes of spans after the room, with their header;
+// then `body` is opened again (at `room`) for the next batch, unless that was the last.
 // The room is enough for any request header, or with `tight`, just enough for that of a full
 // batch (emit moves the spans where the header is shorter or longer: a short batch, or one past
 // the 64 MiB a batch is sized for).
-template <typename Open, typename Emit>
-size_t encode_batches(const Built& built, const std::string& scope_version, size_t max_bytes, bool tight, Buf& body,
-                      Open&& open_batch, Emit&& emit) {
-    if (built.order.empty()) return 0;
-    const RequestHead head(built, scope_version);
-    // Batches fill up to max_bytes; the span that overflows one is written before it is moved on.
-    const size_t batch_limit = std::min<size_t>(max_bytes, size_t{64} << 20);
-    const size_t room = tight ? head.request_size(batch_limit) - batch_limit : head.max_size();
-    const size_t batch_capacity = room + batch_limit + (size_t{64} << 10);
-    size_t requests = 0;
-    // Emits the first `n` bytes of the batch's spans as one request.
-    auto flush = [&](size_t n, bool last) {
-        Buf header;
-        head.put(header, n);
-        emit(body, room, n, header, last);
-        ++requests;
-    };
-    open_batch(batch_capacity, room);
-    size_t count = 0;
-    std::string span;
-    const std::vector<KeyField>& keys = key_fields();
-    for (uint32_t idx : built.order) {
-        const size_t before = body.size();
-        body.message(2, [&] { put_span(body, built.spans[idx], built, keys); }, 2);
-        if (head.overflows(count, body.size() - room, max_bytes)) {
-            // this span opens the next batch
-            span.assign(body.data() + before, body.size() - before);
-            body.truncate(before);
-            flush(before - room, false);
-            body.raw(span.data(), span.size());
-            count = 0;
-        }
-        ++count;
+template <typename Emit>
+class BatchWriter {
+  public:
+    BatchWriter(const Built& built, const RequestHead& head, size_t max_bytes, bool tight, Buf& body, Emit& emit)
+        : built_(built), head_(head), max_bytes_(max_bytes), body_(body), emit_(emit) {
+        const size_t batch_limit = std::min<size_t>(max_bytes, size_t{64} << 20);
+        room_ = tight ? head.request_size(batch_limit) - batch_limit : head.max_size();
+        capacity_ = room_ + batch_limit + (size_t{64} << 10);
+        body_.reset(capacity_, room_);
     }
-    flush(body.size() - room, true);
-    return requests;
+
+    void add(uint32_t idx) {
+        const size_t before = body_.size();
+        body_.message(2, [&] { put_span(body_, built_.spans[idx], built_, keys_); }, 2);
+        if (head_.overflows(count_, body_.size() - room_, max_bytes_)) {
+            span_.assign(body_.data() + before, body_.size() - before);
+            body_.truncate(before);
+            flush(false);
+            body_.raw(span_.data(), span_.size());
+            count_ = 0;
+        }
+        ++count_;
+    }
+    // `count` spans written elsewhere (`spans`), none of which overflows the open batch.
+    void append(const Buf& spans, size_t count) {
+        body_.raw(spans.data(), spans.size());
+        count_ += count;
+    }
+    size_t count() const { return count_; }
+    size_t body_bytes() const { return body_.size() - room_; }
+    // The open batch is the last request; returns how many requests there were.
+    size_t finish() {
+        flush(true);
+        return requests_;
+    }
+
+  private:
+    const Built& built_;
+    const RequestHead& head_;
+    const size_t max_bytes_;
+    Buf& body_;
+    Emit& emit_;
+    const std::vector<KeyField>& keys_ = key_fields();
+    size_t room_ = 0, capacity_ = 0, count_ = 0, requests_ = 0;
+    std::string span_;  // the span that moves on to the next batch
+
+    void flush(bool last) {
+        Buf header;
+        head_.put(header, body_bytes());
+        emit_(body_, room_, body_bytes(), header);
+        ++requests_;
+        if (!last) body_.reset(capacity_, room_);
+    }
+};
+
+// A request's header written in the room before its `n` bytes of spans, in a store's buffer:
+// where the header is not the room's size, the spans move to meet it. Returns the request's size.
+size_t put_header_in_room(Buf& batch, size_t room, size_t n, const Buf& head) {
+    const size_t h = head.size();
+    batch.truncate(room + n);
+    if (h != room) {
+        if (h > room) batch.ensure(h - room);
+        std::memmove(batch.begin() + h, batch.begin() + room, n);
+    }
+    std::memcpy(batch.begin(), head.data(), h);
+    return h + n;
 }
 
-// encode_batches' requests into `store`, on two threads: first the spans' sizes (half the spans
-// each), which fix the batches; then each thread writes whole requests, about half the bytes
-// each, into buffers the store opened for all of them at once. No span is written twice.
+// BatchWriter's emit into a store: the request goes to the store as soon as it is written.
+struct CloseInStore {
+    void operator()(Buf& batch, size_t room, size_t n, const Buf& head) const {
+        batch.close(put_header_in_room(batch, room, n, head));
+    }
+};
+
+// Of the spans in output order, the share the calling thread writes when two threads encode
+// (the rest: what the second measures, then writes, takes about as long; df_index).
+constexpr double kFirstShare = 0.64;
+
+// encode_requests into `store` on two threads, the same requests as one thread writes. This
+// thread writes the first spans as one thread would (requests closed as they fill), and leaves
+// its last batch open. The second measures those spans' sizes (span_field_size), which tells
+// it how full that batch is; it writes the spans that still fit in it aside, then the rest as
+// one thread would, into requests it closes after this thread's (the store's close appends).
+// Then this thread adds the spans written aside to its open batch, and closes it.
 size_t encode_on_two_threads(const Built& built, const std::string& scope_version, size_t max_bytes,
                              RequestStore& store) {
     const RequestHead head(built, scope_version);
     const std::vector<KeyField>& keys = key_fields();
     const size_t n = built.order.size();
-    std::vector<size_t> sizes(n);
-    size_t longest[2] = {0, 0};
-    auto measure = [&](size_t from, size_t to, size_t& most) {
-        for (size_t k = from; k < to; ++k) sizes[k] = span_field_size(built.spans[built.order[k]], built, keys, most);
-    };
-    run_beside([&] { measure(0, n / 2, longest[0]); }, [&] { measure(n / 2, n, longest[1]); });
+    const auto split = static_cast<size_t>(static_cast<double>(n) * kFirstShare);
 
-    struct Batch {
-        size_t first = 0, body = 0;  // its first span (in output order), its spans' bytes
-    };
-    std::vector<Batch> batches(1);
-    for (size_t k = 0, count = 0; k < n; ++k, ++count) {
-        if (head.overflows(count, batches.back().body + sizes[k], max_bytes)) {
-            batches.push_back({k, 0});
-            count = 0;
-        }
-        batches.back().body += sizes[k];
-    }
-    batches.push_back({n, 0});  // (where the last one ends)
-    const size_t n_requests = batches.size() - 1;
+    CloseInStore close_now;
+    Buf first_body;
+    first_body.use_store(store);
+    BatchWriter first(built, head, max_bytes, true, first_body, close_now);
 
-    // the second thread's requests are the last ones, about half the bytes; each thread opens
-    // the buffers it writes (an open faults in a buffer's first page: on the second thread, that
-    // work is shared too)
-    size_t total = 0, split = n_requests;
-    for (size_t r = 0; r < n_requests; ++r) total += batches[r].body;
-    for (size_t r = 0, bytes = 0; r < n_requests && split == n_requests; ++r)
-        if ((bytes += batches[r].body) >= total / 2) split = r + 1;
-    const size_t spare = std::max(longest[0], longest[1]) + 256;
-    std::vector<char*> buffers(n_requests);
-    auto open = [&](size_t from, size_t to) {
-        for (size_t r = from; r < to; ++r) buffers[r] = store.open(head.request_size(batches[r].body) + spare);
+    size_t open_count = 0, open_bytes = 0;  // the first's open batch, as the second measures it
+    Buf aside;                               // spans that still fit in it
+    size_t aside_count = 0;
+    std::vector<std::pair<char*, size_t>> later;  // the second's requests, to close after the first's
+    Buf second_body;
+    second_body.use_store(store);
+    auto close_later = [&](Buf& batch, size_t room, size_t n, const Buf& header) {
+        later.emplace_back(batch.begin(), put_header_in_room(batch, room, n, header));
+        batch.detach();
     };
-    auto write = [&](size_t from, size_t to) {
-        for (size_t r = from; r < to; ++r) {
-            const size_t size = head.request_size(batches[r].body);
-            store.ready(buffers[r], size);
-            Buf out;
-            out.use_fixed(buffers[r], size + spare);
-            head.put(out, batches[r].body);
-            for (size_t k = batches[r].first; k < batches[r + 1].first; ++k)
-                out.message(2, [&] { put_span(out, built.spans[built.order[k]], built, keys); }, 2);
-            if (out.size() != size) throw std::logic_error("a request's spans were mismeasured");
+    auto second = [&] {
+        for (size_t k = 0; k < split; ++k) {
+            const size_t size = span_field_size(built.spans[built.order[k]], built, keys);
+            if (head.overflows(open_count, open_bytes + size, max_bytes)) open_count = open_bytes = 0;
+            open_bytes += size;
+            ++open_count;
         }
+        size_t k = split;
+        for (; k < n; ++k, ++aside_count) {
+            const size_t before = aside.size();
+            aside.message(2, [&] { put_span(aside, built.spans[built.order[k]], built, keys); }, 2);
+            if (head.overflows(open_count + aside_count, open_bytes + aside.size(), max_bytes)) {
+                aside.truncate(before);  // this span opens the next batch: the second's first
+                break;
+            }
+        }
+        if (k == n) return;
+        BatchWriter rest(built, head, max_bytes, true, second_body, close_later);
+        for (; k < n; ++k) rest.add(built.order[k]);
+        rest.finish();
     };
-    auto part = [&](size_t from, size_t to) {
-        return [&, from, to] {
-            open(from, to);
-            write(from, to);
-        };
-    };
-    if (split < n_requests) run_beside(part(0, split), part(split, n_requests));
-    else part(0, n_requests)();
-    for (size_t r = 0; r < n_requests; ++r) store.close(buffers[r], head.request_size(batches[r].body));
-    return n_requests;
+    run_beside([&] {
+        for (size_t k = 0; k < split; ++k) first.add(built.order[k]);
+    }, second);
+    if (first.count() != open_count || first.body_bytes() != open_bytes)
+        throw std::logic_error("the spans' measured sizes are not their written sizes");
+    first.append(aside, aside_count);
+    size_t requests = first.finish();
+    for (const auto& [buffer, size] : later) store.close(buffer, size);
+    return requests + later.size();
 }
 
 }  // namespace
 
 std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes) {
     std::vector<Request> requests;
-    Buf body;
-    size_t capacity = 0;
-    auto open_batch = [&](size_t batch_capacity, size_t room) {
-        capacity = batch_capacity;
-        body.reset(batch_capacity, room);
-    };
+    if (built.order.empty()) return requests;
     // the buffer becomes the request, its header written just before its spans
-    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head, bool last) {
+    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head) {
         Request req;
         req.begin = room - head.size();
         req.size = head.size() + n;
@@ -583,36 +605,26 @@ std::vector<Request> encode_requests(const Built& built, const std::string& scop
         req.data = batch.release();
         std::memcpy(req.data.get() + req.begin, head.data(), head.size());
         requests.push_back(std::move(req));
-        if (!last) batch.reset(capacity, room);
     };
-    encode_batches(built, scope_version, max_bytes, false, body, open_batch, emit);
+    const RequestHead head(built, scope_version);
+    Buf body;
+    BatchWriter batches(built, head, max_bytes, false, body, emit);
+    for (uint32_t idx : built.order) batches.add(idx);
+    batches.finish();
     return requests;
 }
 
 size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, RequestStore& store,
                        bool two_threads) {
-    if (two_threads && !built.order.empty()) return encode_on_two_threads(built, scope_version, max_bytes, store);
+    if (built.order.empty()) return 0;
+    if (two_threads) return encode_on_two_threads(built, scope_version, max_bytes, store);
+    CloseInStore emit;
+    const RequestHead head(built, scope_version);
     Buf body;
     body.use_store(store);
-    size_t capacity = 0;
-    auto open_batch = [&](size_t batch_capacity, size_t room) {
-        capacity = batch_capacity;
-        body.reset(batch_capacity, room);
-    };
-    // the header goes in the room before the spans; where it is not the room's size, the spans
-    // move to meet it
-    auto emit = [&](Buf& batch, size_t room, size_t n, const Buf& head, bool last) {
-        const size_t h = head.size();
-        batch.truncate(room + n);
-        if (h != room) {
-            if (h > room) batch.ensure(h - room);
-            std::memmove(batch.begin() + h, batch.begin() + room, n);
-        }
-        std::memcpy(batch.begin(), head.data(), h);
-        batch.close(h + n);
-        if (!last) batch.reset(capacity, room);
-    };
-    return encode_batches(built, scope_version, max_bytes, true, body, open_batch, emit);
+    BatchWriter batches(built, head, max_bytes, true, body, emit);
+    for (uint32_t idx : built.order) batches.add(idx);
+    return batches.finish();
 }
 
 }  // namespace otelprof

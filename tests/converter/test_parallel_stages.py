@@ -1,8 +1,10 @@
 """With ``threads=2`` the build and the encoder share their work with a second thread from
 ``parallel_from`` events (the event tree: the CPU side's nesting beside the device side's and the
-steps') or spans (the encoder: the spans' sizes measured half each, which fix the requests, then
-about half the requests written by each). The output must be one thread's, byte for byte: the
-same requests split at the same spans, decoded by the official protobuf classes.
+steps') or spans (the encoder: the first thread writes the first spans as one thread would and
+leaves its last request open; the second measures those spans to know how full it is, writes
+the spans that still fit aside, then the rest in requests of its own). The output must be one
+thread's, byte for byte: the same requests split at the same spans, decoded by the official
+protobuf classes.
 
 ``parallel_from=1`` splits any trace; ``split_from_bytes`` keeps the parse on one thread, so
 these cases test the build and the encoder alone (tests/converter/test_split_parse.py tests the
@@ -142,3 +144,19 @@ def test_what_a_span_can_hold() -> None:
     assert _convert(data, 2, detail="full", attribute_value_length_limit=100)[2]["values_truncated"] == values.count(
         long_value[:100]
     )
+
+
+@pytest.mark.parametrize("at", [[5], [390], [5, 200, 390]], ids=["first side", "second side", "both"])
+def test_spans_past_a_requests_buffer_grow_their_own(at: list[int]) -> None:
+    # a value longer than a request's buffer has room for (the request limit and 64 KiB) grows
+    # the buffer being written, while the other thread has buffers of its own open
+    big = "y" * 150_000
+    events = [_event(k, ts=1000 + 100 * k, dur=60) for k in range(400)]
+    for k in at:
+        events[k]["args"]["Call stack"] = big
+    requests = _same_as_one_thread(
+        _trace(events), detail="full", max_request_bytes=4_000, attribute_value_length_limit=None
+    )
+    values = [kv.value.string_value for s in _spans(requests) for kv in s.attributes]
+    assert values.count(big) == len(at)
+    assert sum(len(r) > 150_000 for r in requests) == len(at), "each alone in its request"

@@ -29,7 +29,8 @@ struct Request {
 std::vector<Request> encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes);
 
 // The same requests, each written into a buffer of `store` and closed there: returns how many.
-// With two_threads, a second thread writes about half of them (the spans' sizes measured first).
+// With two_threads, a second thread writes the last third or so of them (it measures the spans
+// before its own to know how full the request it starts in is).
 size_t encode_requests(const Built& built, const std::string& scope_version, size_t max_bytes, RequestStore& store,
                        bool two_threads = false);
 

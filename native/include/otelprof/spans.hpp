@@ -87,9 +87,9 @@ struct LiveStep {
 
 // Storage the requests are written into directly (the bindings: Python bytes objects), so that
 // none is written into the encoder's own buffer first and then copied. One buffer is open at a
-// time, or (requests of known sizes, written by two threads) several, opened and readied from
-// both threads (open must be safe to call from either: BytesStore takes the GIL); they are
-// closed in the requests' order, from the calling thread.
+// time, or (two threads encoding) several: each thread opens, readies and grows its own (open
+// and grow must be safe to call from either: BytesStore takes the GIL), and the calling thread
+// closes them all, in the requests' order.
 class RequestStore {
   public:
     virtual ~RequestStore() = default;
@@ -99,8 +99,8 @@ class RequestStore {
     // at once), from the thread that writes it; called in order, a stretch at a time, as a
     // request grows, or once for a request of known size.
     virtual void ready(char* p, size_t n) = 0;
-    // The one open buffer grown to `capacity` bytes, what it holds kept (it may move).
-    virtual char* grow(size_t capacity) = 0;
+    // The open buffer `buffer` grown to `capacity` bytes, what it holds kept (it may move).
+    virtual char* grow(char* buffer, size_t capacity) = 0;
     // The first `size` bytes of the open buffer `buffer` are the next request: it is done.
     virtual void close(char* buffer, size_t size) = 0;
 };
