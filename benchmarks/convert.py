@@ -165,9 +165,9 @@ def main() -> int:
         orders = balanced_orders(["bytes", "two", "gz", "sdk"] if sample else ["bytes", "two", "gz"])
         # Interleaved, so a busy moment hits each; in balanced orders, so none always runs
         # straight after the same other. Right after the SDK path's second of pure Python, the
-        # largest trace converts 10-40 % slower here (this VM hands memory freed for ~1 s back to
-        # its host, and faulting it in again costs ~10x): the rotated order used before this kept
-        # "bytes" straight after the SDK path, and charged that to the one-thread figure alone.
+        # largest trace converts ~20 % (up to 70 %) slower here (this VM hands memory freed for
+        # ~1 s back to its host, and faulting it in again costs ~10x): the rotated order used
+        # before kept "bytes" straight after the SDK path, and charged that to it alone.
         for k in range(args.repeat):
             for kind in orders[k % len(orders)]:
                 if kind == "bytes":
