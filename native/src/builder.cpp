@@ -1201,12 +1201,7 @@ Built build_spans(Trace& trace, const Options& opts) {
         memory_span_events(st);
         fwdbwd_links(st);
     };
-    if (st.two_threads) {
-        run_beside(span_events_and_links, [&] { op_self_times(st); });
-    } else {
-        op_self_times(st);
-        span_events_and_links();
-    }
+    run_both(st.two_threads, span_events_and_links, [&] { op_self_times(st); });
     // the key_averages rows read the trace and the self times alone: on two threads, they are
     // made beside the spans' assembly, which writes only the output's spans
     auto spans = [&] {
@@ -1215,12 +1210,7 @@ Built build_spans(Trace& trace, const Options& opts) {
         order_spans(st);
         cut_values(st);
     };
-    if (st.two_threads) {
-        run_beside(spans, [&] { key_average_rows(st); });
-    } else {
-        spans();
-        key_average_rows(st);
-    }
+    run_both(st.two_threads, spans, [&] { key_average_rows(st); });
     return finish_build(st);
 }
 

@@ -407,10 +407,6 @@ size_t span_field_size(const Span& sp, const Built& built, const std::vector<Key
     return field_len(n);
 }
 
-}  // namespace
-
-namespace {
-
 // The header of every request of `built`, before its spans: ExportTraceServiceRequest
 // .resource_spans, its ResourceSpans.resource and .scope_spans, their ScopeSpans.scope.
 class RequestHead {
@@ -553,8 +549,6 @@ size_t encode_on_two_threads(const Built& built, const std::string& scope_versio
     Buf aside;                               // spans that still fit in it
     size_t aside_count = 0;
     std::vector<std::pair<char*, size_t>> later;  // the second's requests, to close after the first's
-    Buf second_body;
-    second_body.use_store(store);
     auto close_later = [&](Buf& batch, size_t room, size_t n, const Buf& header) {
         later.emplace_back(batch.begin(), put_header_in_room(batch, room, n, header));
         batch.detach();
@@ -576,6 +570,8 @@ size_t encode_on_two_threads(const Built& built, const std::string& scope_versio
             }
         }
         if (k == n) return;
+        Buf second_body;
+        second_body.use_store(store);
         BatchWriter rest(built, head, max_bytes, true, second_body, close_later);
         for (; k < n; ++k) rest.add(built.order[k]);
         rest.finish();

@@ -291,12 +291,7 @@ EventTree build_tree(const Trace& trace, bool two_threads, const std::function<v
         find_steps(trace, t);
         if (also) also();
     };
-    if (two_threads) {
-        run_beside(cpu_side, rest);
-    } else {
-        cpu_side();
-        rest();
-    }
+    run_both(two_threads, cpu_side, rest);
     for (int s : t.steps) t.step_ends.push_back(trace.events[s].end);
     assign_owners(trace, t);
     return t;

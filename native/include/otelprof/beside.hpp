@@ -38,4 +38,15 @@ void run_beside(First&& first, Second&& second) {
     if (second_error) std::rethrow_exception(second_error);
 }
 
+// Runs both pieces: beside each other where `two_threads`, else one after the other here.
+template <typename First, typename Second>
+void run_both(bool two_threads, First&& first, Second&& second) {
+    if (two_threads) {
+        run_beside(first, second);
+    } else {
+        first();
+        second();
+    }
+}
+
 }  // namespace otelprof

@@ -97,7 +97,7 @@ class RequestStore {
     virtual char* open(size_t capacity) = 0;
     // Readies [p, p + n) of an open buffer before it is first written (e.g. faults its pages in
     // at once), from the thread that writes it; called in order, a stretch at a time, as a
-    // request grows, or once for a request of known size.
+    // request grows.
     virtual void ready(char* p, size_t n) = 0;
     // The open buffer `buffer` grown to `capacity` bytes, what it holds kept (it may move).
     virtual char* grow(char* buffer, size_t capacity) = 0;
