@@ -6,8 +6,10 @@ noisy machines).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any, cast
 
 import pytest
 from converter_helpers import shared_trace
+from stack.tools import apt_install, in_ci
 
 pytestmark = pytest.mark.slow  # each test runs a benchmark script in a subprocess
 
@@ -96,3 +99,23 @@ def test_startup_benchmark_times_every_command() -> None:
     assert set(figures) == {"anchor_ms", "version_ms", "module_version_ms", "convert_ms"}
     assert all(v > 0 for v in figures.values())
     assert "interpreter start" in text and "target <= 120 ms" in text
+
+
+def _simdjson() -> None:
+    """simdjson's headers for parse_floor.py: in CI installed when missing, elsewhere a skip."""
+    header = Path("/usr/include/simdjson.h")
+    if not header.exists() and in_ci() and shutil.which("apt-get") and os.geteuid() == 0:
+        apt_install(("libsimdjson-dev",))
+    if not header.exists():
+        pytest.skip("simdjson not found: apt-get install libsimdjson-dev (CI=true installs it)")
+
+
+def test_parse_floor_benchmark_parses_the_same_events_with_simdjson() -> None:
+    _simdjson()
+    trace = shared_trace("critical_path")
+    text, figures = _run("parse_floor.py", str(trace), "--rounds", "1", "--sdk-spans", "300")
+    # simdjson read the same document: as many events as Python's json finds
+    assert figures["events"] == len(json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"])
+    times = ("simdjson_parse_ms", "simdjson_visit_ms", "native_ms", "native_parse_ms", "sdk_spans_per_s")
+    assert figures["spans"] > 0 and all(figures[k] > 0 for k in times)
+    assert figures["ceiling_over_sdk"] > 0 and "ceiling    :" in text and "simdjson's DOM parse" in text
