@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 from converter_helpers import shared_trace
-from stack.tools import apt_install, in_ci
+from stack.tools import install_in_ci
 
 pytestmark = pytest.mark.slow  # each test runs a benchmark script in a subprocess
 
@@ -104,8 +103,8 @@ def test_startup_benchmark_times_every_command() -> None:
 def _simdjson() -> None:
     """simdjson's headers for parse_floor.py: in CI installed when missing, elsewhere a skip."""
     header = Path("/usr/include/simdjson.h")
-    if not header.exists() and in_ci() and shutil.which("apt-get") and os.geteuid() == 0:
-        apt_install(("libsimdjson-dev",))
+    if not header.exists():
+        install_in_ci(("libsimdjson-dev",))
     if not header.exists():
         pytest.skip("simdjson not found: apt-get install libsimdjson-dev (CI=true installs it)")
 

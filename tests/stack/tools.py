@@ -1,6 +1,6 @@
 """Debian's Prometheus tools for the stack tests: found on PATH, or installed with apt-get when
 running in CI (CI=true, root, Debian): `prometheus`, `promtool` (package prometheus) and
-`amtool` (package prometheus-alertmanager). ``apt_install`` also serves ``tests/ui``
+`amtool` (package prometheus-alertmanager). ``install_in_ci`` also serves ``tests/ui``
 (chromium)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 PACKAGES = ("prometheus", "prometheus-alertmanager")
 _POLICY = Path("/usr/sbin/policy-rc.d")
 _lock = threading.Lock()
-_tried = False
+_tried: set[tuple[str, ...]] = set()  # package sets apt-get was run for (once per process)
 
 
 def in_ci() -> bool:
@@ -49,21 +49,27 @@ def apt_install(packages: Sequence[str] = PACKAGES) -> str:
             _POLICY.unlink(missing_ok=True)
 
 
+def install_in_ci(packages: Sequence[str]) -> str:
+    """In CI (root, apt-get), installs ``packages`` the first time they are asked for; returns
+    apt's output tail ("" when it did not run: not CI, not root, no apt-get, or tried before)."""
+    key = tuple(packages)
+    with _lock:
+        if not in_ci() or key in _tried or not shutil.which("apt-get") or os.geteuid() != 0:
+            return ""
+        _tried.add(key)
+        return apt_install(packages)
+
+
 def require(tool: str) -> str:
     """The path of ``tool``; in CI it is installed when missing (and must then exist), elsewhere
     the calling test is skipped with the reason."""
-    global _tried
     path = shutil.which(tool)
     if path:
         return path
     if not in_ci():
         pytest.skip(f"{tool} not found: apt-get install {' '.join(PACKAGES)} (CI=true installs it)")
-    with _lock:
-        log = ""
-        if not _tried and shutil.which("apt-get") and os.geteuid() == 0:
-            _tried = True
-            log = apt_install()
-        path = shutil.which(tool)
+    log = install_in_ci(PACKAGES)
+    path = shutil.which(tool)
     if not path:
         pytest.fail(f"{tool} is needed in CI and could not be installed with apt-get:\n{log}")
     return path

@@ -9,34 +9,26 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
-from stack.tools import apt_install, in_ci
+from stack.tools import in_ci, install_in_ci
 
 #: Debian's browser, and a font so span names render as text, not boxes.
 PACKAGES = ("chromium", "fonts-liberation")
 #: Where a screenshot is copied to stay after the run (else the system temp folder).
 SCREENSHOT_DIR_VARIABLE = "OTELPROF_UI_SCREENSHOTS"
-_lock = threading.Lock()
-_tried = False
 
 
 def chromium() -> str:
     """The path of Debian's chromium; in CI installed when missing, elsewhere a skip."""
-    global _tried
     path = shutil.which("chromium")
     if path:
         return path
     if not in_ci():
         pytest.skip(f"chromium not found: apt-get install {' '.join(PACKAGES)} (CI=true installs it)")
-    with _lock:
-        log = ""
-        if not _tried and shutil.which("apt-get") and os.geteuid() == 0:
-            _tried = True
-            log = apt_install(PACKAGES)
-        path = shutil.which("chromium")
+    log = install_in_ci(PACKAGES)
+    path = shutil.which("chromium")
     if not path:
         pytest.skip(f"chromium could not be installed with apt-get (not root, no apt-get, or apt failed):\n{log}")
     return path
