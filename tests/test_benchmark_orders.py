@@ -3,17 +3,12 @@ every place, and straight after every other side as often."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("bench_orders", Path(__file__).parents[1] / "benchmarks" / "orders.py")
-assert _spec and _spec.loader
-orders = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(orders)
+from benchmarks import orders
 
 
 @pytest.mark.parametrize("n", range(1, 8))
