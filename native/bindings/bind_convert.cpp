@@ -101,7 +101,8 @@ otelprof::Options to_options(const py::dict& d) {
     o.split_from_bytes = get_or<int64_t>(d, "split_from_bytes", o.split_from_bytes);  // (tests: 0 splits any trace)
     o.parallel_from = get_or<int64_t>(d, "parallel_from", o.parallel_from);
     if (d.contains("live_steps")) {
-        // [(number, trace id, span id, [(span id, start, end)], trigger)], validated by ConvertOptions
+        // [(number, trace id, span id, [(span id, start, end)], trigger, start, end)], validated by
+        // ConvertOptions
         auto copy = [](const py::handle& b, uint8_t* out, size_t size) {
             const std::string raw = b.cast<std::string>();
             if (raw.size() != size) throw py::value_error("a live step's trace id is 16 bytes, span ids 8");
@@ -122,8 +123,17 @@ otelprof::Options to_options(const py::dict& d) {
                 ls.phases.push_back(phase);
             }
             if (t.size() > 4) ls.trigger = t[4].cast<std::string>();
+            if (t.size() > 6) {
+                ls.start = t[5].cast<int64_t>();
+                ls.end = t[6].cast<int64_t>();
+            }
             o.live_steps.push_back(std::move(ls));
         }
+    }
+    if (d.contains("live_match") && !d["live_match"].is_none()) {
+        const std::string how = d["live_match"].cast<std::string>();
+        if (how == "time") o.live_match = otelprof::LiveMatch::time;
+        else if (how != "number") throw py::value_error("live_match must be 'number' or 'time', not '" + how + "'");
     }
     return o;
 }

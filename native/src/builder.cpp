@@ -451,14 +451,38 @@ void trace_ids_and_roots(BuildState& st) {
     }
     // live train.step spans (capture/windows.py): by step index; not with split detail traces
     st.live_of.assign(split ? 0 : steps.size(), nullptr);
-    for (const LiveStep& ls : st.opts.live_steps) {
-        if (split) break;
+    const std::vector<LiveStep>& live_steps = st.opts.live_steps;
+    if (!split && st.opts.live_match == LiveMatch::time) {
+        // the markers in order of start (ties: trace order), each to the unused live step whose
+        // [start, end] overlaps its own most (more than 0; ties: the first given)
+        std::vector<char> used(live_steps.size(), 0);
         for (int s : steps) {
-            if (step_num[s] == ls.number && !st.live_of[step_index[s]]) {
-                st.live_of[step_index[s]] = &ls;
-                st.step_trace[step_index[s]] = ls.trace_id;
-                st.any_live = true;
-                break;
+            size_t best = live_steps.size();
+            int64_t most = 0;
+            for (size_t j = 0; j < live_steps.size(); ++j) {
+                if (used[j]) continue;
+                const int64_t hi = std::min(ev[s].end, live_steps[j].end), lo = std::max(ev[s].start, live_steps[j].start);
+                if (hi <= lo) continue;  // lo >= the live start >= 0: hi - lo cannot overflow
+                if (hi - lo > most) {
+                    best = j;
+                    most = hi - lo;
+                }
+            }
+            if (best == live_steps.size()) continue;
+            used[best] = 1;
+            st.live_of[step_index[s]] = &live_steps[best];
+            st.step_trace[step_index[s]] = live_steps[best].trace_id;
+            st.any_live = true;
+        }
+    } else if (!split) {
+        for (const LiveStep& ls : live_steps) {
+            for (int s : steps) {
+                if (step_num[s] == ls.number && !st.live_of[step_index[s]]) {
+                    st.live_of[step_index[s]] = &ls;
+                    st.step_trace[step_index[s]] = ls.trace_id;
+                    st.any_live = true;
+                    break;
+                }
             }
         }
     }

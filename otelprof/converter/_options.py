@@ -11,6 +11,8 @@ from ..otlp.resource import ResourceFacts, compose_resource
 from ..otlp.spans import Attrs
 
 Detail = Literal["full", "default"]
+#: How live steps find their ``ProfilerStep#N`` markers (``ConvertOptions.live_match``).
+LiveMatch = Literal["number", "time"]
 
 #: Collector's default gRPC receive limit is 4 MiB; stay well under it.
 DEFAULT_MAX_REQUEST_BYTES = 3 * 1024 * 1024
@@ -43,16 +45,22 @@ class LiveStep:
     ``ProfilerStep#number`` becomes its child, in its trace, and each CPU span directly under
     ``ProfilerStep#number`` moves under the phase span it overlaps most in time (the first such;
     an ``Optimizer.step`` annotation begins just before the phase its hooks time), else stays
-    under ``ProfilerStep#number``."""
+    under ``ProfilerStep#number``. With ``ConvertOptions.live_match="time"`` the marker is found
+    by time instead, whatever its number: the one ``[start_ns, end_ns]`` overlaps most."""
 
     number: int
     trace_id: bytes  # 16 bytes
     span_id: bytes  # 8 bytes
     phases: tuple[tuple[bytes, int, int], ...] = ()  # (span id, start ns, end ns)
     trigger: str = ""  # what started the window (early, schedule, on_demand, anomaly): otelprof.window.trigger
+    start_ns: int = 0  # the live step's own interval, in the phases' time base (live_match="time")
+    end_ns: int = 0
 
     def __post_init__(self) -> None:
         ok = isinstance(self.number, int) and 0 <= self.number <= _INT64_MAX
+        for t in (self.start_ns, self.end_ns):
+            ok = ok and isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= _INT64_MAX
+        ok = ok and self.start_ns <= self.end_ns
         ok = ok and isinstance(self.trace_id, bytes) and len(self.trace_id) == 16
         ok = ok and isinstance(self.span_id, bytes) and len(self.span_id) == 8
         ok = ok and isinstance(self.trigger, str)
@@ -90,6 +98,10 @@ class ConvertOptions:
     scope_version: str = ""
     #: Live step spans the profiled steps go under (not with split detail traces); () for files.
     live_steps: tuple[LiveStep, ...] = ()
+    #: How a live step finds its ``ProfilerStep#N``: ``"number"``, the one whose N is its number;
+    #: ``"time"``, markers in order of start each take the unused live step whose
+    #: ``[start_ns, end_ns]`` overlaps them most (a user's own profiler numbers its steps itself).
+    live_match: LiveMatch = "number"
     #: Threads one conversion may use: with 2, a second thread parses the second half of a large
     #: trace (8 MiB of JSON or more, from bytes or a plain ``.json`` file) while the first parses
     #: the rest, and from 16k events or spans the build and the encoder share their work with it;
@@ -117,6 +129,8 @@ class ConvertOptions:
             raise ValueError(f"run_id must be a string or None, not {self.run_id!r}")
         if not all(isinstance(s, LiveStep) for s in self.live_steps):
             raise ValueError("live_steps must be LiveStep values")
+        if self.live_match not in ("number", "time"):
+            raise ValueError(f"live_match must be 'number' or 'time', not {self.live_match!r}")
         for item in self.resource_attributes:
             if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item)):
                 raise ValueError(f"resource_attributes must be (key, value) string pairs, not {item!r}")
@@ -189,6 +203,10 @@ class ConvertOptions:
             "base_time_ns": -1 if self.base_time_ns is None else self.base_time_ns,
             "group_by_input_shapes": self.group_by_input_shapes,
             "scope_version": clean(self.scope_version),
-            "live_steps": [(s.number, s.trace_id, s.span_id, list(s.phases), s.trigger) for s in self.live_steps],
+            "live_steps": [
+                (s.number, s.trace_id, s.span_id, list(s.phases), s.trigger, s.start_ns, s.end_ns)
+                for s in self.live_steps
+            ],
+            "live_match": self.live_match,
             "threads": self.threads,
         }

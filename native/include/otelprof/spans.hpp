@@ -83,7 +83,11 @@ struct LiveStep {
     SpanId span_id{};
     std::vector<LivePhase> phases;
     std::string trigger;  // what started the window ("": unknown, no attribute)
+    int64_t start = 0, end = 0;  // the live step's own interval, in the phases' time base (LiveMatch::time)
 };
+// How live steps find their ProfilerStep#N markers (ConvertOptions.live_match): by number, or by
+// time (markers in order of start, each to the unused live step overlapping it most).
+enum class LiveMatch : uint8_t { number, time };
 
 // Storage the requests are written into directly (the bindings: Python bytes objects), so that
 // none is written into the encoder's own buffer first and then copied. One buffer is open at a
@@ -120,6 +124,7 @@ struct Options {
     bool group_by_input_shapes = false;
     std::string scope_version;
     std::vector<LiveStep> live_steps;
+    LiveMatch live_match = LiveMatch::number;
     RequestStore* request_store = nullptr;  // optional: holds the requests instead of ConvertOutput::requests
     // 2: JSON of split_from_bytes or more is parsed by two threads (TraceReader::split), and the
     // build stages and the encoder split their work between two from parallel_from events

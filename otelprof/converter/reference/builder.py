@@ -425,10 +425,14 @@ def trace_ids_and_roots(st: _BuildState) -> None:
     sid = st.sid
     n_total = st.trace.total
     step_trace = st.step_trace = {s: ids.trace_id(f"step|{run_id}|{step_num[s]}") for s in steps}
-    live: dict[int, LiveStep] = {}
-    for ls in () if split else st.opts.live_steps:
-        live.setdefault(ls.number, ls)  # the first for a number, as the native core takes
-    st.live_of = {s: live[step_num[s]] for s in steps if step_num[s] in live}
+    live_steps = () if split else st.opts.live_steps
+    if st.opts.live_match == "time":
+        st.live_of = _live_by_time(ev, steps, live_steps)
+    else:
+        live: dict[int, LiveStep] = {}
+        for ls in live_steps:
+            live.setdefault(ls.number, ls)  # the first for a number, as the native core takes
+        st.live_of = {s: live[step_num[s]] for s in steps if step_num[s] in live}
     for s, ls in st.live_of.items():
         step_trace[s] = ls.trace_id
     st.detail_trace = {s: ids.trace_id(f"detail|{run_id}|{rank_s}|{step_num[s]}") for s in steps} if split else {}
@@ -484,6 +488,24 @@ def trace_ids_and_roots(st: _BuildState) -> None:
             )
         )
     st.window_root_id, st.synthetic = window_root_id, synthetic
+
+
+def _live_by_time(ev: list[Event], steps: list[int], live_steps: tuple[LiveStep, ...]) -> dict[int, LiveStep]:
+    """``live_match="time"``: the step markers in order of start (ties: trace order), each to
+    the unused live step whose [start_ns, end_ns] overlaps its [start, end] most (more than 0;
+    ties: the first given); a live step goes to one marker at most."""
+    used = [False] * len(live_steps)
+    live_of: dict[int, LiveStep] = {}
+    for s in steps:
+        best, most = -1, 0
+        for j, ls in enumerate(live_steps):
+            overlap = min(ev[s].end, ls.end_ns) - max(ev[s].start, ls.start_ns)
+            if not used[j] and overlap > most:
+                best, most = j, overlap
+        if best >= 0:
+            used[best] = True
+            live_of[s] = live_steps[best]
+    return live_of
 
 
 def aggregate_sibling_runs(st: _BuildState) -> None:
