@@ -1,14 +1,18 @@
 """torch.compile under otelprof: the same graphs, graph breaks, frames and recompiles as without
 it (torch._dynamo's counters), no warning, and steps and phases still counted exactly.
 
-Whole loops run as subprocesses (compile_loop.py), plain and under ``otelprof run``: dynamo's
-state is per process, and the user's log is the process's stderr."""
+Whole loops run as subprocesses (compile_loop.py, compile_cases.py), plain and under ``otelprof
+run``: dynamo's state is per process, and the user's log is the process's stderr. Every run
+compiles on a cold inductor cache of its own, as a first run on a machine does: a warm one skips
+the compile (and the repro script inductor writes at each compile, which names every function in
+``ignore_logging_functions``), so it would hide what otelprof puts there."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,13 +30,19 @@ torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent
 LOOP = HERE / "compile_loop.py"
+CASES = HERE / "compile_cases.py"
 STEPS = 4  # compile_loop.STEPS
+#: compile_cases.CASES, in order, and compile_cases.STEPS
+MODES = ("reduce-overhead", "max-autotune-no-cudagraphs", "fullgraph", "optimizer")
+MODE_STEPS = 3
 
 
-def _run(backend: str, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
-    """compile_loop.py's JSON and stderr; under ``otelprof run`` when ``env`` is given."""
-    command = [sys.executable, str(LOOP), backend]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTELPROF_", "OTEL_"))}
+def _run(args: list[str], cache: Path, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    """The script's JSON and stderr, compiled on the fresh inductor cache ``cache``; under
+    ``otelprof run`` when ``env`` is given."""
+    command = [sys.executable, *args]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTELPROF_", "OTEL_", "TORCH", "TRITON_"))}
+    environ.update(TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))
     if env is not None:
         command = [sys.executable, "-m", "otelprof", "run", "--", *command]
         environ.update(env)
@@ -41,52 +51,77 @@ def _run(backend: str, env: dict[str, str] | None = None) -> tuple[dict[str, Any
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
-#: what inductor's on-disk caches change between a cold run and a warm one: its cache counters
-#: and the frames a cold compile runs (dynamo counts them, and the generators among them it
-#: declines as "unimplemented"; a warm run has neither); aot_eager compares them too
-#: (a cold compile also records the mm shapes it tuned, "aten_mm_info", and leaves an empty
-#: "graph_break" table where a warm run has none)
-CACHE_DEPENDENT = {
-    "inductor": ("frames", "aot_autograd", "inductor", "unimplemented", "aten_mm_info"),
-    "aot_eager": (),
-}
+def _otelprof(tmp_path: Path, port: int, run_id: str) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTELPROF_PROFILE": "false",
+        "OTELPROF_RUN_ID": run_id,
+        "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),
+    }
+
+
+def _log(stderr: str) -> list[str]:
+    """The lines of a log, less what differs between two runs (torch's time and pid prefix)."""
+    return [re.sub(r"^([DIWEC])\d{4} [\d:.]+ \d+ ", r"\1 ", line) for line in stderr.splitlines()]
+
+
+def _phases(spans: list[Any]) -> list[list[str]]:
+    """The phases of each ``train.step`` span, in time order (a forward span's name adds its
+    module: "forward Sequential")."""
+    steps = sorted((s for s in spans if s.name == "train.step"), key=lambda s: s.start_time_unix_nano)
+    return [[c.name.split(" ")[0] for c in spans if c.parent_span_id == step.span_id] for step in steps]
 
 
 @pytest.mark.slow  # real torch.compile of a training loop, twice
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_loops_compile_the_same_with_otelprof(backend: str, tmp_path: Path) -> None:
-    off, off_err = _run(backend)
+    off, off_err = _run([str(LOOP), backend], tmp_path / "off")
     with http_receiver() as rec:
-        on, on_err = _run(
-            backend,
-            {
-                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
-                "OTEL_METRICS_EXPORTER": "none",
-                "OTELPROF_PROFILE": "false",
-                "OTELPROF_RUN_ID": f"compile-{backend}",
-                "OTELPROF_SPOOL_DIR": str(tmp_path),
-            },
-        )
+        on, on_err = _run([str(LOOP), backend], tmp_path / "on", _otelprof(tmp_path, rec.port, f"compile-{backend}"))
         spans = rec.spans
     for case in ("model", "fn"):
         assert on[case]["counters"]["stats"]["unique_graphs"] == 1
         assert len(on[case]["counters"].get("graph_break", {})) == (1 if case == "fn" else 0)  # Tensor.backward
         assert on[case]["losses"] == off[case]["losses"]
-        for key in CACHE_DEPENDENT[backend]:
-            on[case]["counters"].pop(key, None)
-            off[case]["counters"].pop(key, None)
         for side in (on, off):  # an empty counter table is the same as none
             side[case]["counters"] = {k: v for k, v in side[case]["counters"].items() if v}
-        assert on[case]["counters"] == off[case]["counters"]  # graphs, breaks, recompiles, frames...
+        # graphs, breaks, recompiles, frames, cache misses (both cold)...
+        assert on[case]["counters"] == off[case]["counters"]
     assert on_err == off_err == ""  # no warning in the user's log
-    steps = sorted((s for s in spans if s.name == "train.step"), key=lambda s: s.start_time_unix_nano)
-    assert len(steps) == 2 * STEPS
-    # the phases (a forward span's name adds its module: "forward Sequential")
-    phases = [[c.name.split(" ")[0] for c in spans if c.parent_span_id == step.span_id] for step in steps]
+    phases = _phases(spans)
+    assert len(phases) == 2 * STEPS
     # the compiled model is timed around its call (the loss module is no second forward); a
     # forward inside a compiled function is not timed (a hook there would break the graph)
     model, fn = ["data", "forward", "backward", "optimizer"], ["data", "backward", "optimizer"]
     assert phases == [model] * STEPS + [fn] * STEPS
+
+
+@pytest.mark.slow  # real inductor compiles, each on a cold cache, twice
+def test_inductor_modes_compile_the_same_with_otelprof(tmp_path: Path) -> None:
+    """compile_cases.py: modes reduce-overhead (no CUDA graphs on a CPU) and
+    max-autotune-no-cudagraphs, fullgraph=True around otelprof's forward hooks, a compiled
+    optimizer step around its step hooks: the same counters, results and log as without
+    otelprof, and every step otelprof can see measured."""
+    off, off_err = _run([str(CASES)], tmp_path / "off")
+    with http_receiver() as rec:
+        on, on_err = _run([str(CASES)], tmp_path / "on", _otelprof(tmp_path, rec.port, "compile-modes"))
+        spans = rec.spans
+    assert list(on) == list(off) == list(MODES)
+    for mode in MODES:
+        # graphs, graph breaks, recompiles, frames, inductor's cache misses; losses and weights
+        assert on[mode] == off[mode], mode
+        assert on[mode]["counters"]["stats"]["unique_graphs"] >= 1
+    assert "graph_break" not in on["fullgraph"]["counters"]
+    assert _log(on_err) == _log(off_err)  # no new warning (torch warns of the optimizer's record_function)
+    phases = _phases(spans)
+    # every step of the first three cases. The first model compiled is timed around its call;
+    # root discovery ends at that compile, so the next case's model is not found (a loop trains
+    # one model), and a forward inside a compiled function is not timed. A compiled optimizer
+    # step runs otelprof's optimizer hooks inside its graphs, as no-ops: its steps end in none
+    # (one step is one optimizer update otelprof sees), so the last case counts no step
+    timed, untimed = ["data", "forward", "backward", "optimizer"], ["data", "backward", "optimizer"]
+    assert phases == [timed] * MODE_STEPS + [untimed] * 2 * MODE_STEPS
 
 
 KINDS = [
@@ -167,6 +202,36 @@ def test_root_hooks_inside_a_compiled_function_are_no_ops(
     assert [[p[0] for p in s.phases] for s in steps] == [["forward", "backward", "optimizer"]] * 2 + [
         ["backward", "optimizer"]
     ] * 3
+
+
+@pytest.mark.parametrize("native", KINDS)
+def test_ignored_hooks_are_well_formed_functions(native: bool) -> None:
+    """Inductor writes dynamo's config into a repro script at every compile that misses its cache
+    (``codegen_config``: ``module.name`` for each function in ``ignore_logging_functions``): it
+    writes otelprof's hooks while they are installed, and only then (the config's copies follow
+    the set), and the native ones name stand-ins that do what the hooks do in compiled code:
+    nothing."""
+    import importlib
+
+    import torch._dynamo as dynamo
+
+    before = set(dynamo.config.ignore_logging_functions)
+    assert "otelprof" not in dynamo.config.codegen_config()  # the config's copy, made before
+    hooks = TorchHooks(step_tracker(lambda s: None, native=native))
+    hooks.install()
+    try:
+        ours = set(dynamo.config.ignore_logging_functions) - before
+        script = dynamo.config.codegen_config()  # TypeError on a function with no __module__
+    finally:
+        hooks.remove()
+    assert "otelprof" not in dynamo.config.codegen_config()
+    assert len(ours) == (9 if native else 8)  # the Python tracker's data_end is a method: not a function
+    assert f"import {next(iter(ours)).__module__}" in script.splitlines()
+    assert {f"{h.__module__}.{h.__name__}" for h in ours} <= set(re.findall(r"[\w.]+", script))
+    if native:
+        for hook in ours:
+            stand_in = getattr(importlib.import_module(hook.__module__), hook.__name__)
+            assert stand_in.__name__ == hook.__name__ and stand_in(torch.nn.Linear(1, 1), (), {}) is None
 
 
 def test_dynamo_integration_survives_reset_and_is_undone() -> None:

@@ -6,7 +6,12 @@ by otelprof: it costs seconds):
 
 - the tracker's hooks (C functions, or the Python tracker's closures) are in dynamo's
   ``ignore_logging_functions``: traced inside a compiled region they are no-ops, with no graph
-  break and no warning (what runs inside a graph cannot be timed without breaking it);
+  break and no warning (what runs inside a graph cannot be timed without breaking it). Each is
+  a well-formed function there: inductor writes every one as ``module.name`` into the repro
+  script it makes at each compile that misses its cache (``codegen_config``), which fails on a C
+  function with no ``__module__``. So the native hooks are named after this module, where
+  those names are stand-ins, no-ops as the hooks are in compiled code: the repro script imports
+  and runs. The set is set again after each change, so the config's derived copies follow;
 - the Python frames otelprof adds (the backward and DataLoader wrappers, the discovery hooks)
   are frames dynamo skips when they run eagerly under a compiled function (after a graph break):
   no frame compiled, no graph break, while the frames they call are treated as before;
@@ -28,9 +33,38 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .tracker import HOOKS
+
 _log = logging.getLogger(__name__)
 _DYNAMO = "torch._dynamo"
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType)
+
+
+def _stand_in(name: str) -> Callable[..., None]:
+    def hook(*_args: Any, **_kwargs: Any) -> None:
+        """An otelprof hook in a script torch wrote (a repro): nothing, as in compiled code."""
+
+    hook.__name__ = hook.__qualname__ = name
+    return hook
+
+
+# the names torch writes for the native hooks (otelprof.capture.steps.dynamo.begin_forward...,
+# see _well_formed) resolve here when its script runs: module globals (a module __getattr__
+# would hide a misspelt import from this module from mypy)
+globals().update({name: _stand_in(name) for name in HOOKS})
+
+
+def _well_formed(hook: Any) -> bool:
+    """Whether ``hook`` has the ``__module__`` and ``__name__`` (strings) torch's config code
+    reads from a function in ``ignore_logging_functions``; a C function made with no module
+    (the native hooks) is given this module's name first. Its eager calls are not touched:
+    the same C function, called by torch with no Python frame between."""
+    if not isinstance(getattr(hook, "__module__", None), str):
+        try:
+            hook.__module__ = __name__
+        except (AttributeError, TypeError):  # pragma: no cover - builtin functions allow it
+            return False
+    return isinstance(getattr(hook, "__name__", None), str)
 
 
 class DynamoHooks:
@@ -68,9 +102,9 @@ class DynamoHooks:
             self.active = False
             config, handler = _dynamo_parts()
             ignored = getattr(config, "ignore_logging_functions", None)
-            for hook in self._ignored:
-                if isinstance(ignored, set):
-                    ignored.discard(hook)
+            if isinstance(ignored, set) and self._ignored:
+                ignored.difference_update(self._ignored)
+                _changed(config, ignored)
             self._ignored = []
             if self._callback is not None and handler is not None:
                 with contextlib.suppress(ValueError):  # cleared by someone else
@@ -105,9 +139,13 @@ class DynamoHooks:
         ignored = getattr(config, "ignore_logging_functions", None)
         if isinstance(ignored, set):
             for hook in self._hooks:
-                if hook not in ignored:
+                # one that is not well formed would fail every inductor compile: without it the
+                # compiled code breaks its graph at that hook instead
+                if hook not in ignored and _well_formed(hook):
                     ignored.add(hook)
                     self._ignored.append(hook)
+            if self._ignored:
+                _changed(config, ignored)
         if handler is not None:
             on_compile = self._on_compile
 
@@ -144,6 +182,12 @@ class DynamoHooks:
         _, handler = _dynamo_parts()
         if self._callback is not None and handler is not None and self._callback not in handler.start_callbacks:
             handler.register_start_callback(self._callback)
+
+
+def _changed(config: Any, ignored: set[Any]) -> None:
+    """The set changed in place: set again, so torch's config forgets what it derived from the
+    old value (the config's hash, the copies its repro scripts and saved configs are made from)."""
+    config.ignore_logging_functions = ignored
 
 
 def _dynamo_parts() -> tuple[Any, Any]:
