@@ -8,7 +8,7 @@ from ._version import __version__
 _CONVERTER = ("ConvertOptions", "ConvertResult", "OpStats", "TraceFormatError", "convert")
 #: The live-instrumentation API, imported on first use: converting and shipping traces (a host
 #: without torch) should not pay for prometheus-client and the capture package at import.
-_INSTRUMENTATION = ("instrument", "set_batch_size", "step", "step_scope", "uninstrument")
+_INSTRUMENTATION = ("instrument", "set_batch_size", "step", "step_scope", "trace_handler", "uninstrument")
 TYPE_CHECKING = False  # typing's, without importing typing at ``import otelprof``
 
 # otelprof's warnings in a live process read "otelprof: warning: ..." as on the command line
@@ -16,7 +16,7 @@ install_last_resort()
 
 if TYPE_CHECKING:
     from .converter import ConvertOptions, ConvertResult, OpStats, TraceFormatError, convert
-    from .instrumentation import instrument, set_batch_size, step, step_scope, uninstrument
+    from .instrumentation import instrument, set_batch_size, step, step_scope, trace_handler, uninstrument
 
 
 def __getattr__(name: str) -> object:
@@ -42,5 +42,6 @@ __all__ = [
     "set_batch_size",
     "step",
     "step_scope",
+    "trace_handler",
     "uninstrument",
 ]

@@ -30,6 +30,7 @@ from ..otlp.spans import Attrs
 from ..resource import options_from_env, resource_attributes_from_env
 from ..settings import value
 from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES
+from . import coexist
 from .config import Settings, settings_from_env
 from .distributed import ranks as distributed
 from .distributed.identity import Identity, identity_from_env
@@ -93,6 +94,7 @@ class Session:
         self._failed = False
         self._sink: Any = None
         self._window: str | None = None  # the open step's profiling-window mark (Windows.mark)
+        self._quiet: list[Callable[[], None]] = []  # coexist.quiet registrations of the threads
         self.hooks.install()
 
     def _no_steps(self, forwards: int) -> None:
@@ -148,6 +150,14 @@ class Session:
                 submit = live_resource.submit(exporter.submit)
                 self.windows = Windows(self.settings.windows, options, submit, window_metrics)
                 self._window = self.windows.begin(number)
+                self._quiet.append(coexist.quiet(self.windows.pause, lambda: None))
+            # a with_stack profile of the user's traces every Python thread: otelprof's step aside
+            self._quiet.append(coexist.quiet(exporter.pause_worker, exporter.resume_worker))
+            self._quiet.append(coexist.quiet(self.spans.pause, self.spans.resume))
+            if self.metrics_server is not None:
+                server = self.metrics_server
+                pause, resume = metrics_server.pause, metrics_server.resume
+                self._quiet.append(coexist.quiet(lambda wait: pause(server, wait), lambda: resume(server)))
             self._native_steps()
         except Exception:  # never into the training loop
             self._failed = True
@@ -213,6 +223,7 @@ class Session:
         """Every step, either path: root discovery, the profiler's step boundary; the next
         step's profiling-window mark."""
         self.hooks.step_done()
+        coexist.resume_if_clear()
         if self.windows is not None:
             self._window = self.windows.boundary(seconds, live, number)
         return self._window
@@ -311,6 +322,9 @@ class Session:
                     self.timing.drain(wait=True)
             except Exception:
                 _log.warning("otelprof: reading the last steps' CUDA events failed", exc_info=True)
+        for unregister in self._quiet:  # every thread runs again, for the final flush
+            unregister()
+        self._quiet = []
         if self.windows is not None:
             self.windows.close()
         if self.spans is not None:

@@ -206,6 +206,24 @@ class Exporter:
         self._thread.join(timeout=timeout_s)
         self._close()
 
+    def pause_worker(self, wait_s: float) -> None:
+        """Stops the worker thread, keeping the queue (submit() goes on queueing, bounded as
+        ever): another profiler is about to trace every Python thread. Waits up to ``wait_s``
+        for a request in flight."""
+        with self._cond:
+            self._paused = True
+            self._cond.notify_all()
+        self._thread.join(wait_s)
+
+    def resume_worker(self) -> None:
+        """Starts the worker again after ``pause_worker()``."""
+        with self._cond:
+            self._paused = False
+            if self._closed or self._thread.is_alive():
+                return  # one still finishing a send sees _paused cleared and goes on
+            self._thread = threading.Thread(target=self._run, name="otelprof-exporter", daemon=True)
+            self._thread.start()
+
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -224,6 +242,7 @@ class Exporter:
         self._queued_bytes = 0
         self._busy = False
         self._closed = False
+        self._paused = False
         # "down" until the spool an earlier run left is replayed, so nothing newer overtakes it
         mine = self.spool.records(self.destination) if self.config.endpoint_configured else []
         self._backend_down = not self.config.endpoint_configured or (replay_spool and bool(mine))
@@ -254,9 +273,9 @@ class Exporter:
             request: bytes | None = None
             try:  # everything, waiting included: no value a server sends may end this thread
                 with self._cond:
-                    while not self._queue and not self._closed and not self._probe_due():
+                    while not self._queue and not self._closed and not self._paused and not self._probe_due():
                         self._cond.wait(self._probe_wait())
-                    if self._closed:
+                    if self._closed or self._paused:
                         return
                     if self._queue:
                         request = self._queue.popleft()
@@ -332,14 +351,15 @@ class Exporter:
                         "partial", "the backend rejected %d spans: %s", result.rejected_spans, result.message
                     )
                 return result
-            if not result.retryable or attempt == self._max_attempts or self._closed:
+            if not result.retryable or attempt == self._max_attempts or self._closed or self._paused:
                 return result
             asked = self._server_delay(result)
             if asked is not None and asked > self._max_backoff_s:
                 return result  # a long throttle: spool, and probe again when the server said
             self._count("retries")
             wait = asked if asked is not None else delay * random.uniform(0.5, 1.5)
-            time.sleep(min(wait, self._max_backoff_s))
+            with self._cond:  # a pause or shutdown ends the wait (the request is then spooled)
+                self._cond.wait_for(lambda: self._paused or self._closed, min(wait, self._max_backoff_s))
             delay = min(delay * 2, self._max_backoff_s)
         return result  # pragma: no cover - the loop always returns
 

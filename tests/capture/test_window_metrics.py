@@ -71,8 +71,10 @@ def test_collector_counts_windows_by_trigger_and_replaces_the_last_window() -> N
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
     assert families["otelprof_profiling_window_overhead_seconds"].samples[0].value == 0.75
     windows = {s.labels["trigger"]: s.value for s in families["otelprof_profiling_windows"].samples}
-    assert windows == {"early": 0, "schedule": 1, "on_demand": 0, "anomaly": 1}
+    assert windows == {"early": 0, "schedule": 1, "on_demand": 0, "anomaly": 1, "user": 0}
     assert families["otelprof_profiling_windows_failed"].samples[0].value == 1
+    skipped = {s.labels["reason"]: s.value for s in families["otelprof_windows_skipped"].samples}
+    assert skipped == {"user_profiler": 0}  # zero before the first skip: the series exists
     ops = {s.labels["op"]: s.value for s in families["otelprof_window_op_self_cpu_seconds"].samples}
     assert ops == {"c": 7e-9}  # the last window only: "a" and "b" are gone
     assert "otelprof_window_gpu_busy_ratio" not in families

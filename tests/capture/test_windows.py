@@ -116,7 +116,13 @@ def test_schedule_profiles_exactly_the_active_steps(receiver: HttpReceiver, tmp_
     for n in (0, 4, 7, 9):  # unprofiled steps: the live step span and its phases only
         assert {s.name for s in traces[_tid(n)]} == step_spans
     metrics = _window_metrics(session)
-    assert metrics["otelprof_profiling_windows_total"] == {"early": 0, "schedule": 1, "on_demand": 0, "anomaly": 0}
+    assert metrics["otelprof_profiling_windows_total"] == {
+        "early": 0,
+        "schedule": 1,
+        "on_demand": 0,
+        "anomaly": 0,
+        "user": 0,
+    }
     # the early window (warmup at step 10 by default) is left out: the schedule's first comes sooner
     assert _triggers(receiver) == _window(4, 2, "schedule")
     assert _marker_triggers(receiver) == {5: "schedule", 6: "schedule"}
@@ -220,7 +226,7 @@ def test_a_slow_step_profiles_the_next_steps(receiver: HttpReceiver, tmp_path: P
     live_session.stop(session)
     assert _profiled_steps(receiver, STEPS + 6) == [14, 15]
     windows = _window_metrics(session)["otelprof_profiling_windows_total"]
-    assert windows == {"early": 0, "schedule": 0, "on_demand": 0, "anomaly": 1}
+    assert windows == {"early": 0, "schedule": 0, "on_demand": 0, "anomaly": 1, "user": 0}
     assert _triggers(receiver) == _window(13, 2, "anomaly")
     assert _marker_triggers(receiver) == {14: "anomaly", 15: "anomaly"}
 
@@ -237,7 +243,7 @@ def test_the_first_window_is_early_by_default(receiver: HttpReceiver, tmp_path: 
     after = next(s for s in receiver.spans if s.name == "train.step" and _attrs(s)["pytorch.step"] == 13)
     assert _attrs(after)["otelprof.step.window"] == "after" and "otelprof.window.trigger" not in _attrs(after)
     windows = _window_metrics(session)["otelprof_profiling_windows_total"]
-    assert windows == {"early": 1, "schedule": 0, "on_demand": 0, "anomaly": 0}
+    assert windows == {"early": 1, "schedule": 0, "on_demand": 0, "anomaly": 0, "user": 0}
 
 
 def test_the_early_window_comes_before_the_schedule(receiver: HttpReceiver, tmp_path: Path) -> None:
@@ -250,7 +256,7 @@ def test_the_early_window_comes_before_the_schedule(receiver: HttpReceiver, tmp_
     assert _triggers(receiver) == {**_window(2, 2, "early"), **_window(6, 2, "schedule")}
     assert _marker_triggers(receiver) == {3: "early", 4: "early", 7: "schedule", 8: "schedule"}
     windows = _window_metrics(session)["otelprof_profiling_windows_total"]
-    assert windows == {"early": 1, "schedule": 1, "on_demand": 0, "anomaly": 0}
+    assert windows == {"early": 1, "schedule": 1, "on_demand": 0, "anomaly": 0, "user": 0}
 
 
 def _overlap(a: Any, b: Any) -> int:
@@ -277,6 +283,7 @@ def test_a_profiled_step_has_one_root_with_operators_under_their_phases(
         pytest.importorskip("opentelemetry.sdk")
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
     env = {**schedule, "OTELPROF_PROFILE_REPEAT": "1", "OTEL_METRICS_EXPORTER": metrics}
+    env["OTELPROF_MIN_DURATION_US"] = "0"  # every op: this tiny model's run near the 10 us cut
     session = _instrument(receiver, tmp_path, **env)
     _train(steps=8)
     assert (session.otlp_metrics is None) == (metrics == "prometheus")  # which path the steps took

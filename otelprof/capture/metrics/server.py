@@ -71,5 +71,24 @@ def serve(
         address_family = family  # IPv6 hosts too
 
     httpd = make_server(str(address[0]), port, _app(registry, profile), Server, handler_class=_QuietHandler)
-    threading.Thread(target=httpd.serve_forever, name="otelprof-metrics", daemon=True).start()
+    resume(httpd)
     return httpd
+
+
+#: How often the serving thread looks for a shutdown: bounds how long pause() waits for it.
+POLL_INTERVAL_S = 0.1
+
+
+def pause(httpd: ThreadingWSGIServer, _wait_s: float = 0.0) -> None:
+    """Stops serving (the socket stays bound: scrapes wait in its backlog until ``resume``)."""
+    httpd.shutdown()  # returns at once when it is not serving
+
+
+def resume(httpd: ThreadingWSGIServer) -> None:
+    """Serves on a thread of its own (one at a time)."""
+    running: threading.Thread | None = getattr(httpd, "_otelprof_thread", None)
+    if running is not None and running.is_alive():
+        return
+    thread = threading.Thread(target=httpd.serve_forever, args=(POLL_INTERVAL_S,), name="otelprof-metrics", daemon=True)
+    httpd._otelprof_thread = thread  # type: ignore[attr-defined]
+    thread.start()

@@ -22,7 +22,7 @@ from ...converter import OpStats
 TOP_N = 10
 #: Kernel names are C++ template instantiations hundreds of characters long.
 MAX_NAME_CHARS = 120
-TRIGGERS = ("early", "schedule", "on_demand", "anomaly")
+TRIGGERS = ("early", "schedule", "on_demand", "anomaly", "user")  # user: trace_handler()
 _STEP_ROW = "ProfilerStep*"
 
 
@@ -81,6 +81,7 @@ class WindowMetrics(Collector):
         self._lock = threading.Lock()
         self._done = dict.fromkeys(TRIGGERS, 0)
         self._failed = 0
+        self._skipped: dict[str, int] = {"user_profiler": 0}
         self._overhead_s = 0.0
         self._last: WindowSummary | None = None
         self._last_time: float | None = None
@@ -99,6 +100,10 @@ class WindowMetrics(Collector):
         with self._lock:
             self._failed += 1
 
+    def window_skipped(self, reason: str) -> None:
+        with self._lock:
+            self._skipped[reason] = self._skipped.get(reason, 0) + 1
+
     def snapshot(self) -> tuple[dict[str, int], int, WindowSummary | None]:
         """(windows by trigger, windows failed, the last window's summary)."""
         with self._lock:
@@ -108,6 +113,7 @@ class WindowMetrics(Collector):
         with self._lock:
             done, failed, last, when = dict(self._done), self._failed, self._last, self._last_time
             overhead = self._overhead_s
+            skipped = dict(self._skipped)
         names, values = self._names, self._values
         windows = CounterMetricFamily(
             "otelprof_profiling_windows", "Profiling windows converted and exported.", labels=[*names, "trigger"]
@@ -122,6 +128,15 @@ class WindowMetrics(Collector):
             values,
             failed,
         )
+        skips = CounterMetricFamily(
+            "otelprof_windows_skipped",
+            "Profiling windows not recorded, by reason (user_profiler: another profiler was on in "
+            "the process, or started during the window, which then gave way to it).",
+            labels=[*names, "reason"],
+        )
+        for reason, count in skipped.items():
+            skips.add_metric([*values, reason], count)
+        yield skips
         yield _counter(
             "otelprof_profiling_window_overhead_seconds",
             "Training-thread time spent starting and stopping profiling windows (Kineto's start and "

@@ -91,7 +91,9 @@ class StepContext:
         return trace_id
 
 
-_otel: tuple[Callable[[], Any], Callable[[], Any]] | None = None  # (get_current, get_current_span)
+#: (get_current, get_current_span); False once the import failed: decided once, never retried
+#: per step (a failing import at every step costs the loop and disturbs the user's own profiler)
+_otel: tuple[Callable[[], Any], Callable[[], Any]] | bool | None = None
 
 
 def current_parent() -> tuple[bytes, bytes] | None:
@@ -102,8 +104,11 @@ def current_parent() -> tuple[bytes, bytes] | None:
         try:
             from opentelemetry import context, trace
         except ImportError:
+            _otel = False
             return None
         _otel = (context.get_current, trace.get_current_span)
+    if not isinstance(_otel, tuple):
+        return None
     get_context, get_span = _otel
     if not get_context():  # no span, no baggage: nothing to nest under
         return None
@@ -133,6 +138,7 @@ def native_sink() -> Any:
 
 class StepSpans:
     max_request_bytes = 3 * 1024 * 1024  # the session sets OTELPROF_MAX_REQUEST_BYTES's value
+    _thread: threading.Thread
 
     def __init__(
         self, exporter: Exporter, identity: Identity, resource: Attrs, on_drop: Callable[[], None] | None = None
@@ -195,21 +201,39 @@ class StepSpans:
         self._thread.join(timeout=5)
         self._flush()
 
+    def pause(self, wait_s: float) -> None:
+        """Stops the encoding thread; steps wait in the bounded queue (see ``coexist.quiet``)."""
+        with self._cond:
+            self._paused = True
+            self._cond.notify()
+        self._thread.join(wait_s)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            if self._closed or self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._run, name="otelprof-step-spans", daemon=True)
+            self._thread.start()
+
     def _start(self) -> None:
         if self._sink is not None:  # a forked child: the parent ships what was queued
             self._sink.clear_queue()
         self._cond = threading.Condition()
         self._pending: deque[tuple[Step, StepContext]] = deque()
         self._closed = False
+        self._paused = False
         self._thread = threading.Thread(target=self._run, name="otelprof-step-spans", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                if not self._closed:
+                if not self._closed and not self._paused:
                     self._cond.wait(FLUSH_INTERVAL_S)
                 closed = self._closed
+                if self._paused and not closed:
+                    return  # no Python work while another profiler traces every thread
             try:
                 self._flush()
             except Exception:

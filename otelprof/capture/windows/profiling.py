@@ -1,21 +1,28 @@
-"""Profiling windows: torch.profiler driven by the step tracker's boundaries.
+"""Profiling windows: torch's profiler driven by the step tracker's boundaries.
 
-One ``torch.profiler.profile`` lives for the whole run with a schedule callable; Kineto runs only
-in warmup and active steps, so the steps in between cost one ``prof.step()`` call. The
-schedule is torch's own (skip_first, wait, warmup, active, repeat) with one early window first
-(``early`` steps into the run, so a short run still records operators), and an on-demand
-request (signal, trigger file, ``POST /profile``) or a slow step overrides it for the next
-window. The window's trigger (``early``, ``schedule``, ``on_demand``, ``anomaly``) goes with its
-steps' mark onto their ``train.step`` spans (``otelprof.window.trigger``).
+Each window is a profiler of its own, made when the window's warmup step begins (Kineto
+prepared), started at its first recorded step and stopped when its last ends, with no schedule:
+between windows nothing of torch's profiler exists, so no ``ProfilerStep#N`` range is open and
+torch's step tracker never moves (ranges are otelprof's own, opened after Kineto starts and
+closed before it stops). Which steps are recorded follows torch's schedule (skip_first, wait,
+warmup, active, repeat) with one early window first (``early`` steps into the run, so a short
+run still records operators), and an on-demand request (signal, trigger file,
+``POST /profile``) or a slow step overrides it for the next window. The window's trigger
+(``early``, ``schedule``, ``on_demand``, ``anomaly``) goes with its steps' mark onto their
+``train.step`` spans (``otelprof.window.trigger``).
 
-When a window ends, torch stops Kineto on the training thread (unavoidable: the profiler is
-that thread's) and calls ``on_trace_ready``, which hands the results to a background thread:
-it saves the trace (Kineto writes it, GIL released), converts it with the native core (GIL
-released), hands the requests to the exporter and frees the results there. ``ProfilerStep#N``
-numbers follow the tracker's, and each recorded step's live span ids go with the window
-(``LiveStep``): its operators land under that step's ``train.step`` span, in the phase span
-that ran them. Steps inside a window and the one after it (it pays the profiler's stop) are
-marked and never feed or trigger the slow-step (anomaly) detection.
+Kineto has one session per process, and it is the user's: a window due while another profiler
+is on is skipped, and one in progress stops unrecorded when another starts (``coexist.py``),
+counted in ``otelprof_windows_skipped_total``. Steps another profiler ran beside are marked.
+
+When a window ends, Kineto stops on the training thread (unavoidable: the profiler is that
+thread's) and the results go to the conversion thread (``conversions.py``): it saves the trace
+(Kineto writes it, GIL released), converts it with the native core (GIL released), hands the
+requests to the exporter and frees the results there. ``ProfilerStep#N`` numbers follow the
+tracker's, and each recorded step's live span ids go with the window (``LiveStep``): its
+operators land under that step's ``train.step`` span, in the phase span that ran them. Steps
+inside a window and the one after it (it pays the profiler's stop) are marked and never feed or
+trigger the slow-step (anomaly) detection.
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ import os
 import queue
 import signal
 import statistics
-import tempfile
 import threading
 import time
 from collections import deque
@@ -36,8 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...converter import ConvertOptions, LiveStep, convert
-from ..metrics.window_metrics import WindowMetrics, summarize
+from ...converter import ConvertOptions, LiveStep
+from .. import coexist
+from ..metrics.window_metrics import WindowMetrics
+from .conversions import Conversions, Job, temp_path
 
 _log = logging.getLogger(__name__)
 #: Cores at which a window's trace is saved off the training thread. Below, a background save
@@ -126,8 +134,6 @@ class Anomaly:
 
 #: Live step ids kept for the window in progress (a longer on-demand window keeps its first ones).
 MAX_LIVE_STEPS = 1000
-#: A job for the conversion thread: the torch results (or a saved file), trigger, live steps.
-_Job = tuple[Any, str, tuple[LiveStep, ...]]
 
 
 class Windows:
@@ -139,13 +145,10 @@ class Windows:
         metrics: WindowMetrics | None = None,
     ) -> None:
         import torch
-        from torch.profiler import ProfilerActivity, profile, schedule
+        from torch.profiler import ProfilerActivity, schedule
 
         self.settings = settings
         self.on_demand = OnDemand(settings.on_demand_steps)
-        # one thread: a window's conversion runs beside training and must not take a second core
-        self._options = dataclasses.replace(options, threads=1)
-        self._submit = submit
         self.metrics = metrics
         self._base = schedule(
             skip_first=settings.skip_first,
@@ -166,42 +169,46 @@ class Windows:
         self.save_off_thread = _cpus() >= SAVE_OFF_THREAD_MIN_CPUS
         self._after_window = False  # the step now running follows a window's end
         self.marked_steps: deque[int] = deque(maxlen=64)  # step numbers kept out of the anomaly median
-        self.save_threads: deque[str] = deque(maxlen=16)  # where each window's trace was saved
         self.overhead_s = 0.0  # training-thread time of windows' starts and stops
-        self.windows_done = 0
-        self.windows_failed = 0
-        activities = [ProfilerActivity.CPU]
+        self.windows_skipped = 0  # windows not recorded: another profiler was on, or started
+        self._activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=4)
-        self._worker = threading.Thread(target=self._convert_loop, name="otelprof-windows", daemon=True)
-        self._worker.start()
-        self._prof: Any = profile(
-            activities=activities,
-            schedule=self._action,
-            on_trace_ready=self._ready,
-            record_shapes=settings.record_shapes,
-            profile_memory=settings.profile_memory,
-            with_stack=settings.with_stack,
-            with_flops=settings.with_flops,
-            with_modules=settings.with_modules,
-        )
+            self._activities.append(ProfilerActivity.CUDA)
+        self.conversions = Conversions(options, submit, metrics)
+        # steps another profiler ran beside (start and end set), for trace_handler()'s windows
+        self.user_steps: deque[LiveStep] = deque(maxlen=MAX_LIVE_STEPS)
+        self._pending_user: Path | None = None  # the user's saved window, queued when its step ends
+        # the window in progress: torch's profiler (None between windows), its state, the open
+        # ProfilerStep#N range; a lock, as another thread may start its own profiler
+        self._lock = threading.RLock()
+        self._kineto: Any = None
+        self._state = _IDLE
+        self._range: Any = None
+        self._step_num = 0  # the profiler's step count: ProfilerStep#N labels
+        self._current: Any = None  # the running step's action (None before begin)
+        self._suppressed = False  # the rest of this window's steps record nothing (skipped)
+        self._raw_last: Any = None  # the schedule's own action for the running step
+        self._starts_seen = coexist.starts
+        self._other_on = False  # another profiler was on at the last boundary
         self._started = False
         self._old_handler: Any = None
         if settings.trigger_signal is not None and threading.current_thread() is threading.main_thread():
             self._old_handler = signal.signal(settings.trigger_signal, lambda _s, _f: self.on_demand.request())
+        coexist.watch(self.give_way)
 
     # --- called by the session at step boundaries (training thread) ------------------------
 
     def begin(self, step_number: int) -> str | None:
         """The first step begins: the profiler's step count starts at its number. Returns the
         step's mark (``mark()``)."""
-        self._prof.step_num = step_number
-        if self.settings.early > 0 and self._early_fits():
-            self._early_start = step_number + self.settings.early
-        self._prof.start()
-        self._started = True
-        return self.mark()
+        with self._lock:
+            self._step_num = step_number
+            if self.settings.early > 0 and self._early_fits():
+                self._early_start = step_number + self.settings.early
+            self._started = True
+            self._current = self._enter(step_number)
+            self._trigger = self._next_trigger
+            return self.mark()
 
     def mark(self) -> str | None:
         """What the step now beginning is to the profiler, for its span's
@@ -212,7 +219,7 @@ class Windows:
         the span encoders split it into ``otelprof.step.window`` and ``otelprof.window.trigger``."""
         from torch.profiler import ProfilerAction
 
-        action = self._prof.current_action
+        action = self._current
         if action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
             return "recorded:" + self._trigger
         if action == ProfilerAction.WARMUP:
@@ -224,31 +231,53 @@ class Windows:
     ) -> str | None:
         """Step ``number`` ended and the next begins; ``live()`` gives the ended step's span ids
         (asked only when the profiler recorded that step). Returns the next step's ``mark()``."""
-        if not self._started:
-            return None
         from torch.profiler import ProfilerAction
 
-        action = self._prof.current_action  # the ended step's
-        label = self._prof.step_num  # its ProfilerStep#label: the profiler counts boundaries
-        if live is not None and action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
-            step = live()
-            if step is not None and len(self._live) < MAX_LIVE_STEPS:
-                # a framework numbers its steps itself (and only at their end): ProfilerStep#label
-                # still goes under that step's train.step, in its trace
-                # and its ProfilerStep#label says what started the window
-                self._live.append(dataclasses.replace(step, number=label, trigger=self._trigger))
-        marked = action != ProfilerAction.NONE or self._after_window
-        if marked:
-            self.marked_steps.append(label if number is None else number)
-        self._check_triggers(step_seconds, marked)
-        self._saved = False
-        start = time.perf_counter_ns()
-        self._prof.step()
-        self._trigger = self._next_trigger
-        if self._prof.current_action != action:  # Kineto started or stopped here: the window's cost
-            self._overhead(time.perf_counter_ns() - start)
-        self._after_window, self._saved = self._saved, False
-        return self.mark()
+        with self._lock:
+            if not self._started:
+                return None
+            action = self._current  # the ended step's
+            label = self._step_num  # its ProfilerStep#label: the profiler counts boundaries
+            if live is not None and action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+                step = live()
+                if step is not None and len(self._live) < MAX_LIVE_STEPS:
+                    # a framework numbers its steps itself (and only at their end): ProfilerStep#label
+                    # still goes under that step's train.step, in its trace
+                    # and its ProfilerStep#label says what started the window
+                    self._live.append(dataclasses.replace(step, number=label, trigger=self._trigger))
+            # another profiler ran in this step: its time is partly that profiler's
+            # (it started in this step, is on now, or was on when this step began)
+            on = self._state == _IDLE and coexist.active() is not None
+            other = self._starts_seen != coexist.starts or on or self._other_on
+            self._starts_seen, self._other_on = coexist.starts, on
+            pending = self._pending_user is not None
+            if (other or pending) and live is not None and action == ProfilerAction.NONE:
+                self._user_step(live, step_seconds)
+            if pending:
+                self._queue_user()
+            marked = action != ProfilerAction.NONE or self._after_window or other
+            if marked:
+                self.marked_steps.append(label if number is None else number)
+            self._check_triggers(step_seconds, marked)
+            self._saved = False
+            start = time.perf_counter_ns()
+            state = self._state
+            self._step_num = label + 1
+            self._current = self._enter(label + 1, ended=action)
+            self._trigger = self._next_trigger
+            if self._state != state or self._saved:  # Kineto started or stopped here: the window's cost
+                self._overhead(time.perf_counter_ns() - start)
+            self._after_window, self._saved = self._saved, False
+            return self.mark()
+
+    def _user_step(self, live: Callable[[], LiveStep | None], seconds: float) -> None:
+        """A step the user's profiler ran beside: its span ids and times (the tracker's clock is
+        the wall clock, and the step ends now), for ``convert_user``."""
+        step = live()
+        if step is not None:
+            end = time.time_ns()
+            start = max(0, end - int(seconds * 1e9))
+            self.user_steps.append(dataclasses.replace(step, start_ns=start, end_ns=end, trigger="user"))
 
     def _overhead(self, ns: int) -> None:
         """Training-thread time of a window's start or stop (the step pays it; it is marked)."""
@@ -259,15 +288,50 @@ class Windows:
     def close(self) -> None:
         """Stops the profiler (a window in progress is saved and converted), waits for the
         conversions, and releases torch's profiler objects here rather than at interpreter exit."""
-        if self._started:
-            self._started = False
-            self._prof.stop()
+        coexist.unwatch(self.give_way)
+        with self._lock:
+            if self._started:
+                self._started = False
+                self._close_range()
+                if self._state == _RECORDING:
+                    self._stop_and_save()
+                elif self._state == _PREPARED:
+                    self._discard()
         if self._old_handler is not None and self.settings.trigger_signal is not None:
             signal.signal(self.settings.trigger_signal, self._old_handler)
-        self._jobs.put(None)
-        self._worker.join(timeout=60)
-        self._prof = None
+        with self._lock:
+            if self._pending_user is not None:
+                self._queue_user()
+        self.conversions.close()
         self._live = []
+
+    # --- sharing the process's one profiler (coexist.py) --------------------------------------
+
+    def give_way(self, what: str) -> None:
+        """Another profiler is about to start (any thread): a window in progress stops now,
+        unrecorded, and its remaining steps record nothing."""
+        with self._lock:
+            if self._state == _IDLE:
+                return
+            self._close_range()
+            self._discard()
+            self._suppressed = True
+            self._live = []
+            self._current = _none_action()  # the rest of the running step records nothing
+            self._skipped(what)
+
+    def _skipped(self, what: str) -> None:
+        self.windows_skipped += 1
+        if self.metrics is not None:
+            self.metrics.window_skipped("user_profiler")
+        global _skip_logged
+        if not _skip_logged:
+            _skip_logged = True
+            _log.info(
+                "otelprof: %s is profiling this process; otelprof's profiling windows give way to it "
+                '(counted in otelprof_windows_skipped_total{reason="user_profiler"})',
+                what,
+            )
 
     # --- schedule ------------------------------------------------------------------------------
 
@@ -276,6 +340,42 @@ class Windows:
         enough and the early window is left out)."""
         s = self.settings
         return s.early + s.warmup + s.active <= s.skip_first + s.wait
+
+    def _enter(self, step: int, ended: Any = None) -> Any:
+        """Step ``step`` begins after a step whose action was ``ended``: moves torch's profiler
+        to the state the step's action needs (prepared for a warmup step, recording with a
+        ``ProfilerStep#step`` range for a recorded one) and returns that action (NONE where a
+        window gives way to another profiler)."""
+        from torch.profiler import ProfilerAction
+
+        raw = self._action(step)
+        window_ended = self._raw_last == ProfilerAction.RECORD_AND_SAVE or raw == ProfilerAction.NONE
+        self._raw_last = raw
+        if self._suppressed and window_ended:
+            self._suppressed = False
+        self._close_range()
+        recording = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+        if self._state == _RECORDING and (ended == ProfilerAction.RECORD_AND_SAVE or raw not in recording):
+            self._stop_and_save()
+        action = ProfilerAction.NONE if self._suppressed else raw
+        if action == ProfilerAction.NONE:
+            if self._state == _PREPARED:
+                self._discard()
+            return action
+        if self._state == _IDLE:
+            other = coexist.active()
+            if other is not None:
+                self._suppressed = True
+                self._skipped(other)
+                return ProfilerAction.NONE
+            self._prepare()
+        if action != ProfilerAction.WARMUP:
+            if self._state == _PREPARED:
+                with coexist.own():
+                    self._kineto.start_trace()
+                self._state = _RECORDING
+            self._range = _open_range(f"ProfilerStep#{step}")
+        return action
 
     def _action(self, step: int) -> Any:
         """torch's schedule for ``step``, overridden by an on-demand window, else the early one.
@@ -322,15 +422,67 @@ class Windows:
         requested = self.on_demand.take()
         if not (requested or by_file or anomaly):
             return
-        if self._demand_start is not None or self._prof.current_action != ProfilerAction.NONE:
+        if self._demand_start is not None or self._current != ProfilerAction.NONE:
             return  # a window is already on its way
-        self._demand_start = self._prof.step_num + 1
+        self._demand_start = self._step_num + 1
         self._demand_steps = requested or self.settings.on_demand_steps
         self._demand_trigger = "anomaly" if anomaly else "on_demand"
         early = self._early_start
         if early is not None and self._demand_start < early + self.settings.warmup + self.settings.active:
             self._early_start = None  # this window comes first: it is the run's early one
         _log.info("otelprof: profiling steps from %d on demand", self._demand_start + self.settings.warmup)
+
+    # --- torch's profiler, one object per window -------------------------------------------------
+
+    def _prepare(self) -> None:
+        """A window's first step: Kineto is prepared (its warmup) by a profiler of otelprof's own,
+        without a schedule, so torch opens no step range and advances no step tracker."""
+        from torch.profiler.profiler import _KinetoProfile
+
+        s = self.settings
+        kineto = _KinetoProfile(
+            activities=self._activities,
+            record_shapes=s.record_shapes,
+            profile_memory=s.profile_memory,
+            with_stack=s.with_stack,
+            with_flops=s.with_flops,
+            with_modules=s.with_modules,
+        )
+        with coexist.own():
+            kineto.prepare_trace()
+        self._kineto, self._state = kineto, _PREPARED
+
+    def _discard(self) -> None:
+        """Ends a window without keeping it (torch's own way out of a warmup: start, then stop)."""
+        kineto, self._kineto, state = self._kineto, None, self._state
+        self._state = _IDLE
+        if kineto is None:
+            return
+        try:
+            with coexist.own():
+                if state == _PREPARED:
+                    kineto.start_trace()
+                kineto.stop_trace()
+        except Exception:
+            _log.warning("otelprof: stopping a profiling window failed", exc_info=True)
+
+    def _stop_and_save(self) -> None:
+        kineto, self._kineto = self._kineto, None
+        self._state = _IDLE
+        try:
+            with coexist.own():
+                kineto.stop_trace()
+        except Exception:
+            self._failed()
+            _log.warning("otelprof: stopping a profiling window failed", exc_info=True)
+            return
+        self._ready(kineto)
+
+    def _close_range(self) -> None:
+        step_range, self._range = self._range, None
+        if step_range is not None:
+            with contextlib.suppress(Exception):
+                step_range.__exit__(None, None, None)
 
     # --- traces ------------------------------------------------------------------------------
 
@@ -340,7 +492,6 @@ class Windows:
         torch merges more into the file (its CUPTI monitor) or keeps no results object, the
         trace is saved here: in no phase (the trackers start the next phase after a boundary's
         callbacks) and counted as the window's overhead."""
-        # in the profiler's step() (the ended step's trigger) or stop() (the current step's)
         trigger, self._demand_trigger = self._trigger, None
         live, self._live = tuple(self._live), []
         self._saved = True
@@ -354,12 +505,12 @@ class Windows:
                 or source is None
                 or getattr(prof, "_use_cupti_monitor", False)
             ):
-                source = _temp_path()
+                source = temp_path()
                 prof.export_chrome_trace(str(source))
                 self.save_threads.append(threading.current_thread().name)
             else:
                 inner.kineto_results = None  # the conversion thread holds the only reference
-            self._jobs.put_nowait((source, trigger, live))
+            self.conversions.put(Job(source, trigger, live))
         except queue.Full:
             self._failed()
             if isinstance(source, Path):
@@ -369,52 +520,70 @@ class Windows:
             self._failed()
             _log.warning("otelprof: saving a profiling window failed", exc_info=True)
 
+    def pause(self, wait_s: float) -> None:
+        """Stops the conversion thread once it is done (see ``coexist.quiet``)."""
+        self.conversions.pause(wait_s)
+
+    def convert_user(self, path: Path) -> None:
+        """The user's own window, saved at ``path`` (``trace_handler()``): converted as a window of
+        otelprof's, its steps matched by time to the live steps the user's profiler ran beside.
+        It goes to the conversion thread when the running step ends (the user's last profiled
+        step usually ends after the window: torch's ``prof.step()`` comes before the next batch)."""
+        with self._lock:
+            if self._pending_user is not None:
+                self._queue_user()
+            self._pending_user = path
+            if not self._started:
+                self._queue_user()
+
+    def _queue_user(self) -> None:
+        path, self._pending_user = self._pending_user, None
+        live = tuple(self.user_steps)
+        self.user_steps.clear()
+        try:
+            self.conversions.put(Job(path, "user", live, "time"))
+        except queue.Full:
+            self._failed()
+            if path is not None:
+                path.unlink(missing_ok=True)
+            _log.warning("otelprof: windows arrive faster than they convert; dropping one (counted)")
+
+    @property
+    def windows_done(self) -> int:
+        return self.conversions.done
+
+    @property
+    def windows_failed(self) -> int:
+        return self.conversions.failed
+
+    @property
+    def save_threads(self) -> deque[str]:
+        return self.conversions.save_threads
+
+    @property
+    def _options(self) -> ConvertOptions:
+        return self.conversions.options
+
     def _failed(self) -> None:
-        self.windows_failed += 1
-        if self.metrics is not None:
-            self.metrics.window_failed()
-
-    def _convert_loop(self) -> None:
-        _lower_priority()
-        while (job := self._jobs.get()) is not None:
-            source, trigger, live = job
-            job = None
-            path: Path | None = source if isinstance(source, Path) else None
-            try:
-                if path is None:
-                    path = _temp_path()
-                    source.save(str(path))  # Kineto writes the JSON with the GIL released
-                    self.save_threads.append(threading.current_thread().name)
-                source = None  # torch's results are freed here, on this thread
-                options = dataclasses.replace(self._options, live_steps=live) if live else self._options
-                result = convert(path, options=options)
-                for request in result.requests:
-                    self._submit(request)
-                self.windows_done += 1
-                if self.metrics is not None:
-                    self.metrics.window_done(trigger, summarize(result.ops))
-            except Exception:
-                self._failed()
-                _log.warning("otelprof: converting a profiling window failed", exc_info=True)
-            finally:
-                source = None
-                if path is not None:
-                    path.unlink(missing_ok=True)
+        self.conversions.count_failure()
 
 
-def _temp_path() -> Path:
-    fd, name = tempfile.mkstemp(prefix="otelprof-window-", suffix=".json")
-    os.close(fd)
-    return Path(name)
+#: Where torch's profiler is in a window: none, prepared (a warmup step), recording.
+_IDLE, _PREPARED, _RECORDING = 0, 1, 2
+_skip_logged = False  # "otelprof gives way" is logged once per process
 
 
-#: Niceness of the conversion thread: on a machine with few free cores the training thread
-#: gets the CPU first, and the window's conversion takes the time left over.
-CONVERT_NICENESS = 10
+def _none_action() -> Any:
+    from torch.profiler import ProfilerAction
+
+    return ProfilerAction.NONE
 
 
-def _lower_priority() -> None:
-    """Linux schedules threads one by one: this lowers the calling thread only."""
-    with contextlib.suppress(AttributeError, OSError):
-        current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, current + CONVERT_NICENESS))
+def _open_range(name: str) -> Any:
+    """A recorded step's ``ProfilerStep#N`` range, opened after Kineto starts and closed before
+    it stops (a range that straddles a start or stop corrupts torch's profiler state)."""
+    from torch.autograd.profiler import record_function
+
+    step_range = record_function(name)
+    step_range.__enter__()  # type: ignore[no-untyped-call]
+    return step_range

@@ -1,0 +1,188 @@
+"""otelprof beside the user's own profiler: what the user records is the same with and without
+otelprof, and otelprof's windows give way (skipped, counted), with no crash under glibc's
+malloc checks. Each run is a process of its own (coexist_loop.py), as a user's job would be."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+LOOP = Path(__file__).with_name("coexist_loop.py")
+SCENARIOS = ("plain", "scheduled", "steppers", "execution_trace", "memory_timeline", "itt", "legacy")
+REPEAT = 2  # each scenario twice in one process: a second profiler after the first
+
+
+def _run(scenarios: tuple[str, ...], out: Path, *flags: str, **env: str) -> dict[str, Any]:
+    environ = {**os.environ, "MALLOC_CHECK_": "3", "OTELPROF_CUDA_EVENTS": "false", **env}
+    args = [sys.executable, str(LOOP), ",".join(scenarios), str(out), "--repeat", str(REPEAT), *flags]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=environ)
+    assert proc.returncode == 0, proc.stderr[-4000:]  # no crash, at exit included
+    report: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    report["stderr"] = proc.stderr
+    return report
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+    bare = _run(SCENARIOS, tmp_path_factory.mktemp("bare"))
+    beside = _run(SCENARIOS, tmp_path_factory.mktemp("beside"), "--otelprof")
+    return bare, beside
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_users_profile_is_the_same_beside_otelprof(
+    runs: tuple[dict[str, Any], dict[str, Any]], scenario: str
+) -> None:
+    bare, beside = runs
+    assert beside["results"][scenario] == bare["results"][scenario]
+    assert len(bare["results"][scenario]) == REPEAT
+
+
+def test_otelprofs_windows_gave_way_and_were_counted(runs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    _bare, beside = runs
+    windows = beside["otelprof"]
+    # every user profiler met a window due or running: at least one skip for each, none failed
+    assert windows["windows_skipped"] >= len(SCENARIOS) * REPEAT
+    assert windows["windows_failed"] == 0
+    assert windows["windows_done"] >= 1  # between the user's profilers, otelprof's windows ran
+    assert windows["skipped_metric"] == windows["windows_skipped"]
+    assert "Traceback" not in beside["stderr"]
+    assert "Profiler is already enabled" not in beside["stderr"]
+    assert beside["stderr"].count("give way") == 1  # logged once
+
+
+def test_scenarios_record_what_they_claim(runs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """The comparisons above compare something: the user's data is there, bare."""
+    bare, _beside = runs
+    results = bare["results"]
+    for plain in results["plain"]:
+        assert plain["table"]["aten::addmm"] == 8 and "ProfilerStep*" not in plain["table"]
+        assert plain["trace"]["names"]["Optimizer.step#SGD.step"] == 4
+    for scheduled in results["scheduled"]:
+        # two cycles of wait 1, warmup 1, active 2: two traces with two ProfilerStep ranges each
+        assert len(scheduled["traces"]) == 2
+        for trace in scheduled["traces"]:
+            assert sum(n for name, n in trace["names"].items() if name.startswith("ProfilerStep#")) == 2
+    # torch counts steps for its daemon only (KINETO_USE_DAEMON): nothing here moved its tracker
+    assert [r["tracker_steps"] for r in results["steppers"]] == [0] * REPEAT
+    for et in results["execution_trace"]:
+        assert et["kineto_ops"] > 50 and et["joined"] == et["kineto_ops"]  # every op joins by rf id
+    for timeline in results["memory_timeline"]:
+        assert timeline["exported"] and timeline["peak"] > 0 and timeline["events"]
+    assert [r["steps"] for r in results["itt"]] == [4] * REPEAT
+
+
+@pytest.mark.parametrize("scenario", ["steppers", "scheduled"])
+def test_a_child_under_kineto_daemon_is_left_alone(tmp_path: Path, scenario: str) -> None:
+    """With KINETO_USE_DAEMON=1 on-demand tracing may start at any time: otelprof records no
+    window at all, and torch's step tracker counts only the user's steps."""
+    bare = _run((scenario,), tmp_path / "bare", KINETO_USE_DAEMON="1")
+    beside = _run((scenario,), tmp_path / "beside", "--otelprof", KINETO_USE_DAEMON="1")
+    assert beside["results"] == bare["results"]
+    if scenario == "steppers":  # the user's 12 profiler steps, and no step of otelprof's
+        assert [r["tracker_steps"] for r in bare["results"][scenario]] == [12] * REPEAT
+    assert beside["otelprof"]["windows_done"] == 0 and beside["otelprof"]["windows_skipped"] >= 1
+
+
+# --- in this process: slow-step triggers, threads, imports --------------------------------------
+
+
+def _train(steps: int, on_step: Any = None) -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(steps * 4, 16))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (batch,) in enumerate(torch.utils.data.DataLoader(data, batch_size=4)):
+        model(batch).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if on_step is not None:
+            on_step(i)
+
+
+def test_steps_the_users_profiler_slowed_start_no_anomaly_window(tmp_path: Path) -> None:
+    """A user profiling steps 12-14 makes them far slower than the median: no slow-step window,
+    and those steps stay out of the median."""
+    import time
+
+    import torch
+    from export.receivers import http_receiver
+
+    from capture import live_session
+
+    quiet = {"OTELPROF_TRIGGER_SIGNAL": "none", "OTELPROF_PROFILE_EARLY": "0", "OTELPROF_PROFILE_SKIP_FIRST": "999"}
+    with http_receiver() as receiver:
+        session = live_session.start(receiver.port, tmp_path, **quiet, OTELPROF_ANOMALY_FACTOR="3")
+        prof = torch.profiler.profile(with_stack=True, record_shapes=True)
+
+        def on_step(i: int) -> None:
+            if i == 11:
+                prof.start()
+            if 12 <= i <= 14:
+                time.sleep(0.5)  # far over 3x the median of the steps before
+            if i == 14:
+                prof.stop()
+            time.sleep(0.01)
+
+        _train(20, on_step)
+        windows = session.windows
+        assert windows is not None
+        live_session.stop(session)
+    assert windows.windows_done == 0 and windows.windows_skipped == 0  # none was due
+    assert windows.anomaly.skipped >= 3  # the user's profiled steps: out of the median
+    assert max(windows.anomaly.history) < 0.3
+    assert len(prof.key_averages()) > 10  # the user's profile is there
+
+
+def test_no_thread_before_one_is_needed(tmp_path: Path) -> None:
+    """Instrumenting starts no thread; the first step starts the exporter, step-span and
+    /metrics threads; the window-conversion thread waits for a window."""
+    import threading
+
+    from export.receivers import http_receiver
+
+    from capture import live_session
+
+    def ours() -> set[str]:
+        return {t.name for t in threading.enumerate() if t.name.startswith("otelprof")}
+
+    quiet = {"OTELPROF_TRIGGER_SIGNAL": "none", "OTELPROF_PROFILE_EARLY": "0", "OTELPROF_PROFILE_SKIP_FIRST": "999"}
+    with http_receiver() as receiver:
+        before = ours()
+        session = live_session.start(receiver.port, tmp_path, **quiet)
+        instrumented = ours() - before
+        _train(4)
+        trained = ours() - before
+        live_session.stop(session)
+    assert instrumented <= {"otelprof-exporter"}  # the test's own exporter, made before instrument()
+    assert trained == {"otelprof-exporter", "otelprof-step-spans", "otelprof-metrics"}
+
+
+def test_a_failed_import_is_tried_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without opentelemetry the application's current span is looked up once, not per step."""
+    import builtins
+
+    from otelprof.capture.spans import step_spans
+
+    monkeypatch.setattr(step_spans, "_otel", None)
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # import raises ImportError
+    tries = []
+    real_import = builtins.__import__
+
+    def counting(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("opentelemetry"):
+            tries.append(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", counting)
+    assert [step_spans.current_parent() for _ in range(100)] == [None] * 100
+    assert tries == ["opentelemetry"]
