@@ -52,6 +52,7 @@ _inner: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # pre
 _observers: weakref.WeakSet[Any] = weakref.WeakSet()  # execution-trace observers
 _memory_history = False
 _daemon = False  # KINETO_USE_DAEMON, as torch read it at its import
+_unseen = False  # a torch.profiler.profile existed before the wrappers (until torch forgets it)
 #: Starts of other profilers seen so far: a step during which it moved was slowed by one.
 starts = 0
 #: How long each of otelprof's threads is waited for when a Python-tracing profiler starts.
@@ -77,10 +78,11 @@ def _ours() -> bool:
 
 def watch(listener: Listener) -> None:
     """Wraps torch's entry points (once per process) and tells ``listener`` of every start."""
-    global _daemon
+    global _daemon, _unseen
     with _lock:
         if not _originals:
             _daemon = bool(os.environ.get("KINETO_USE_DAEMON"))
+            _unseen = _unseen_profile()
             _install()
         if listener not in _listeners:
             _listeners.append(listener)
@@ -167,11 +169,22 @@ def active() -> str | None:
             return "torch.profiler.profile"
     if any(_prepared(inner) for inner in list(_inner)):
         return "torch.autograd.profiler.profile"
+    if _unseen and _unseen_profile():
+        return "a torch.profiler.profile made before otelprof instrumented the process"
     import torch.autograd.profiler as autograd_profiler
 
     if getattr(autograd_profiler, "_is_profiler_enabled", False) or _profiler_enabled():
         return "the autograd profiler (emit_nvtx, emit_itt or another)"
     return None
+
+
+def _unseen_profile() -> bool:
+    """Whether a ``torch.profiler.profile`` may exist: torch counts its steps from its creation
+    until its ``__exit__``. Asked for one made before the wrappers were in place (one driven by
+    start()/stop() stays counted, and otelprof's windows then keep giving way)."""
+    from torch.autograd.profiler import KinetoStepTracker
+
+    return "ProfilerStep" in getattr(KinetoStepTracker, "_step_dict", {})
 
 
 def _prepared(inner: Any) -> bool:

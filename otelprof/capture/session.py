@@ -96,6 +96,13 @@ class Session:
         self._window: str | None = None  # the open step's profiling-window mark (Windows.mark)
         self._quiet: list[Callable[[], None]] = []  # coexist.quiet registrations of the threads
         self.hooks.install()
+        # from now on, a profiler the user makes is seen (one made before is found by active())
+        coexist.watch(self._give_way)
+
+    def _give_way(self, what: str) -> None:
+        """Another profiler is about to start (coexist.py): a window in progress stops."""
+        if self.windows is not None:
+            self.windows.give_way(what)
 
     def _no_steps(self, forwards: int) -> None:
         """The tracker's hint (training thread, inside a hook): forwards run, nothing marks a step."""
@@ -322,6 +329,7 @@ class Session:
                     self.timing.drain(wait=True)
             except Exception:
                 _log.warning("otelprof: reading the last steps' CUDA events failed", exc_info=True)
+        coexist.unwatch(self._give_way)
         for unregister in self._quiet:  # every thread runs again, for the final flush
             unregister()
         self._quiet = []

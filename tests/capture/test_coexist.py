@@ -126,11 +126,11 @@ def test_steps_the_users_profiler_slowed_start_no_anomaly_window(tmp_path: Path)
 
         def on_step(i: int) -> None:
             if i == 11:
-                prof.start()
+                prof.__enter__()
             if 12 <= i <= 14:
                 time.sleep(0.5)  # far over 3x the median of the steps before
             if i == 14:
-                prof.stop()
+                prof.__exit__(None, None, None)
             time.sleep(0.01)
 
         _train(20, on_step)
@@ -186,3 +186,31 @@ def test_a_failed_import_is_tried_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(builtins, "__import__", counting)
     assert [step_spans.current_parent() for _ in range(100)] == [None] * 100
     assert tries == ["opentelemetry"]
+
+
+def test_a_profiler_made_before_instrumenting_is_given_way_too(tmp_path: Path) -> None:
+    """The user's scheduled profiler exists before otelprof instruments the process (its step
+    range is open, unseen by the wrappers): otelprof records no window while it lives, and the
+    user's trace has the steps it would have had."""
+    import torch
+    from export.receivers import http_receiver
+
+    from capture import live_session
+
+    every_third = {"OTELPROF_PROFILE_SKIP_FIRST": "0", "OTELPROF_PROFILE_WAIT": "1", "OTELPROF_PROFILE_WARMUP": "1"}
+    env = {**every_third, "OTELPROF_PROFILE_ACTIVE": "1", "OTELPROF_PROFILE_EARLY": "0"}
+    traces: list[Any] = []
+    schedule = torch.profiler.schedule(wait=2, warmup=1, active=2, repeat=1)
+    with http_receiver() as receiver:
+        with torch.profiler.profile(schedule=schedule, on_trace_ready=traces.append) as prof:
+            session = live_session.start(receiver.port, tmp_path, OTELPROF_TRIGGER_SIGNAL="none", **env)
+            _train(9, lambda _i: prof.step())
+            windows = session.windows
+            assert windows is not None
+            live_session.stop(session)
+        spans = list(receiver.spans)
+    assert windows.windows_done == 0 and windows.windows_skipped >= 3  # one due every third step
+    assert not [s for s in spans if s.name.startswith("ProfilerStep#")]
+    [trace] = traces
+    steps = [e for e in trace.events() if e.name.startswith("ProfilerStep")]  # torch names them ProfilerStep*
+    assert len(steps) == 2 and min(e.time_range.start for e in steps) > 0

@@ -194,7 +194,6 @@ class Windows:
         self._old_handler: Any = None
         if settings.trigger_signal is not None and threading.current_thread() is threading.main_thread():
             self._old_handler = signal.signal(settings.trigger_signal, lambda _s, _f: self.on_demand.request())
-        coexist.watch(self.give_way)
 
     # --- called by the session at step boundaries (training thread) ------------------------
 
@@ -288,7 +287,6 @@ class Windows:
     def close(self) -> None:
         """Stops the profiler (a window in progress is saved and converted), waits for the
         conversions, and releases torch's profiler objects here rather than at interpreter exit."""
-        coexist.unwatch(self.give_way)
         with self._lock:
             if self._started:
                 self._started = False
