@@ -60,6 +60,13 @@ class Conversions:
     def options(self) -> ConvertOptions:
         return self._options
 
+    def ready(self) -> None:
+        """Starts the thread ahead of a window's end: a thread started there would take the GIL
+        from the training thread in the step that pays the window's stop."""
+        with self._lock:
+            if self._worker is None:
+                self._start_worker()
+
     def put(self, job: Job) -> None:
         """Queues a window (raises ``queue.Full``: the caller counts the loss)."""
         with self._lock:

@@ -182,6 +182,7 @@ class Windows:
         # ProfilerStep#N range; a lock, as another thread may start its own profiler
         self._lock = threading.RLock()
         self._kineto: Any = None
+        self._last: Any = None  # the last window's profiler, until the next window begins
         self._state = _IDLE
         self._range: Any = None
         self._step_num = 0  # the profiler's step count: ProfilerStep#N labels
@@ -302,6 +303,7 @@ class Windows:
                 self._queue_user()
         self.conversions.close()
         self._live = []
+        self._last = None
 
     # --- sharing the process's one profiler (coexist.py) --------------------------------------
 
@@ -437,6 +439,7 @@ class Windows:
         without a schedule, so torch opens no step range and advances no step tracker."""
         from torch.profiler.profiler import _KinetoProfile
 
+        self._last = None  # the previous window's results, freed in this marked step
         s = self.settings
         kineto = _KinetoProfile(
             activities=self._activities,
@@ -449,6 +452,7 @@ class Windows:
         with coexist.own():
             kineto.prepare_trace()
         self._kineto, self._state = kineto, _PREPARED
+        self.conversions.ready()
 
     def _discard(self) -> None:
         """Ends a window without keeping it (torch's own way out of a warmup: start, then stop)."""
@@ -509,6 +513,9 @@ class Windows:
             else:
                 inner.kineto_results = None  # the conversion thread holds the only reference
             self.conversions.put(Job(source, trigger, live))
+            # freeing torch's results costs milliseconds: paid in the next window's warmup step
+            # (or at close), as with torch's own scheduled profiler, not in the step after this
+            self._last = prof
         except queue.Full:
             self._failed()
             if isinstance(source, Path):
