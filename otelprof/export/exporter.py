@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -78,15 +79,26 @@ class ExporterCounters:
     dropped_by_reason: dict[str, int] = field(default_factory=dict)
 
 
-def transport(cfg: ExporterConfig) -> tuple[Send, Callable[[], None]]:
+class Sender(Protocol):
+    def send(self, request: bytes) -> ExportResult: ...
+    def interrupt(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def sender(cfg: ExporterConfig) -> Sender:
+    """The configured protocol's sender: one request at a time, interruptible from another thread."""
     if cfg.protocol == "grpc":
         from .grpc import GrpcSender
 
-        sender = GrpcSender(cfg)
-        return sender.send, sender.close
-    from . import http
+        return GrpcSender(cfg)
+    from .http import HttpSender
 
-    return (lambda request: http.send(cfg, request)), (lambda: None)
+    return HttpSender(cfg)
+
+
+def transport(cfg: ExporterConfig) -> tuple[Send, Callable[[], None]]:
+    one = sender(cfg)
+    return one.send, one.close
 
 
 class Exporter:
@@ -132,7 +144,8 @@ class Exporter:
         self._probe_interval_s = probe_interval_s
         self._max_server_delay_s = max_server_delay_s
         self._unremovable: set[Path] = set()  # replayed records a read-only spool kept
-        self._send, self._close = transport(self.config)
+        self._sender = sender(self.config)
+        self._send, self._close = self._sender.send, self._sender.close
         self._warned: set[str] = set()
         self._overflow = OverflowWriter(
             lambda request: self._to_spool(request, "the export queue is full"),
@@ -213,6 +226,7 @@ class Exporter:
         with self._cond:
             self._paused = True
             self._cond.notify_all()
+        self._sender.interrupt()  # a send in flight (a slow backend) ends now: it goes first again
         self._thread.join(wait_s)
 
     def resume_worker(self) -> None:
@@ -264,7 +278,8 @@ class Exporter:
         thread or channel. Its own submissions get a fresh worker."""
         self._lock = threading.Lock()  # a parent thread may have held it at fork
         self.spool.after_fork()
-        self._send, self._close = transport(self.config)
+        self._sender = sender(self.config)
+        self._send, self._close = self._sender.send, self._sender.close
         self._overflow.after_fork()
         self._start(replay_spool=False)  # the parent replays; two replayers would send twice
 
@@ -325,6 +340,11 @@ class Exporter:
             return
         result = self._send_with_retries(request)
         if result.ok:
+            return
+        if self._paused and result.retryable:  # interrupted by pause_worker(): sent again first
+            with self._cond:
+                self._queue.appendleft(request)
+                self._queued_bytes += len(request)
             return
         if result.retryable:
             self._backend_down = True

@@ -67,6 +67,7 @@ class GrpcSender:
         self._cfg = cfg
         self._channel: grpc.Channel | None = None
         self._export: grpc.UnaryUnaryMultiCallable | None = None
+        self._call: grpc.Future | None = None  # the call in flight
 
     def _stub(self) -> grpc.UnaryUnaryMultiCallable:
         if self._export is None:
@@ -89,7 +90,16 @@ class GrpcSender:
         cfg = self._cfg
         compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
         try:
-            response = self._stub()(request, timeout=cfg.timeout_s, metadata=list(cfg.headers), compression=compression)
+            call = self._stub().future(
+                request, timeout=cfg.timeout_s, metadata=list(cfg.headers), compression=compression
+            )
+            self._call = call
+            try:
+                response = call.result()
+            finally:
+                self._call = None
+        except grpc.FutureCancelledError:
+            return ExportResult(False, True, message="gRPC CANCELLED: interrupted")
         except grpc.RpcError as error:
             code: grpc.StatusCode = error.code()
             message = f"gRPC {code.name}: {error.details()}"
@@ -103,6 +113,12 @@ class GrpcSender:
             return ExportResult(False, message=f"{type(exc).__name__}: {exc}")
         partial = response.partial_success
         return ExportResult.success(partial.rejected_spans, partial.error_message)
+
+    def interrupt(self) -> None:
+        """Cancels the call in flight (any thread): it ends as a retryable failure."""
+        call = self._call
+        if call is not None:
+            call.cancel()
 
     def close(self) -> None:
         if self._channel is not None:

@@ -7,9 +7,13 @@ error bodies are ``google.rpc.Status`` messages whose text is reported.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
+import socket
 import ssl
+import threading
+from collections.abc import Callable
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
@@ -60,8 +64,40 @@ def _status_message(body: bytes) -> str:
         return body[:200].decode("utf-8", "replace")
 
 
-def send(cfg: ExporterConfig, request: bytes) -> ExportResult:
-    """POSTs one request; never raises for network or protocol trouble (it becomes a result)."""
+class HttpSender:
+    """``send`` one request at a time; ``interrupt()`` (any thread) aborts the one in flight,
+    which then ends as a retryable failure."""
+
+    def __init__(self, cfg: ExporterConfig) -> None:
+        self._cfg = cfg
+        self._lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+
+    def send(self, request: bytes) -> ExportResult:
+        return send(self._cfg, request, self._connected)
+
+    def _connected(self, conn: http.client.HTTPConnection | None) -> None:
+        with self._lock:
+            self._conn = conn
+
+    def interrupt(self) -> None:
+        with self._lock:
+            sock = self._conn.sock if self._conn is not None else None
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        pass
+
+
+def send(
+    cfg: ExporterConfig,
+    request: bytes,
+    connected: Callable[[http.client.HTTPConnection | None], None] | None = None,
+) -> ExportResult:
+    """POSTs one request; never raises for network or protocol trouble (it becomes a result).
+    ``connected`` is told the connection in use, then None."""
     url = urlsplit(cfg.url)
     body = gzip.compress(request, compresslevel=6) if cfg.compression == "gzip" else request
     headers = {"Content-Type": "application/x-protobuf", "User-Agent": USER_AGENT, **dict(cfg.headers)}
@@ -73,12 +109,17 @@ def send(cfg: ExporterConfig, request: bytes) -> ExportResult:
     else:
         conn = http.client.HTTPConnection(url.netloc, timeout=cfg.timeout_s)
     try:
+        if connected is not None:
+            conn.connect()
+            connected(conn)
         conn.request("POST", url.path or "/", body=body, headers=headers)
         response = conn.getresponse()
         payload = response.read()
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, timeout, TLS failure
         return ExportResult(False, retryable=True, message=f"{type(exc).__name__}: {exc}")
     finally:
+        if connected is not None:
+            connected(None)
         conn.close()
     if 200 <= response.status < 300:
         try:

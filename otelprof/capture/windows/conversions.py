@@ -1,6 +1,6 @@
 """Saved profiling windows, converted and submitted on a thread of otelprof's own.
 
-One thread, started with the first trace (a process that never profiles has none), niced so
+One thread, started when the first window begins (a process that never profiles has none), niced so
 the training thread gets the CPU first, and run on one converter thread: a window's conversion
 runs beside training and must not take a second core. ``pause()`` stops it once what is queued
 is converted (see ``coexist.quiet``); the next trace starts another. otelprof's own windows
