@@ -80,15 +80,15 @@ def test_scenarios_record_what_they_claim(runs: tuple[dict[str, Any], dict[str, 
     assert [r["steps"] for r in results["itt"]] == [4] * REPEAT
 
 
-@pytest.mark.parametrize("scenario", ["steppers", "scheduled"])
-def test_a_child_under_kineto_daemon_is_left_alone(tmp_path: Path, scenario: str) -> None:
+def test_a_child_under_kineto_daemon_is_left_alone(tmp_path: Path) -> None:
     """With KINETO_USE_DAEMON=1 on-demand tracing may start at any time: otelprof records no
     window at all, and torch's step tracker counts only the user's steps."""
-    bare = _run((scenario,), tmp_path / "bare", KINETO_USE_DAEMON="1")
-    beside = _run((scenario,), tmp_path / "beside", "--otelprof", KINETO_USE_DAEMON="1")
+    scenarios = ("steppers", "scheduled")
+    bare = _run(scenarios, tmp_path / "bare", KINETO_USE_DAEMON="1")
+    beside = _run(scenarios, tmp_path / "beside", "--otelprof", KINETO_USE_DAEMON="1")
     assert beside["results"] == bare["results"]
-    if scenario == "steppers":  # the user's 12 profiler steps, and no step of otelprof's
-        assert [r["tracker_steps"] for r in bare["results"][scenario]] == [12] * REPEAT
+    # the user's 12 profiler steps, and no step of otelprof's
+    assert [r["tracker_steps"] for r in bare["results"]["steppers"]] == [12] * REPEAT
     assert beside["otelprof"]["windows_done"] == 0 and beside["otelprof"]["windows_skipped"] >= 1
 
 
