@@ -98,6 +98,9 @@ class Session:
         self.hooks.install()
         # from now on, a profiler the user makes is seen (one made before is found by active())
         coexist.watch(self._give_way)
+        forward = self.hooks.forward
+        if forward is not None:  # root discovery's global module hooks, out of with_stack profiles
+            self._quiet.append(coexist.quiet(forward.pause, forward.resume))
 
     def _give_way(self, what: str) -> None:
         """Another profiler is about to start (coexist.py): a window in progress stops."""

@@ -214,3 +214,34 @@ def test_a_profiler_made_before_instrumenting_is_given_way_too(tmp_path: Path) -
     [trace] = traces
     steps = [e for e in trace.events() if e.name.startswith("ProfilerStep")]  # torch names them ProfilerStep*
     assert len(steps) == 2 and min(e.time_range.start for e in steps) > 0
+
+
+def test_root_discovery_steps_out_of_a_with_stack_profile(tmp_path: Path) -> None:
+    """Before the first step otelprof finds the root modules with global module hooks (Python
+    frames around every module call): they come out while the user's with_stack profile runs,
+    and discovery goes on after it (the steps after it have their forward phase)."""
+    import torch
+    from export.receivers import http_receiver
+
+    from capture import live_session
+
+    quiet = {"OTELPROF_TRIGGER_SIGNAL": "none", "OTELPROF_PROFILE_EARLY": "0", "OTELPROF_PROFILE_SKIP_FIRST": "999"}
+    with http_receiver() as receiver:
+        session = live_session.start(receiver.port, tmp_path, **quiet)
+        forward = session.hooks.forward
+        assert forward is not None and forward.discovering
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        with torch.profiler.profile(with_stack=True) as prof:
+            hooks_inside = list(forward._global)  # out while the user's profile runs
+            model(torch.randn(2, 4))
+        assert hooks_inside == []
+        discoveries = forward.discoveries
+        _train(4)
+        assert forward.discoveries == discoveries + 1 and not forward.discovering  # resumed, found
+        live_session.stop(session)
+    # (the test's own exporter thread, made before instrument(), is not otelprof's to pause)
+    frames = [e.name for e in prof.events() if "otelprof/capture" in e.name]
+    assert frames == []
+    assert "torch/nn/modules/module.py(1782): _call_impl" in {e.name for e in prof.events()}
+    phases = {s.name for s in receiver.spans}
+    assert "forward Sequential" in phases

@@ -224,6 +224,7 @@ class RootForwardHooks:
         self._steps = 0
         self.discoveries = 0
         self.compiled = False  # dynamo has compiled something: no more discovery
+        self._paused = False  # discovery's hooks are out while a user's with_stack profile runs
 
     @property
     def discovering(self) -> bool:
@@ -248,7 +249,7 @@ class RootForwardHooks:
         self._steps += 1
         if self._global and self._found:
             self._hook_roots()
-        elif not self._global and not self.compiled and self._steps % REDISCOVER_STEPS == 0:
+        elif not self._global and not self.compiled and not self._paused and self._steps % REDISCOVER_STEPS == 0:
             self.discover()
 
     def hand_over(self) -> None:
@@ -287,8 +288,22 @@ class RootForwardHooks:
             frame = frame.f_back
 
     def remove(self) -> None:
+        self._paused = False  # removed for good: a resume() after this puts nothing back
         self._unhook_global()
         self._unhook_roots()
+
+    def pause(self, _wait_s: float = 0.0) -> None:
+        """A user's with_stack profile is about to start: the global discovery hooks (Python
+        frames around every module call) come out while it runs; discovery goes on after."""
+        if self._global:
+            self._unhook_global()
+            self._paused = True
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if not self.compiled and not self._roots:
+                self.discover()
 
     def _hook_roots(self) -> None:
         self._unhook_global()
