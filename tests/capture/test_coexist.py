@@ -245,3 +245,26 @@ def test_root_discovery_steps_out_of_a_with_stack_profile(tmp_path: Path) -> Non
     assert "torch/nn/modules/module.py(1782): _call_impl" in {e.name for e in prof.events()}
     phases = {s.name for s in receiver.spans}
     assert "forward Sequential" in phases
+
+
+def test_uninstrument_puts_torchs_profiler_entry_points_back(tmp_path: Path) -> None:
+    import torch
+    import torch.autograd.profiler as autograd_profiler
+    from export.receivers import http_receiver
+    from torch.profiler.profiler import ExecutionTraceObserver
+
+    from capture import live_session
+
+    entry_points = [
+        (torch.profiler.profile, "__init__"),
+        (autograd_profiler.profile, "_prepare_trace"),
+        (autograd_profiler, "_run_on_profiler_start"),
+        (ExecutionTraceObserver, "register_callback"),
+    ]
+    before = [vars(owner)[name] for owner, name in entry_points]
+    with http_receiver() as receiver:
+        session = live_session.start(receiver.port, tmp_path, OTELPROF_TRIGGER_SIGNAL="none")
+        wrapped = [vars(owner)[name] for owner, name in entry_points]
+        live_session.stop(session)
+    assert all(w is not b for w, b in zip(wrapped, before, strict=True))  # otelprof was watching
+    assert [vars(owner)[name] for owner, name in entry_points] == before
