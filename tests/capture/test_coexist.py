@@ -268,3 +268,20 @@ def test_uninstrument_puts_torchs_profiler_entry_points_back(tmp_path: Path) -> 
         live_session.stop(session)
     assert all(w is not b for w, b in zip(wrapped, before, strict=True))  # otelprof was watching
     assert [vars(owner)[name] for owner, name in entry_points] == before
+
+
+def test_torchs_lazy_profiler_modules_are_imported_before_any_profile() -> None:
+    """torch imports these inside the first profile it starts, and its Python tracer then reads
+    a code object the import freed (UnicodeDecodeError in a with_stack profile's events(), about
+    1 first profile in 2 bare): a fresh process under otelprof has them before any profile."""
+    from otelprof.capture.coexist import LAZY_MODULES
+
+    script = (
+        "import sys, torch, otelprof\n"
+        "otelprof.instrument(environ={'OTEL_EXPORTER_PROMETHEUS_PORT': '0'})\n"
+        f"print([m in sys.modules for m in {LAZY_MODULES!r}])\n"
+        "otelprof.uninstrument()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str([True] * len(LAZY_MODULES))
