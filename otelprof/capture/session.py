@@ -96,6 +96,7 @@ class Session:
         self._window: str | None = None  # the open step's profiling-window mark (Windows.mark)
         self._quiet: list[Callable[[], None]] = []  # coexist.quiet registrations of the threads
         self.hooks.install()
+        _import_first_step_modules(self._environ)
         # from now on, a profiler the user makes is seen (one made before is found by active())
         coexist.watch(self._give_way)
         forward = self.hooks.forward
@@ -354,6 +355,20 @@ class Session:
             self.metrics.unregister()
         if self.straggler is not None:
             self.straggler.unregister(self.registry)
+
+
+def _import_first_step_modules(environ: Mapping[str, str]) -> None:
+    """What the first completed step would import, imported with instrument() (~2 ms): a module
+    imported inside a user's with_stack profile leaves torch's Python tracer pointing into its
+    freed code, and the user's events() raise UnicodeDecodeError. The threads and the port
+    still wait for the first step."""
+    import encodings.idna  # noqa: F401  (host names: /metrics' address, the exporter's connection)
+
+    if exporter_config_from_env(environ).protocol == "grpc":
+        from ..export import grpc  # noqa: F401
+    else:
+        from ..export import http  # noqa: F401
+    otel_context_var()  # opentelemetry's context, if installed (the step spans' parent)
 
 
 def _hint(forwards: int) -> None:

@@ -285,3 +285,37 @@ def test_torchs_lazy_profiler_modules_are_imported_before_any_profile() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str([True] * len(LAZY_MODULES))
+
+
+FIRST_STEP_INSIDE = """
+import sys, torch, otelprof
+from torch.profiler import profile
+lin = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=2)
+x = torch.randn(2, 4, requires_grad=True)
+lin.weight.grad = torch.zeros_like(lin.weight)
+opt.step()  # torch's own first-step imports (dynamo...), bare as well, before otelprof
+otelprof.instrument(environ={"OTEL_EXPORTER_PROMETHEUS_PORT": "0", "OTELPROF_SPOOL_DIR": sys.argv[2]})
+before = set(sys.modules)
+with profile(with_stack=True) as prof:
+    if sys.argv[1] == "backward":
+        (x * 2).sum().backward()
+    elif sys.argv[1] == "dataloader":
+        next(iter(loader))
+    else:
+        opt.step()
+print(sorted(set(sys.modules) - before), len(prof.events()) > 0)
+otelprof.uninstrument()
+"""
+
+
+@pytest.mark.parametrize("first", ["backward", "dataloader", "optimizer"])
+def test_otelprofs_first_step_inside_a_with_stack_profile_imports_nothing(tmp_path: Path, first: str) -> None:
+    """otelprof's session starts at the first step: when that is inside the user's with_stack
+    profile, it imports nothing there (torch's Python tracer would keep pointers into the freed
+    module code, and the user's events() raise UnicodeDecodeError)."""
+    args = [sys.executable, "-c", FIRST_STEP_INSIDE, first, str(tmp_path)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[] True"
