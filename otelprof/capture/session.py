@@ -364,7 +364,9 @@ def _import_first_step_modules(environ: Mapping[str, str]) -> None:
     still wait for the first step."""
     import encodings.idna  # noqa: F401  (host names: /metrics' address, the exporter's connection)
 
-    if exporter_config_from_env(environ).protocol == "grpc":
+    # the protocol as written (the exporter's own reading warns about a bad value, once, later)
+    chosen = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
+    if chosen.strip().lower() == "grpc":
         from ..export import grpc  # noqa: F401
     else:
         from ..export import http  # noqa: F401
