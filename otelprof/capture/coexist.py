@@ -165,11 +165,10 @@ def active() -> str | None:
     for observer in list(_observers):
         if observer.is_running():
             return "an ExecutionTraceObserver"
-    for prof in list(_outer):
-        if getattr(prof, "step_rec_fn", None) is not None or _prepared(getattr(prof, "profiler", None)):
-            return "torch.profiler.profile"
-    if any(_prepared(inner) for inner in list(_inner)):
-        return "torch.autograd.profiler.profile"
+    if any(getattr(prof, "step_rec_fn", None) is not None for prof in list(_outer)):
+        return "torch.profiler.profile"  # a scheduled one, its step range open
+    if any(_prepared(inner) for inner in list(_inner)):  # a torch.profiler.profile's among them
+        return "torch.profiler (or the autograd profiler)"
     if _unseen and _unseen_profile():
         return "a torch.profiler.profile made before otelprof instrumented the process"
     import torch.autograd.profiler as autograd_profiler

@@ -55,6 +55,7 @@ class Conversions:
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=4)
         self._worker: threading.Thread | None = None
         self._stopping: list[threading.Thread] = []  # paused ones, leaving once their jobs are done
+        self._full_logged = False
 
     @property
     def options(self) -> ConvertOptions:
@@ -67,12 +68,24 @@ class Conversions:
             if self._worker is None:
                 self._start_worker()
 
-    def put(self, job: Job) -> None:
-        """Queues a window (raises ``queue.Full``: the caller counts the loss)."""
+    def put(self, job: Job) -> bool:
+        """Queues a window; False when windows arrive faster than they convert: the window is
+        dropped (counted, its saved file removed, logged once)."""
         with self._lock:
             if self._worker is None:
                 self._start_worker()
-            self._jobs.put_nowait(job)
+            try:
+                self._jobs.put_nowait(job)
+                return True
+            except queue.Full:
+                pass
+        self.count_failure()
+        if isinstance(job.source, Path):
+            job.source.unlink(missing_ok=True)
+        if not self._full_logged:
+            self._full_logged = True
+            _log.warning("otelprof: windows arrive faster than they convert; dropping them (counted)")
+        return False
 
     def count_failure(self) -> None:
         self.failed += 1

@@ -18,7 +18,6 @@ import contextlib
 import gzip
 import logging
 import os
-import queue
 import shutil
 import threading
 import weakref
@@ -93,9 +92,6 @@ def _send(prof: Any, written: str | None) -> None:
             windows.convert_user(path)
         else:
             _conversions().put(Job(path, "user"))
-    except queue.Full:
-        path.unlink(missing_ok=True)
-        _failed("windows arrive faster than they convert; dropping one (counted)")
     except BaseException:
         path.unlink(missing_ok=True)
         raise
@@ -156,7 +152,7 @@ def _conversions() -> Conversions:
         return _standalone
 
 
-def _failed(why: str = "") -> None:
+def _failed() -> None:
     global _warned
     from ..session import session
 
@@ -167,7 +163,4 @@ def _failed(why: str = "") -> None:
         _standalone.count_failure()
     if not _warned:
         _warned = True
-        if why:
-            _log.warning("otelprof.trace_handler: %s", why)
-        else:
-            _log.warning("otelprof.trace_handler: sending a window failed (counted)", exc_info=True)
+        _log.warning("otelprof.trace_handler: sending a window failed (counted)", exc_info=True)

@@ -31,7 +31,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import queue
 import signal
 import statistics
 import threading
@@ -516,11 +515,6 @@ class Windows:
             # freeing torch's results costs milliseconds: paid in the next window's warmup step
             # (or at close), as with torch's own scheduled profiler, not in the step after this
             self._last = prof
-        except queue.Full:
-            self._failed()
-            if isinstance(source, Path):
-                source.unlink(missing_ok=True)
-            _log.warning("otelprof: windows arrive faster than they convert; dropping one (counted)")
         except Exception:
             self._failed()
             _log.warning("otelprof: saving a profiling window failed", exc_info=True)
@@ -545,13 +539,7 @@ class Windows:
         path, self._pending_user = self._pending_user, None
         live = tuple(self.user_steps)
         self.user_steps.clear()
-        try:
-            self.conversions.put(Job(path, "user", live, "time"))
-        except queue.Full:
-            self._failed()
-            if path is not None:
-                path.unlink(missing_ok=True)
-            _log.warning("otelprof: windows arrive faster than they convert; dropping one (counted)")
+        self.conversions.put(Job(path, "user", live, "time"))
 
     @property
     def windows_done(self) -> int:
