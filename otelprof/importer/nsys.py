@@ -7,9 +7,10 @@ Columns are looked up by name, so columns a generation adds or drops do not matt
 The span model follows docs/semantic-conventions.md ("Nsight Systems exports"): one trace per
 profiled process, rooted at a synthetic process span; NVTX ranges and CUDA runtime/driver
 calls nest by time per thread; kernels, memcpys, memsets and syncs hang under the runtime
-call with their correlation id. Spans are encoded by the reference encoder, so they are the
-same OTLP the Kineto converter writes. Ids derive from (run id, rank, file name, pid, table,
-row id): importing the same file twice gives the same ids.
+call with their correlation id. Spans are cut to the converter's length limits and encoded by
+the reference encoder, so they are the same OTLP the Kineto converter writes, within the same
+request size. Ids derive from (run id, rank, file name, pid, table, row id), before any cut:
+importing the same file twice gives the same ids.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
+from ..converter._options import SPAN_NAME_LENGTH_LIMIT
 from ..otlp import ids
 from ..otlp._text import clean
 from ..otlp.encoder import encode
-from ..otlp.names import fold_kernel_name
-from ..otlp.resource import ResourceFacts, compose_resource
+from ..otlp.names import cut_strings, fold_kernel_name
+from ..otlp.resource import ResourceFacts
 from ..otlp.spans import Attrs, Span
 from . import nvtx_markup
 from .nvtx_markup import OpMarkup
@@ -70,7 +72,7 @@ _VERSION_SUFFIX = re.compile(r"_v[0-9]+\Z")  # cudaMalloc_v3020 -> cudaMalloc, a
 STAT_KEYS = (
     "events_total", "runtime_calls", "kernels", "memcpys", "memsets", "syncs", "nvtx_ranges", "nvtx_marks",
     "nvtx_ops", "links", "ignored_events", "device_events_unlinked", "processes", "spans", "synthetic_spans",
-    "requests",
+    "requests", "values_truncated",
 )  # fmt: skip
 
 
@@ -283,7 +285,7 @@ def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions) -> Conve
     host = _host_name(db) or opts.host_name
     gpus = _gpu_models(db)
 
-    def resource(pid: int) -> Attrs:
+    def resource(pid: int) -> tuple[Attrs, int]:
         exe = process_names.get(pid, "")
         return _resource(opts, run_id, pid, exe, host, gpus, f"nsys-sqlite {version}")
 
@@ -310,10 +312,13 @@ def build_requests(
     run_id: str,
     prefix: str,
     process_names: dict[int, str],
-    resource: Callable[[int], Attrs],
+    resource: Callable[[int], tuple[Attrs, int]],
     stats: dict[str, int],
 ) -> list[bytes]:
-    """Nest, link and encode each process's items as one trace (shared with the nvprof reader)."""
+    """Nest, link and encode each process's items as one trace (shared with the nvprof reader).
+    Names and values are cut as the converter cuts them (a 5M-character NVTX range is 8,192
+    characters, as in a Kineto trace), so no request is over ``max_request_bytes`` but for one
+    span that alone is."""
     rank_s = "" if opts.rank is None else str(opts.rank)
     requests: list[bytes] = []
     for pid in sorted(procs):
@@ -351,7 +356,10 @@ def build_requests(
             spans.append(span)
         stats["spans"] += len(spans)
         stats["synthetic_spans"] += 1
-        requests.extend(encode(spans, resource(pid), opts.scope_version, opts.max_request_bytes))
+        stats["values_truncated"] += cut_strings(spans, SPAN_NAME_LENGTH_LIMIT, opts.attribute_value_length_limit)
+        attrs, cut = resource(pid)
+        stats["values_truncated"] += cut
+        requests.extend(encode(spans, attrs, opts.scope_version, opts.max_request_bytes))
     stats["processes"] = len(procs)
     stats["requests"] = len(requests)
     return requests
@@ -490,7 +498,9 @@ def _gpu_models(db: _Db) -> list[str]:
 
 def _resource(
     opts: ConvertOptions, run_id: str, pid: int, exe: str, host: str | None, gpus: list[str], source: str
-) -> Attrs:
+) -> tuple[Attrs, int]:
+    """A process's resource, its values from the file cut as a Kineto trace's are; and how many
+    were cut."""
     facts = ResourceFacts(
         host_name=host,
         pid=pid,
@@ -501,7 +511,7 @@ def _resource(
         run_id=run_id,
         source_format=source,
     )
-    return compose_resource(opts.resource_attributes, opts.scope_version, facts)[0]
+    return opts.resource(facts)
 
 
 __all__ = ["STAT_KEYS", "SUPPORTED_MAJORS", "convert_nsys", "pid_of", "tid_of"]

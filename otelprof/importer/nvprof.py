@@ -198,7 +198,7 @@ def convert(db: _Db, path: Path, opts: ConvertOptions) -> ConvertResult:
     run_id = clean(opts.run_id) if opts.run_id is not None else f"nvprof|{path.name}"
     gpus = _gpu_models(db, strings)
 
-    def resource(pid: int) -> Attrs:
+    def resource(pid: int) -> tuple[Attrs, int]:
         return _resource(opts, run_id, pid, "", opts.host_name, gpus, source)
 
     requests = build_requests(procs, launches, path, opts, run_id, "nvprof", {}, resource, stats)

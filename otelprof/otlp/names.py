@@ -31,7 +31,10 @@ characters (code points), so the C++ port, which works on UTF-8 bytes, gives the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
+
+from .spans import Span
 
 ELLIPSIS = "\u2026"
 #: Characters of a template argument list's text kept before it is folded.
@@ -218,6 +221,26 @@ def fold_kernel_name(name: str) -> str:
         return _cap(_lists(core, True))
     except _Unbalanced:
         return _cap(s)
+
+
+def cut_strings(spans: Iterable[Span], name_limit: int, value_limit: int | None) -> int:
+    """The converter's length limits on spans (docs/semantic-conventions.md, "Length limits";
+    native ``cut_strings`` in builder.cpp): each name longer than ``name_limit`` characters and
+    each string attribute value longer than ``value_limit`` (None: no limit) keeps its first
+    that many, unmarked, as OpenTelemetry's attribute value length limit cuts. Returns how many
+    were cut."""
+    cut = 0
+    for sp in spans:
+        if len(sp.name) > name_limit:
+            sp.name = sp.name[:name_limit]
+            cut += 1
+        if value_limit is None:
+            continue
+        for k, (key, value) in enumerate(sp.attrs):
+            if isinstance(value, str) and len(value) > value_limit:
+                sp.attrs[k] = (key, value[:value_limit])
+                cut += 1
+    return cut
 
 
 #: c10::DeviceType numbering (c10/core/DeviceType.h), as the profiler's ``Device Type``.

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...otlp import ids
 from ...otlp._text import clean
-from ...otlp.names import device_name, fold_kernel_name, hex_address
+from ...otlp.names import cut_strings, device_name, fold_kernel_name, hex_address
 from ...otlp.resource import ResourceFacts
 from ...otlp.schema import (
     ARG_ATTRIBUTES,
@@ -774,7 +774,7 @@ def order_spans(st: _BuildState) -> list[Span]:
 def finish_build(st: _BuildState, ordered: list[Span]) -> Built:
     """Length limits, key_averages rows and the resource: what is left once spans are in order."""
     stats, times = st.stats, st.times
-    stats["values_truncated"] = _cut_strings(ordered, st.opts.attribute_value_length_limit)
+    stats["values_truncated"] = cut_strings(ordered, SPAN_NAME_LENGTH_LIMIT, st.opts.attribute_value_length_limit)
     ops = _aggregate_ops(
         st.ev,
         times.in_a,
@@ -787,23 +787,6 @@ def finish_build(st: _BuildState, ordered: list[Span]) -> Built:
     resource, cut = _resource(st.trace, st.opts, st.run_id, st.rank, st.world)
     stats["values_truncated"] += cut
     return Built(ordered, ops, resource, stats, st.window)
-
-
-def _cut_strings(spans: list[Span], limit: int | None) -> int:
-    """Cut span names and string attribute values longer than their limits (OpenTelemetry's
-    attribute value length limit, in characters); returns how many were cut."""
-    cut = 0
-    for sp in spans:
-        if len(sp.name) > SPAN_NAME_LENGTH_LIMIT:
-            sp.name = sp.name[:SPAN_NAME_LENGTH_LIMIT]
-            cut += 1
-        if limit is None:
-            continue
-        for k, (key, value) in enumerate(sp.attrs):
-            if isinstance(value, str) and len(value) > limit:
-                sp.attrs[k] = (key, value[:limit])
-                cut += 1
-    return cut
 
 
 def step_list_attrs(step: int, duration_ns: int) -> Attrs:
