@@ -74,10 +74,20 @@ def add_parser(
 
 
 def _spool(args: argparse.Namespace) -> Spool:
+    """``CliError`` (one line, exit 1) for a folder that is not private: its records may have
+    been planted by someone else, and replay would send them with this user's credentials."""
     from ..export.exporter import spool_dir_from_env
-    from ..export.spool import Spool
+    from ..export.spool import Spool, folder_problem
+    from .common import CliError
 
-    return Spool(args.dir or spool_dir_from_env())
+    directory = args.dir or spool_dir_from_env()
+    problem = folder_problem(directory)
+    if problem is None:
+        spool = Spool(directory)
+        problem = spool.unsafe  # its own check, on the folder it opened (swapped meanwhile?)
+        if problem is None:
+            return spool
+    raise CliError(f"spool folder refused: {problem}")
 
 
 def _info(args: argparse.Namespace, line: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ from converter_helpers import shared_trace
 
 from otelprof.cli import main
 from otelprof.converter import convert
-from otelprof.export.spool import Spool
+from otelprof.export.spool import SUFFIX, Spool
 
 from .receivers import HttpReceiver, Reply, http_receiver
 
@@ -82,3 +84,42 @@ def test_replay_waits_for_another_replayer(
     assert code == 1
     assert f"another process is replaying {directory}" in capsys.readouterr().err
     assert rec.requests == [] and len(Spool(directory).records()) == len(requests)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder of another uid needs root")
+@pytest.mark.parametrize("action", [["ls"], ["drop"], ["replay"]])
+def test_a_spool_of_another_user_is_refused_in_one_line(
+    tmp_path: Path, action: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``ls`` listed, ``drop`` deleted and ``replay`` sent (with this user's endpoint and
+    headers) the records someone else planted in a folder they own."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    planted = folder / f"{time.time_ns():020d}-0000001-{0:09d}-none{SUFFIX}"
+    planted.write_bytes(b"\x0a\x00")
+    for path in (planted, folder):
+        os.chown(path, 65534, 65534)
+    with http_receiver() as rec:
+        endpoint = ["--endpoint", f"http://127.0.0.1:{rec.port}"] if action == ["replay"] else []
+        code = main(["spool", "--dir", str(folder), *action, *endpoint])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and rec.requests == []
+    assert err.splitlines() == [
+        f"otelprof: error: spool folder refused: {folder} belongs to uid 65534, not to you (uid {os.geteuid()}): "
+        "its owner could read your spans and plant requests sent with your credentials; set OTELPROF_SPOOL_DIR "
+        "to a folder of your own"
+    ]
+    assert os.listdir(folder) == [planted.name]
+
+
+def test_a_world_writable_spool_is_refused_and_a_private_one_is_not(
+    spooled: tuple[Path, list[bytes]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory, requests = spooled
+    os.chmod(directory, 0o777)
+    assert main(["spool", "--dir", str(directory), "ls"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and f"`chmod 700 {directory}`" in err
+    os.chmod(directory, 0o700)  # what the message says to do
+    assert main(["spool", "--dir", str(directory), "ls"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(requests)

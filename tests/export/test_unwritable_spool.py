@@ -149,7 +149,8 @@ def _in_mount_namespace(setup: str, folder: Path, argv: list[str], stdin: str = 
 
 
 READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0"'
-TINY_TMPFS = 'mount -t tmpfs -o size=64k otelprof-test "$0"'
+# mode=0700: a tmpfs root is 1777 by default, which the spool refuses as unsafe (others can write)
+TINY_TMPFS = 'mount -t tmpfs -o size=64k,mode=0700 otelprof-test "$0"'
 
 
 @needs_mount_namespace
