@@ -3,6 +3,7 @@ over OTLP/HTTP and OTLP/gRPC; the metrics port, the configuration, the spool, to
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import ssl
@@ -238,6 +239,18 @@ def test_spool_with_waiting_requests_warns(
     assert "otelprof spool replay --endpoint URL" in message  # no endpoint is configured
 
 
+def test_a_spool_folder_others_can_write_fails(
+    env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job refuses such a folder (spool.py); doctor says so rather than "empty"."""
+    folder = tmp_path / "spool"
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o777)
+    _, checks, _ = _doctor(capsys)
+    [(status, message)] = checks["spool"]
+    assert status == "fail" and str(folder) in message and "chmod 700" in message
+
+
 def test_json_format(env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     _point_at(env, "grpc", f"http://127.0.0.1:{free_port()}")
     env.setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=" + SECRET)
@@ -298,3 +311,80 @@ def test_python_m_otelprof_doctor(env: pytest.MonkeyPatch) -> None:
     proc = _program("-c", code, env={k: v for k, v in environ.items() if k != "OTEL_EXPORTER_OTLP_ENDPOINT"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line for line in proc.stdout.splitlines() if line.startswith("[skip] torch: not installed")]
+
+
+# --- secrets -------------------------------------------------------------------------------
+
+USER, PASSWORD = "us3r-t0ken", "pa:ss-w0rd"  # a token is often the URL's user name
+BASIC = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+HOSTILE = {
+    # name: (protocol, the variables (PORT: a receiver requiring BASIC), the export check's status)
+    "password in the URL": ("http/protobuf", {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{USER}:pa%3Ass-w0rd@PORT"}, "ok"),
+    "password in the URL, gRPC": ("grpc", {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{USER}:pa%3Ass-w0rd@PORT"}, "ok"),
+    "token as the user name": ("http/protobuf", {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{USER}@PORT"}, "fail"),
+    "CR/LF in a header value": (
+        "http/protobuf",
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{USER}:pa%3Ass-w0rd@PORT",
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-team=ml,authorization=Bearer TOKSECRET%0D%0AX: y",
+        },
+        "ok",
+    ),
+    "unparseable URL": ("grpc", {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{USER}:pa%3Ass-w0rd@[::1"}, "warn"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_doctor_never_prints_a_secret(case: str, env: pytest.MonkeyPatch) -> None:
+    """Text and --json, at -vv: every check runs, the URL's credentials are used (the receiver
+    wants them), and no user name, password or header value is printed."""
+    import os
+
+    protocol, variables, export_status = HOSTILE[case]
+    with _receiver(protocol, authorization=BASIC) as rec:
+        env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        for name, value in variables.items():
+            env.setenv(name, value.replace("PORT", f"127.0.0.1:{rec.port}"))
+        text = _program("-m", "otelprof", "doctor", "--no-torch", "-vv", "--timeout", "5", env=dict(os.environ))
+        as_json = _program("-m", "otelprof", "doctor", "--no-torch", "-vv", "--format", "json", env=dict(os.environ))
+    for proc in (text, as_json):
+        assert proc.returncode == (1 if export_status == "fail" else 0), proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr
+        for secret in (USER, PASSWORD, "pa%3Ass-w0rd", "TOKSECRET"):
+            assert secret not in proc.stdout + proc.stderr, secret
+    doc = json.loads(as_json.stdout)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert list(checks) == ["config", "export", "prometheus", "native", "spool"]
+    assert checks["export"]["status"] == export_status, checks["export"]["message"]
+    endpoint = {s["name"]: s["value"] for s in doc["configuration"]}["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert endpoint.startswith("http://***@")
+    assert [line for line in text.stdout.splitlines() if line.startswith("  OTEL_EXPORTER_OTLP_ENDPOINT=http://***@")]
+    if export_status == "ok":
+        assert "; headers: " in checks["export"]["message"] and "authorization" in checks["export"]["message"]
+        assert len(rec.requests) == 2  # doctor's empty Export, once per format
+    if case == "token as the user name":  # its user name alone is not the receiver's password
+        assert "refused the credentials" in checks["export"]["message"]
+    if case == "CR/LF in a header value":
+        assert {
+            "status": "warn",
+            "message": (
+                "OTEL_EXPORTER_OTLP_HEADERS: header 'authorization' has a control or non-ASCII character in its value;"
+                " skipped"
+            ),
+            "name": "config",
+        } in doc["checks"]
+    if case == "unparseable URL":
+        assert checks["export"]["message"] == (
+            "no endpoint: OTEL_EXPORTER_OTLP_ENDPOINT='http://***@[::1' is not an http(s) URL, "
+            "so spans only go to the spool"
+        )
+
+
+def test_mask() -> None:
+    from otelprof.report.doctor import mask
+
+    assert mask("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer x,Bearer y,a: b=c") == "Authorization=***,***,***"
+    assert mask("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://t0ken@h/v1/traces?k=v") == "https://***@h/v1/traces?***"
+    assert mask("OTELPROF_SOMETHING", "http://u:p@h") == "http://***@h"
+    assert mask("OTEL_SERVICE_NAME", "me@corp") == "me@corp"
+    assert mask("OTELPROF_PROFILE_TOKEN", "s3cret-trigger") == "***"

@@ -37,10 +37,10 @@ def add_parser(
         help="check the configuration, the OTLP endpoint, the metrics port, torch/CUDA and the spool",
         description=(
             "Print the effective configuration (every OTEL_* and OTELPROF_* variable otelprof reads,\n"
-            "its value or default; header values masked), then one line per check: the variables'\n"
-            "values, a real empty Export call to the OTLP endpoint (reachability, TLS, credentials)\n"
-            "over the configured protocol, the Prometheus /metrics port, the native core, torch /\n"
-            "CUDA / CUPTI, and the spool. warn lines do not fail the command unless --strict."
+            "its value or default; header values and URL credentials masked), then one line per\n"
+            "check: the variables' values, a real empty Export call to the OTLP endpoint (reachability,\n"
+            "TLS, credentials) over the configured protocol, the Prometheus /metrics port, the native\n"
+            "core, torch / CUDA / CUPTI, and the spool. warn lines do not fail the command unless --strict."
         ),
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -2,13 +2,18 @@
 defines them (``OTEL_EXPORTER_OTLP_*``; a ``TRACES_`` variable replaces its general one).
 
 A bad value never raises: one warning names the variable and the value used instead. Header
-values (they carry credentials) are never logged or shown in ``repr``.
+values and URL user info (they carry credentials) are never logged or shown in ``repr``: user
+info leaves the URL and becomes an ``authorization: Basic`` header (RFC 7617), and a header that
+could not be sent as given (a control character, a name that is not a token) is refused here,
+naming the header, rather than failing each request later with its value in the error.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import environment_variables as ev
 from ..settings import first_set, text, value
+from .redact import HEADER_NAME, redact_url
 
 _log = logging.getLogger(__name__)
 
@@ -27,6 +33,11 @@ DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 TRACES_PATH = "v1/traces"
 DEFAULT_TIMEOUT_S = 10.0
+#: What both transports can send as a header value: gRPC metadata is printable ASCII only, and
+#: http.client refuses CR/LF (and cannot encode most non-ASCII text).
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+#: gRPC metadata keys (lowercase); ``-bin`` keys want bytes, not text.
+_GRPC_KEY = re.compile(r"[0-9a-z_.-]+")
 
 
 @dataclass(frozen=True)
@@ -100,11 +111,12 @@ def why_no_endpoint(environ: Mapping[str, str] = os.environ) -> str:
     if found is None:
         return "OTEL_EXPORTER_OTLP_ENDPOINT is unset"
     name, value = found
-    return f"{name}={value!r} is not an http(s) URL"
+    return f"{name}={redact_url(value)!r} is not an http(s) URL"
 
 
-def _url(environ: Mapping[str, str], protocol: Protocol) -> tuple[str, bool, bool | None]:
-    """(url, endpoint_configured, TLS as the scheme says, or None when the endpoint has no scheme).
+def _url(environ: Mapping[str, str], protocol: Protocol) -> tuple[str, bool, bool | None, str]:
+    """(url without user info, endpoint_configured, TLS as the scheme says (None when the
+    endpoint has no scheme), the URL's user info or "").
 
     Unset, otelprof has no endpoint (spans go to the spool; the README says why it does not
     assume the specification's localhost default). A value that is not a URL is treated as
@@ -113,24 +125,27 @@ def _url(environ: Mapping[str, str], protocol: Protocol) -> tuple[str, bool, boo
     default = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
     found = endpoint_variable(environ)
     if found is None:
-        return _with_path(default, protocol, signal_specific=False), False, False
+        return _with_path(default, protocol, signal_specific=False), False, False, ""
     name, raw = found
     specific = name == ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
-    parts = urlsplit(raw if "://" in raw else "//" + raw)
-    scheme = parts.scheme.lower()
-    bad_scheme = scheme not in ("", "http", "https") or (protocol != "grpc" and not scheme)
     try:
+        parts = urlsplit(raw if "://" in raw else "//" + raw)  # raises for "http://[::1"
         parts.port  # noqa: B018 - raises for a port that is not a number, or out of range
-        port_ok = True
     except ValueError:
-        port_ok = False
-    if bad_scheme or not parts.hostname or not port_ok:
-        _log.warning("%s=%r is not an http(s) URL; ignored: spans go to the spool, as with no endpoint", name, raw)
-        return _with_path(default, protocol, signal_specific=False), False, False
+        parts = None
+    scheme = parts.scheme.lower() if parts else ""
+    bad_scheme = scheme not in ("", "http", "https") or (protocol != "grpc" and not scheme)
+    if parts is None or bad_scheme or not parts.hostname:
+        _log.warning(
+            "%s=%r is not an http(s) URL; ignored: spans go to the spool, as with no endpoint", name, redact_url(raw)
+        )
+        return _with_path(default, protocol, signal_specific=False), False, False, ""
+    userinfo, _, host_port = parts.netloc.rpartition("@")
+    parts = parts._replace(netloc=host_port)
     if protocol == "grpc":
-        netloc = parts.netloc if parts.port else f"{parts.netloc}:{4317}"
-        return f"{scheme or 'https'}://{netloc}", True, (scheme == "https") if scheme else None
-    return _with_path(raw, protocol, signal_specific=specific), True, scheme == "https"
+        netloc = host_port if parts.port else f"{host_port}:{4317}"
+        return f"{scheme or 'https'}://{netloc}", True, (scheme == "https") if scheme else None, userinfo
+    return _with_path(parts.geturl(), protocol, signal_specific=specific), True, scheme == "https", userinfo
 
 
 def _with_path(url: str, protocol: Protocol, signal_specific: bool) -> str:
@@ -143,21 +158,48 @@ def _with_path(url: str, protocol: Protocol, signal_specific: bool) -> str:
     return parts._replace(path=path).geturl()
 
 
-def _headers(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+def _headers(environ: Mapping[str, str], protocol: Protocol) -> tuple[tuple[str, str], ...]:
     found = _get(environ, ev.OTEL_EXPORTER_OTLP_TRACES_HEADERS, ev.OTEL_EXPORTER_OTLP_HEADERS)
     if found is None:
         return ()
     name, raw = found
     headers: list[tuple[str, str]] = []
+    # values may be credentials, and so may a "name" with a mistyped separator in it:
+    # messages say where, never what
     for position, entry in enumerate(raw.split(","), start=1):
         key, sep, value = entry.partition("=")
-        key = key.strip().lower()
-        if not sep or not key or any(c.isspace() or not c.isprintable() for c in key):
-            # the value may be a credential: say where, never what
+        key, value = key.strip(), unquote(value.strip())
+        lower = key.lower()  # as sent; checked before: "\u212a".lower() is "k"
+        if not sep or not key:
             _log.warning("%s: entry %d is not key=value; skipped", name, position)
-            continue
-        headers.append((key, unquote(value.strip())))
+        elif not HEADER_NAME.fullmatch(key):
+            _log.warning("%s: entry %d: the header name is not an HTTP token; skipped", name, position)
+        elif protocol == "grpc" and (not _GRPC_KEY.fullmatch(lower) or lower.endswith("-bin")):
+            _log.warning("%s: header %r is not a gRPC text metadata key (a-z 0-9 - _ .; no -bin); skipped", name, lower)
+        elif not _HEADER_VALUE.fullmatch(value):
+            _log.warning("%s: header %r has a control or non-ASCII character in its value; skipped", name, lower)
+        else:
+            headers.append((lower, value))
     return tuple(headers)
+
+
+def _with_credentials(
+    environ: Mapping[str, str], headers: tuple[tuple[str, str], ...], userinfo: str
+) -> tuple[tuple[str, str], ...]:
+    """The URL's ``user:password`` as an ``authorization: Basic`` header (RFC 7617: UTF-8,
+    percent-decoded; a user name alone is ``user:``), unless a header already authorizes."""
+    if not userinfo:
+        return headers
+    if any(key == "authorization" for key, _ in headers):
+        _log.warning(
+            "%s has credentials and %s sets authorization: the header is sent, the URL's credentials are not",
+            _pick(environ, ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, ev.OTEL_EXPORTER_OTLP_ENDPOINT),
+            _pick(environ, ev.OTEL_EXPORTER_OTLP_TRACES_HEADERS, ev.OTEL_EXPORTER_OTLP_HEADERS),
+        )
+        return headers
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+    return (*headers, ("authorization", f"Basic {token}"))
 
 
 def _compression(environ: Mapping[str, str]) -> Compression:
@@ -185,7 +227,7 @@ def _file(environ: Mapping[str, str], traces_name: str, general_name: str) -> st
 
 def exporter_config_from_env(environ: Mapping[str, str] = os.environ) -> ExporterConfig:
     protocol = _protocol(environ)
-    url, configured, tls_from_scheme = _url(environ, protocol)
+    url, configured, tls_from_scheme, userinfo = _url(environ, protocol)
     # the INSECURE flag only decides for a gRPC endpoint given without a scheme
     insecure_flag = _read(environ, ev.OTEL_EXPORTER_OTLP_TRACES_INSECURE, ev.OTEL_EXPORTER_OTLP_INSECURE)
     insecure = insecure_flag if tls_from_scheme is None else not tls_from_scheme
@@ -195,7 +237,7 @@ def exporter_config_from_env(environ: Mapping[str, str] = os.environ) -> Exporte
         protocol=protocol,
         url=url,
         endpoint_configured=configured,
-        headers=_headers(environ),
+        headers=_with_credentials(environ, _headers(environ, protocol), userinfo),
         compression=_compression(environ),
         timeout_s=_timeout_s(environ),
         certificate=_file(environ, ev.OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE, ev.OTEL_EXPORTER_OTLP_CERTIFICATE),

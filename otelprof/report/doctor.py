@@ -15,12 +15,12 @@ import re
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 from ..export.config import ExporterConfig, exporter_config_from_env
+from ..export.redact import redact_headers, redact_url
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -58,18 +58,14 @@ def _plain(default: str) -> str:
 
 
 def mask(name: str, value: str) -> str:
-    """Header values and URL passwords are credentials: only their keys and hosts are shown."""
+    """Header values, URL user info (user name too: often a token) and URL queries are
+    credentials: only header names, hosts and paths are shown; a token is never shown."""
+    if name.endswith(("_TOKEN", "_PASSWORD", "_SECRET")):
+        return "***"
     if name.endswith("_HEADERS"):
-        entries = []
-        for entry in value.split(","):
-            key, sep, _secret = entry.partition("=")
-            entries.append(f"{key.strip()}=***" if sep else "***")
-        return ",".join(entries)
-    if name.endswith("_ENDPOINT") and "@" in value:
-        parts = urlsplit(value)
-        if parts.password is not None:
-            host = parts.netloc.rsplit("@", 1)[1]
-            return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+        return redact_headers(value)
+    if name.endswith("_ENDPOINT") or "://" in value:
+        return redact_url(value)
     return value
 
 
@@ -149,14 +145,16 @@ def check_export(environ: Mapping[str, str], timeout_s: float = 5.0) -> Check:
     if not cfg.endpoint_configured:
         return Check("export", WARN, f"no endpoint: {why_no_endpoint(environ)}, so spans only go to the spool")
     cfg = dataclasses.replace(cfg, timeout_s=min(cfg.timeout_s, timeout_s))
+    where = f"{cfg.protocol} {redact_url(cfg.url)}"
     send, close = transport(cfg)
     started = time.perf_counter()
     try:
         result = send(b"")  # an empty ExportTraceServiceRequest
+    except Exception as exc:  # a transport bug: its message may quote a header, so the type only
+        return Check("export", FAIL, f"{where}: the export raised {type(exc).__name__} (an otelprof bug)")
     finally:
         close()
     elapsed_ms = (time.perf_counter() - started) * 1000
-    where = f"{cfg.protocol} {mask('URL_ENDPOINT', cfg.url)}"
     if result.ok:
         tls = "no TLS" if cfg.insecure else "TLS"
         headers = ", ".join(cfg.header_names) or "none"
@@ -315,9 +313,12 @@ def check_native() -> Check:
 
 def check_spool(environ: Mapping[str, str]) -> Check:
     from ..export.exporter import spool_dir_from_env
-    from ..export.spool import DEFAULT_MAX_BYTES, SUFFIX
+    from ..export.spool import DEFAULT_MAX_BYTES, SUFFIX, folder_problem
 
     folder = spool_dir_from_env(environ)
+    problem = folder_problem(folder)
+    if problem is not None:
+        return Check("spool", FAIL, problem)
     if not folder.exists():
         parent = next((p for p in folder.parents if p.exists()), None)
         if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
@@ -365,11 +366,21 @@ def check_spool(environ: Mapping[str, str]) -> Check:
 
 
 def run_checks(environ: Mapping[str, str], timeout_s: float = 5.0, torch: bool = True) -> list[Check]:
-    checks = check_configuration(environ)
-    checks.append(check_export(environ, timeout_s))
-    checks.append(check_prometheus(environ, min(timeout_s, 2.0)))
-    checks.append(check_native())
+    """Every check, each on its own: one that raises (a bug) is a failed line, not a traceback."""
+    runs: list[tuple[str, Callable[[], Check | list[Check]]]] = [
+        ("config", lambda: check_configuration(environ)),
+        ("export", lambda: check_export(environ, timeout_s)),
+        ("prometheus", lambda: check_prometheus(environ, min(timeout_s, 2.0))),
+        ("native", check_native),
+    ]
     if torch:
-        checks.extend(check_torch())
-    checks.append(check_spool(environ))
+        runs.append(("torch", check_torch))
+    runs.append(("spool", lambda: check_spool(environ)))
+    checks: list[Check] = []
+    for name, run in runs:
+        try:
+            found = run()
+        except Exception as exc:  # the message may quote a configured value: the type only
+            found = Check(name, FAIL, f"the check raised {type(exc).__name__} (an otelprof bug)")
+        checks.extend(found if isinstance(found, list) else [found])
     return checks
