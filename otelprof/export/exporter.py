@@ -20,9 +20,17 @@ Policy, in order:
   would have gone there is dropped, counted by reason and logged once;
 - the worker survives anything a server sends or a bug raises: each loop iteration is guarded,
   the error logged once and counted (``otelprof_export_worker_errors_total``), the request in
-  hand spooled rather than lost.
+  hand spooled rather than lost;
+- a TLS problem is named in one warning: unusable TLS files (``TLS_CONFIG``) spool at once,
+  without retries, until fixed; a failed handshake is retried and spooled as any failure;
+- ``shutdown(timeout_s)`` keeps one deadline in all: it delivers what it can until shortly
+  before it, then interrupts the send in flight and spools that request and everything still
+  queued or waiting for the spool writer (the one in flight may also have reached the backend:
+  at least once).
 
-Every request lost for good is counted in ``otelprof_export_dropped_requests_total{reason}``.
+Every request submitted ends exactly once as exported, spooled or dropped (a spooled one sent
+later counts as replayed too); every request lost for good is counted in
+``otelprof_export_dropped_requests_total{reason}``.
 """
 
 from __future__ import annotations
@@ -47,13 +55,18 @@ from ..settings import value
 from .config import ExporterConfig, exporter_config_from_env
 from .destination import describe, destination_id
 from .overflow import OverflowWriter
-from .result import MAX_SERVER_DELAY_S, ExportResult, server_delay
+from .result import MAX_SERVER_DELAY_S, TLS_CONFIG, ExportResult, server_delay
 from .spool import Spool
 from .telemetry import ExporterMetrics
 
 _log = logging.getLogger(__name__)
 
 DEFAULT_SPOOL_DIR = Path.home() / ".cache" / "otelprof" / "spool"
+#: The exit deadline (README): ``shutdown()`` at interpreter exit returns within about this.
+EXIT_TIMEOUT_S = 5.0
+#: Of a shutdown's time, the part kept for interrupting the send in flight and spooling what is
+#: left (local disk writes), at most this much; the rest goes to delivering.
+_SHUTDOWN_RESERVE_S = 1.0
 
 
 def spool_dir_from_env(environ: Mapping[str, str] = os.environ) -> Path:
@@ -106,6 +119,8 @@ class Exporter:
     _queue: deque[bytes]
     _queued_bytes: int
     _busy: bool
+    _in_flight: bytes | None
+    _closing: bool
     _closed: bool
     _backend_down: bool
     _next_probe: float
@@ -131,7 +146,9 @@ class Exporter:
         self.destination = destination_id(self.config)
         self._description = describe(self.config)
         self.counters = ExporterCounters()
-        self._lock = threading.Lock()  # counters: the worker, the spool writer and submit() count
+        # counters: the worker, the spool writer and submit() count; reentrant, for a shutdown()
+        # from a signal handler that interrupted the main thread while it counted
+        self._lock = threading.RLock()
         # shared by every exporter of the process that uses the same registry
         self.metrics = (
             ExporterMetrics.for_registry(registry) if registry is not None else ExporterMetrics.for_registry()
@@ -158,7 +175,7 @@ class Exporter:
         def at_exit() -> None:
             exporter = self_ref()
             if exporter is not None:
-                exporter.shutdown(timeout_s=5.0)
+                exporter.shutdown(timeout_s=EXIT_TIMEOUT_S)
 
         def in_forked_child() -> None:
             exporter = self_ref()
@@ -202,21 +219,34 @@ class Exporter:
                 self._cond.wait(left)
         return True
 
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Flushes for up to ``timeout_s``, spools what is still queued, stops the worker."""
-        if self._closed:
-            return
-        self.flush(timeout_s)
+    def shutdown(self, timeout_s: float = EXIT_TIMEOUT_S) -> None:
+        """Delivers what it can, then spools the rest, returning within about ``timeout_s`` in
+        all: the request in flight at the deadline is interrupted and spooled with whatever is
+        still queued (it may also have reached the backend: at least once, never lost).
+        Idempotent; any thread, while the worker is mid-send too. Spooling what is left is local
+        disk writes: a disk that takes long makes it return late rather than lose requests."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+        timeout_s = max(timeout_s, 0.0)
+        deadline = time.monotonic() + timeout_s
+        if not self._paused:  # a paused worker (a with_stack profile at exit) delivers nothing
+            self.flush(timeout_s - min(_SHUTDOWN_RESERVE_S, timeout_s / 5))
         with self._cond:
             self._closed = True
-            leftover = list(self._queue)
+            leftover = [] if self._in_flight is None else [self._in_flight]  # the oldest: first
+            self._in_flight = None  # the worker's send, whatever it returns, no longer counts
+            leftover.extend(self._queue)
             self._queue.clear()
             self._queued_bytes = 0
             self._cond.notify_all()
-        self._overflow.close(timeout_s)
+        self._sender.interrupt()  # a send (or replay) in flight ends now
         for request in leftover:
             self._to_spool(request, "shutting down")
-        self._thread.join(timeout=timeout_s)
+        for request in self._overflow.close(deadline - time.monotonic()):
+            self._to_spool(request, "shutting down")
+        self._thread.join(timeout=max(deadline - time.monotonic(), 0.0))
         self._close()
 
     def pause_worker(self, wait_s: float) -> None:
@@ -255,6 +285,8 @@ class Exporter:
         self._queue = deque()
         self._queued_bytes = 0
         self._busy = False
+        self._in_flight = None  # popped by the worker, not yet exported, spooled or dropped
+        self._closing = False
         self._closed = False
         self._paused = False
         # "down" until the spool an earlier run left is replayed, so nothing newer overtakes it
@@ -276,7 +308,7 @@ class Exporter:
     def _after_fork(self) -> None:
         """A forked child (e.g. a DataLoader worker) starts clean: no inherited lock, queue,
         thread or channel. Its own submissions get a fresh worker."""
-        self._lock = threading.Lock()  # a parent thread may have held it at fork
+        self._lock = threading.RLock()  # a parent thread may have held it at fork
         self.spool.after_fork()
         self._sender = sender(self.config)
         self._send, self._close = self._sender.send, self._sender.close
@@ -293,7 +325,7 @@ class Exporter:
                     if self._closed or self._paused:
                         return
                     if self._queue:
-                        request = self._queue.popleft()
+                        request = self._in_flight = self._queue.popleft()
                         self._queued_bytes -= len(request)
                     self._busy = True
                 if self._probe_due():
@@ -317,7 +349,7 @@ class Exporter:
         self.metrics.worker_errors.inc()
         self._warn_once("worker", "export worker error (the worker goes on)", exc_info=True)
         self._next_probe = time.monotonic() + self._probe_interval_s
-        if request is not None:
+        if request is not None and self._claim():
             self._to_spool(request, "")
             self._backend_down = True  # the spool goes first again: newer requests wait behind it
         with self._cond:
@@ -334,12 +366,30 @@ class Exporter:
         wait = self._next_probe - time.monotonic()
         return min(max(0.01, wait), longest) if wait == wait else 0.01  # NaN: probe now
 
+    def _claim(self) -> bool:
+        """Whether the request the worker popped is still its own to count: False once
+        ``shutdown()`` took it at its deadline (and spooled it)."""
+        with self._cond:
+            mine = self._in_flight is not None
+            self._in_flight = None
+            return mine
+
     def _deliver(self, request: bytes) -> None:
+        if self._closed:  # shutdown took it meanwhile (and spooled it): no late send
+            self._claim()
+            return
         if self._backend_down:
-            self._to_spool(request, "the backend is unreachable" if self.config.endpoint_configured else "")
+            if self._claim():
+                self._to_spool(request, "the backend is unreachable" if self.config.endpoint_configured else "")
             return
         result = self._send_with_retries(request)
+        if not self._claim():
+            return  # shutdown's deadline passed meanwhile: it spooled the request
         if result.ok:
+            self._count("requests_exported")
+            if result.rejected_spans:
+                self._count("spans_rejected", result.rejected_spans)
+                self._warn_once("partial", "the backend rejected %d spans: %s", result.rejected_spans, result.message)
             return
         if self._paused and result.retryable:  # interrupted by pause_worker(): sent again first
             with self._cond:
@@ -349,7 +399,12 @@ class Exporter:
         if result.retryable:
             self._backend_down = True
             self._next_probe = time.monotonic() + max(self._probe_interval_s, self._server_delay(result) or 0.0)
-            self._to_spool(request, f"the backend is failing ({result.message})")
+            if result.problem:  # its own warning says it, and that requests are spooled
+                self._warn_once(
+                    result.problem, "%s; spooling requests to %s meanwhile", result.message, self.spool.directory
+                )
+                self._warned.add("spooling")
+            self._to_spool(request, "" if result.problem else f"the backend is failing ({result.message})")
         else:
             self._drop("rejected")
             self._warn_once("rejected", "the backend rejected a request, dropped: %s", result.message)
@@ -363,13 +418,7 @@ class Exporter:
         delay = self._backoff_s
         for attempt in range(1, self._max_attempts + 1):
             result = self._timed_send(request)
-            if result.ok:
-                self._count("requests_exported")
-                if result.rejected_spans:
-                    self._count("spans_rejected", result.rejected_spans)
-                    self._warn_once(
-                        "partial", "the backend rejected %d spans: %s", result.rejected_spans, result.message
-                    )
+            if result.ok or result.problem == TLS_CONFIG:  # the latter: no use retrying now
                 return result
             if not result.retryable or attempt == self._max_attempts or self._closed or self._paused:
                 return result
@@ -391,6 +440,8 @@ class Exporter:
                 return
             records = [r for r in self.spool.records(self.destination) if r not in self._unremovable]
             for record, request in self.spool.read(records):
+                if self._closed:  # shut down: the rest waits for the next start
+                    return
                 result = self._timed_send(request)
                 if not result.ok and result.retryable:
                     self._next_probe = time.monotonic() + self._probe_interval_s

@@ -16,7 +16,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from .._version import __version__
 from .config import ExporterConfig
-from .result import ExportResult, server_delay
+from .http import TlsConfigError, ssl_context
+from .result import TLS, TLS_CONFIG, ExportResult, server_delay
 
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 RETRYABLE_CODES = frozenset(
@@ -44,6 +45,29 @@ def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 
 
+def _credentials(cfg: ExporterConfig) -> grpc.ChannelCredentials:
+    """The TLS files, checked first: gRPC takes any bytes and fails each call with "Failed to
+    create security handshaker", naming neither the variable nor TLS."""
+    if cfg.certificate or cfg.client_key or cfg.client_certificate:
+        ssl_context(cfg)  # raises TlsConfigError, naming the variable
+    try:
+        return grpc.ssl_channel_credentials(
+            _read(cfg.certificate), _read(cfg.client_key), _read(cfg.client_certificate)
+        )
+    except (OSError, ValueError) as exc:  # removed or unreadable since the check
+        raise TlsConfigError(f"TLS configuration error: cannot use the TLS files: {exc}") from None
+
+
+def _tls_hint(cfg: ExporterConfig, details: str) -> str:
+    """What a failed TLS handshake most likely means."""
+    text = details.upper()
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return "the receiver's certificate is not trusted: set OTEL_EXPORTER_OTLP_CERTIFICATE to its CA (PEM)"
+    if "CERTIFICATE_REQUIRED" in text:
+        return "the receiver wants a client certificate: set OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and _CLIENT_KEY"
+    return f"does {cfg.target} speak gRPC without TLS? then use an http:// endpoint"
+
+
 def _retry_delay(error: grpc.RpcError) -> float | None:
     """The ``RetryInfo`` delay from the status details the server attached, if any."""
     for key, value in error.trailing_metadata() or ():
@@ -61,7 +85,10 @@ def _retry_delay(error: grpc.RpcError) -> float | None:
 
 
 class GrpcSender:
-    """One channel per configuration, created lazily; ``send`` never raises for RPC trouble."""
+    """One channel per configuration, created lazily; ``send`` never raises for RPC or TLS
+    trouble. gRPC's deadline (``timeout_s``) covers the whole call, connecting included: a call
+    waits for a connection being made only until then (and fails at once on a channel that
+    could not connect)."""
 
     def __init__(self, cfg: ExporterConfig) -> None:
         self._cfg = cfg
@@ -74,11 +101,8 @@ class GrpcSender:
             cfg = self._cfg
             if cfg.insecure:
                 self._channel = grpc.insecure_channel(cfg.target, options=_CHANNEL_OPTIONS)
-            else:
-                creds = grpc.ssl_channel_credentials(
-                    _read(cfg.certificate), _read(cfg.client_key), _read(cfg.client_certificate)
-                )
-                self._channel = grpc.secure_channel(cfg.target, creds, options=_CHANNEL_OPTIONS)
+            else:  # checked on each send until they are usable: a fixed file is picked up
+                self._channel = grpc.secure_channel(cfg.target, _credentials(cfg), options=_CHANNEL_OPTIONS)
             self._export = self._channel.unary_unary(
                 EXPORT_METHOD,
                 request_serializer=lambda data: data,  # already an encoded ExportTraceServiceRequest
@@ -98,19 +122,24 @@ class GrpcSender:
                 response = call.result()
             finally:
                 self._call = None
+        except TlsConfigError as exc:
+            return ExportResult(False, True, message=str(exc), problem=TLS_CONFIG)
         except grpc.FutureCancelledError:
             return ExportResult(False, True, message="gRPC CANCELLED: interrupted")
         except grpc.RpcError as error:
             code: grpc.StatusCode = error.code()
-            message = f"gRPC {code.name}: {error.details()}"
+            details = str(error.details())
+            message = f"gRPC {code.name}: {details}"
+            if "handshake failed" in details.lower():  # gRPC's words for a TLS handshake failure
+                return ExportResult(
+                    False, True, message=f"TLS handshake failed ({message}): {_tls_hint(cfg, details)}", problem=TLS
+                )
             delay = _retry_delay(error)
             if code in RETRYABLE_CODES:
                 return ExportResult(False, True, delay, message=message)
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None:
                 return ExportResult(False, True, delay, message=message)
             return ExportResult(False, message=message)
-        except OSError as exc:  # unreadable certificate files
-            return ExportResult(False, message=f"{type(exc).__name__}: {exc}")
         partial = response.partial_success
         return ExportResult.success(partial.rejected_spans, partial.error_message)
 

@@ -38,14 +38,20 @@ class OverflowWriter:
             self._cond.notify()
             return True
 
-    def close(self, timeout_s: float) -> None:
-        """Writes what is pending (for up to ``timeout_s``) and stops the thread."""
+    def close(self, timeout_s: float) -> list[bytes]:
+        """Writes what is pending for up to ``timeout_s`` and stops the thread; returns what it
+        did not get to, oldest first (the caller spools or counts it: nothing is lost unseen)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             thread = self._thread
         if thread is not None:
-            thread.join(timeout_s)
+            thread.join(max(timeout_s, 0.0))
+        with self._cond:  # a write in progress stays the thread's; the rest is the caller's
+            left = list(self._pending)
+            self._pending.clear()
+            self._bytes = 0
+        return left
 
     def after_fork(self) -> None:
         """A forked child gets its own empty writer (the parent's thread does not exist there)."""

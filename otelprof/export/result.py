@@ -9,6 +9,14 @@ from dataclasses import dataclass
 #: larger, infinite or far-future value means "wait long", not "stop exporting for good".
 MAX_SERVER_DELAY_S = 300.0
 
+#: ``ExportResult.problem``: a TLS file the configuration names is unusable (unreadable, not a
+#: certificate or key). Nothing succeeds until it is fixed: the exporter spools at once, without
+#: retries, and names it in one warning; a later run (or probe) with the file fixed sends it.
+TLS_CONFIG = "tls_config"
+#: ``ExportResult.problem``: the TLS handshake or session failed (an untrusted certificate, an
+#: ``https://`` endpoint that speaks plain HTTP, ...): retryable as usual, named in one warning.
+TLS = "tls"
+
 
 def server_delay(seconds: float | None, cap_s: float = MAX_SERVER_DELAY_S) -> float | None:
     """A delay a server asked for, made safe: NaN is no delay given (None), negative is 0, and
@@ -29,6 +37,7 @@ class ExportResult:
     retry_after_s: float | None = None
     rejected_spans: int = 0
     message: str = ""
+    problem: str = ""  # TLS_CONFIG, TLS: a failure the exporter names in a warning of its own
 
     @classmethod
     def success(cls, rejected_spans: int = 0, message: str = "") -> ExportResult:

@@ -125,6 +125,80 @@ def http_receiver(receiver: HttpReceiver | None = None, tls: ssl.SSLContext | No
 
 
 @dataclass
+class SlowHttpReceiver:
+    """Keeps each request (decoded), then answers 200 in a way that costs the client: with
+    ``drip_s``, the reply a byte at a time, this far apart (a socket timeout restarts with each
+    byte); with ``body_bytes``, a body that long, streamed until the client stops reading. The
+    first ``quick_replies`` are answered at once. ``bytes_sent``: what the sockets took of the
+    replies; ``replies_ended``: replies over."""
+
+    drip_s: float = 0.0
+    body_bytes: int = 0
+    quick_replies: int = 0
+    port: int = 0
+    requests: list[ExportTraceServiceRequest] = field(default_factory=list)
+    bytes_sent: int = 0
+    replies_ended: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _reply(self, handler: BaseHTTPRequestHandler) -> None:
+        body = handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
+        with self.lock:
+            self.requests.append(ExportTraceServiceRequest.FromString(body))
+            quick = len(self.requests) <= self.quick_replies
+        length = 0 if quick else self.body_bytes  # an empty ExportTraceServiceResponse is 0 bytes
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: {length}\r\n\r\n"
+        try:
+            if self.drip_s and not quick:
+                for byte in head.encode():
+                    if self.stop.wait(self.drip_s):
+                        return
+                    self._write(handler, bytes([byte]))
+            else:
+                self._write(handler, head.encode())
+                chunk = bytes(64 * 1024)
+                for start in range(0, length, len(chunk)):
+                    self._write(handler, chunk[: length - start])
+        except OSError:  # the client closed: it read what it wanted
+            pass
+        finally:
+            with self.lock:
+                self.replies_ended += 1
+
+    def _write(self, handler: BaseHTTPRequestHandler, data: bytes) -> None:
+        handler.wfile.write(data)  # unbuffered: straight to the socket
+        with self.lock:
+            self.bytes_sent += len(data)
+
+
+@contextmanager
+def slow_http_receiver(receiver: SlowHttpReceiver) -> Iterator[SlowHttpReceiver]:
+    """Serves ``receiver`` on 127.0.0.1 until the block ends (a dripping reply stops then)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            receiver._reply(self)
+            self.close_connection = True
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    receiver.stop.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", receiver.port), Handler)
+    receiver.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        receiver.stop.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@dataclass
 class GrpcReply:
     code: grpc.StatusCode = grpc.StatusCode.OK
     message: str = ""
@@ -156,7 +230,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             context.abort_with_status(rpc_status.to_status(status))
         with self.rec.lock:
             self.rec.requests.append(request)
-        time.sleep(reply.delay_s)
+        self.rec.stop.wait(reply.delay_s)  # ends with the receiver: its pool threads are joined at exit
         response = ExportTraceServiceResponse()
         if reply.rejected_spans:
             response.partial_success.rejected_spans = reply.rejected_spans
@@ -187,6 +261,7 @@ class GrpcReceiver:
     metadata_seen: list[dict[str, str]] = field(default_factory=list)
     metric_requests: list[ExportMetricsServiceRequest] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
 
 
 @contextmanager
@@ -195,6 +270,7 @@ def grpc_receiver(
 ) -> Iterator[GrpcReceiver]:
     """Serves the official OTLP TraceService on 127.0.0.1 until the block ends."""
     rec = receiver or GrpcReceiver()
+    rec.stop.clear()  # a receiver served again
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(rec), server)
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(rec), server)
@@ -204,6 +280,7 @@ def grpc_receiver(
     try:
         yield rec
     finally:
+        rec.stop.set()
         server.stop(grace=None)
 
 
