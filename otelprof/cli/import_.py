@@ -274,6 +274,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def _print_summary(report: Report, files: int, counters: ExporterCounters, exporter: Exporter) -> None:
     from ..export.config import why_no_endpoint
+    from ..export.redact import redact_url
 
     rate = report.events / report.seconds if report.seconds > 0 else 0.0
     parts = [
@@ -284,7 +285,7 @@ def _print_summary(report: Report, files: int, counters: ExporterCounters, expor
         parts.append(f"{report.files_skipped} already imported (ledger)")
     exported, spooled = counters.requests_exported, counters.requests_spooled
     if exported:
-        parts.append(f"{exported} requests sent to {exporter.config.url}")
+        parts.append(f"{exported} requests sent to {redact_url(exporter.config.url)}")
     if counters.requests_replayed:  # spooled earlier (by this run while the backend was down, or before)
         parts.append(
             f"also {counters.requests_replayed} spooled requests replayed there from {exporter.spool.directory}"

@@ -150,6 +150,7 @@ def _replay(args: argparse.Namespace) -> int:
     from ..export.config import exporter_config_from_env
     from ..export.destination import NO_DESTINATION, destination_id, is_destination_id
     from ..export.exporter import transport
+    from ..export.redact import redact_url
 
     env = dict(os.environ)
     if args.endpoint:  # a base endpoint, like OTEL_EXPORTER_OTLP_ENDPOINT (HTTP appends v1/traces)
@@ -189,7 +190,7 @@ def _replay(args: argparse.Namespace) -> int:
                 sent += 1
         finally:
             close()
-    _info(args, f"{sent} requests sent to {cfg.url}")
+    _info(args, f"{sent} requests sent to {redact_url(cfg.url)}")
     kept = set(selected)
     others = Counter(_destination(r) for r in records if r not in kept)
     if others:

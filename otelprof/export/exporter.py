@@ -55,6 +55,7 @@ from ..settings import value
 from .config import ExporterConfig, exporter_config_from_env
 from .destination import describe, destination_id
 from .overflow import OverflowWriter
+from .redact import redact_url
 from .result import MAX_SERVER_DELAY_S, TLS_CONFIG, ExportResult, server_delay
 from .spool import Spool
 from .telemetry import ExporterMetrics
@@ -454,7 +455,7 @@ class Exporter:
                     self._drop("rejected")
                     self._warn_once("rejected", "the backend rejected a spooled request, dropped: %s", result.message)
         self._backend_down = False
-        _log.info("OTLP backend %s is reachable again; spool replayed", self.config.url)
+        _log.info("OTLP backend %s is reachable again; spool replayed", redact_url(self.config.url))
 
     def _to_spool(self, request: bytes, why: str) -> None:
         """Never raises: a request the spool refuses is dropped, counted with the spool's reason

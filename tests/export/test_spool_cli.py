@@ -48,6 +48,21 @@ def test_replay_sends_oldest_first_and_empties_the_spool(
     assert Spool(directory).records() == []
 
 
+def test_replay_never_prints_the_endpoints_credentials(
+    spooled: tuple[Path, list[bytes]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key in the query (some SaaS backends take one there) and user info stay off the screen."""
+    directory, requests = spooled
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    with http_receiver() as rec:
+        url = f"http://us3r:pa55@127.0.0.1:{rec.port}?api_key=S3KRIT"
+        assert main(["spool", "--dir", str(directory), "-v", "replay", "--endpoint", url]) == 0
+    out, err = capsys.readouterr()
+    assert len(rec.requests) == len(requests)
+    assert f"requests sent to http://127.0.0.1:{rec.port}/v1/traces?***" in out + err  # the user info went to Basic
+    assert not any(secret in out + err for secret in ("us3r", "pa55", "S3KRIT"))
+
+
 def test_replay_stops_and_keeps_the_rest_on_failure(
     spooled: tuple[Path, list[bytes]], capsys: pytest.CaptureFixture[str]
 ) -> None:
