@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -14,7 +15,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otelprof import __version__, convert
-from otelprof.cli import main
+from otelprof._launch import main as launch_main
+from otelprof.cli import build_parser, main
 from otelprof.otlp.file import read_delimited_file
 from otelprof.otlp.jsonl import json_to_request
 from otelprof.resource import options_from_env
@@ -52,6 +54,27 @@ def test_help_exits_0(argv: list[str], capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert out.startswith("usage: otelprof")
     assert "exit codes:" in out
+
+
+def _command_paths(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and sub-command of ``parser``: its argparse sub-parsers, walked."""
+    paths = [path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                paths += _command_paths(sub, (*path, name))
+    return paths
+
+
+@pytest.mark.parametrize("path", _command_paths(build_parser()), ids=lambda path: " ".join(path) or "otelprof")
+def test_every_command_and_sub_command_has_help(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    """Enumerated from the command line's own parser, so a new command or sub-command is covered;
+    through the console script's function (``otelprof run`` parses its own arguments first)."""
+    for flag in ("--help", "-h"):
+        assert launch_main([*path, flag]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(" ".join(("usage: otelprof", *path, "[-h]"))), out
+        assert "-h, --help" in out
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -339,7 +362,7 @@ def test_python_m_otelprof() -> None:
     assert "the following arguments are required" in proc.stderr
 
 
-COMMANDS = ["convert", "demo", "import", "spool", "run", "summary", "doctor"]
+COMMANDS = [path[0] for path in _command_paths(build_parser()) if len(path) == 1]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -16,7 +16,7 @@ from otelprof.capture.windows.profiling import WindowSettings
 from otelprof.converter import ConvertOptions
 from otelprof.export import exporter_config_from_env
 from otelprof.resource import options_from_env
-from otelprof.settings import VARIABLES, Bool, Int, Number, render_tables
+from otelprof.settings import VARIABLES, Bool, Host, Int, Number, render_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,27 @@ def test_integers_are_decimal_in_range(raw: str, caplog: pytest.LogCaptureFixtur
     with caplog.at_level(logging.WARNING):
         value = settings.parse({"X": raw}, "X", Int(0), 7)
     assert value == 7
-    assert [r.getMessage() for r in caplog.records] == [f"X={raw!r} is not an integer from 0; using 7"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"X={raw!r} is not an integer from 0 to 9223372036854775807; using 7"
+    ]
+
+
+@pytest.mark.parametrize(
+    "raw", ["localhost", "0.0.0.0", "::", "::1", "fe80::1%eth0", "metrics-1.example.com.", "my_svc"]
+)
+def test_hosts_are_addresses_or_host_names(raw: str) -> None:
+    assert Host().parse(raw) == raw
+
+
+@pytest.mark.parametrize("raw", ["http://[::1", "../../etc/passwd", "host:9464", "-1", "999", "a b", "x" * 254, "١٢٣"])
+def test_other_hosts_warn_and_keep_the_default(raw: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Before, OTEL_EXPORTER_PROMETHEUS_HOST took any text: a long one made the metrics server
+    and ``otelprof doctor`` raise UnicodeError (the IDNA codec) instead of failing to resolve."""
+    with caplog.at_level(logging.WARNING):
+        assert settings_from_env({"OTEL_EXPORTER_PROMETHEUS_HOST": raw}).metrics_host == "localhost"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"OTEL_EXPORTER_PROMETHEUS_HOST={settings.quoted(raw)} is not an IP address or a host name; using localhost"
+    ]
 
 
 @pytest.mark.parametrize("raw", ["nan", "inf", "-2", "fast", "1_0", "0x1p3"])
@@ -115,3 +135,14 @@ def test_the_regenerating_script_reports_stale_tables(tmp_path: Path) -> None:
     assert subprocess.run([*run, "--write"], capture_output=True).returncode == 0
     assert "`OTELPROF_STRAGGLER_STEPS` | `100`" in stale.read_text()
     assert subprocess.run(run, capture_output=True).returncode == 0
+
+
+def test_the_regenerating_script_has_help_and_one_line_errors(tmp_path: Path) -> None:
+    """``--help`` was read as a file name (a FileNotFoundError traceback)."""
+    proc = subprocess.run([sys.executable, "-m", "otelprof.settings", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m otelprof.settings [-h] [--write] [FILE ...]")
+    missing = tmp_path / "missing.md"
+    proc = subprocess.run([sys.executable, "-m", "otelprof.settings", str(missing)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr == f"python -m otelprof.settings: error: {missing}: No such file or directory\n"

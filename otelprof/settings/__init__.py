@@ -10,14 +10,15 @@ The README's tables and ``otelprof doctor``'s listing come from :data:`VARIABLES
 from __future__ import annotations
 
 from . import variables
-from ._kinds import Bool, Choice, Int, Kind, Number, PathKind, Text
-from ._registry import VARIABLES, Variable, first_set, is_set, parse, text, value
+from ._kinds import Bool, Choice, Host, Int, Kind, Number, PathKind, Text
+from ._registry import VARIABLES, Variable, first_set, is_set, parse, quoted, text, value
 from ._tables import markdown_table, render_tables
 
 __all__ = [
     "VARIABLES",
     "Bool",
     "Choice",
+    "Host",
     "Int",
     "Kind",
     "Number",
@@ -28,6 +29,7 @@ __all__ = [
     "is_set",
     "markdown_table",
     "parse",
+    "quoted",
     "render_tables",
     "text",
     "value",

@@ -4,9 +4,11 @@ specification's dialect (``configuration/sdk-environment-variables``).
 - empty or unset is the default, never a warning;
 - boolean: ``true`` in any case is true, ``false`` in any case is false; anything else is
   unusable (``1``, ``yes`` and ``on`` included: the specification forbids other true values);
-- integer: a decimal integer in the variable's range; number: a decimal number (fractions and
-  exponents allowed, never nan or infinite) the variable's check accepts;
-- enumeration: one of the known values, in any case.
+- integer: a decimal integer in the variable's range, never past int64 (the native core's option
+  fields); number: a decimal number (fractions and exponents allowed, never nan or infinite) the
+  variable's check accepts, which bounds it;
+- enumeration: one of the known values, in any case;
+- text: UTF-8 (other bytes reach Python as lone surrogates: unusable); a path may hold any bytes.
 
 A parser raises ``ValueError`` for an unusable value; the registry then logs one warning that
 names the variable, the value and what is used instead (``expect`` words the middle of it).
@@ -14,7 +16,9 @@ names the variable, the value and what is used instead (``expect`` words the mid
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +28,8 @@ from typing import Any
 #: Decimal text only: no ``1_000``, no hex, no non-ASCII digits (Python's int() and float() take them).
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+#: The widest integer range: the native core's option fields (and ConvertOptions') are int64.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class Kind:
@@ -40,17 +46,69 @@ class Kind:
         return str(value)
 
 
+def is_utf8(raw: str) -> bool:
+    """Whether ``raw`` is text: Python decodes environment bytes that are not UTF-8 to lone
+    surrogates, which no OTLP string, header, URL or metric label can carry."""
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Text(Kind):
-    """Any text, kept as given (stripped)."""
+    """Any UTF-8 text, kept as given (stripped)."""
+
+    expect = "UTF-8 text"
+
+    def parse(self, raw: str) -> str:
+        if not is_utf8(raw):
+            raise ValueError(raw)
+        return raw
 
 
 class PathKind(Kind):
-    """A path; ``~`` expands to the home folder."""
+    """A path; ``~`` expands to the home folder. One no file system takes (a name past 255
+    bytes, a path past 4095) is unusable: it would fail at every use instead of once here."""
 
     kind = "path"
 
     def parse(self, raw: str) -> Path:
-        return Path(raw).expanduser()
+        try:
+            path = Path(raw).expanduser()
+        except RuntimeError:  # ``~user`` of no such user (or no home at all)
+            raise ValueError(raw) from None
+        encoded = os.fsencode(path)
+        if len(encoded) > 4095 or any(len(name) > 255 for name in encoded.split(b"/")):
+            raise ValueError(raw)
+        return path
+
+
+#: A host name's label (RFC 1123): letters, digits and inner hyphens, 63 characters at most;
+#: and underscores, which resolvers take (container and service names have them).
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+class Host(Kind):
+    """An IP address, or a host name (RFC 1123: 253 characters at most, the last label not all
+    digits, RFC 3696): what a socket can be bound to or resolved, never a URL or a path."""
+
+    expect = "an IP address or a host name"
+
+    def parse(self, raw: str) -> str:
+        labels = raw.removesuffix(".").split(".")
+        name = len(raw) <= 253 and all(_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
+        if not (name or _is_ip_address(raw)):
+            raise ValueError(raw)
+        return raw
+
+
+def _is_ip_address(raw: str) -> bool:
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        return False
+    return True
 
 
 class Bool(Kind):
@@ -71,21 +129,26 @@ class Bool(Kind):
 
 @dataclass(frozen=True)
 class Int(Kind):
-    """A decimal integer in [low, high] (no upper bound when ``high`` is None)."""
+    """A decimal integer in [low, high]; both within int64, so every consumer takes it."""
 
     low: int = 0
-    high: int | None = None
+    high: int = INT64_MAX
     kind = "integer"
+
+    def __post_init__(self) -> None:
+        if not INT64_MIN <= self.low <= self.high <= INT64_MAX:
+            raise ValueError(f"Int({self.low}, {self.high}): not an int64 range")
 
     @property
     def expect(self) -> str:  # type: ignore[override]
-        return f"an integer from {self.low}" + (f" to {self.high}" if self.high is not None else "")
+        return f"an integer from {self.low} to {self.high}"
 
     def parse(self, raw: str) -> int:
-        if not _INTEGER.fullmatch(raw):
+        # past 19 significant digits it is out of any int64 range: no int() of a long text
+        if not _INTEGER.fullmatch(raw) or len(raw.lstrip("+-").lstrip("0")) > 19:
             raise ValueError(raw)
         value = int(raw)
-        if value < self.low or (self.high is not None and value > self.high):
+        if not self.low <= value <= self.high:
             raise ValueError(raw)
         return value
 

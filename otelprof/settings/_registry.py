@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._kinds import Kind
+from ._kinds import Kind, is_utf8
 
 _log = logging.getLogger("otelprof.settings")
 
@@ -81,8 +81,23 @@ def parse(environ: Mapping[str, str], name: str, kind: Kind, default: Any, log: 
         return kind.parse(raw)
     except ValueError:
         shown = "unset" if default is None else kind.show(default)
-        (log or _log).warning("%s=%r is not %s; using %s", name, raw, kind.expect, shown)
+        if not is_utf8(raw):  # never quoted: it may be a secret's (OTELPROF_PROFILE_TOKEN's) bytes
+            (log or _log).warning("%s has bytes that are not UTF-8; using %s", name, shown)
+        else:
+            (log or _log).warning("%s=%s is not %s; using %s", name, quoted(raw), kind.expect, shown)
         return default
+
+
+#: Characters of a bad value a warning quotes: a whole 100k-character value is no help in a log.
+QUOTED_CHARS = 80
+
+
+def quoted(raw: str) -> str:
+    """``raw`` as a warning quotes it: ``repr`` (control characters escaped), cut past
+    :data:`QUOTED_CHARS` characters with its length said."""
+    if len(raw) <= QUOTED_CHARS:
+        return repr(raw)
+    return f"{raw[:QUOTED_CHARS]!r}... ({len(raw)} characters)"
 
 
 def value(environ: Mapping[str, str], name: str, log: logging.Logger | None = None) -> Any:
@@ -104,7 +119,13 @@ def first_set(environ: Mapping[str, str], *names: str) -> str | None:
 
 def text(environ: Mapping[str, str], name: str) -> str | None:
     """A registered variable's text, stripped, or None when unset or empty (for the variables
-    whose text is parsed entry by entry where it is used: headers, resource attributes)."""
+    whose text is parsed entry by entry where it is used: headers, resource attributes). Text
+    that is not UTF-8 is None too, after one warning that names the variable, not the value (a
+    header's may be a credential)."""
     if name not in VARIABLES:
         raise KeyError(f"{name} is not in otelprof.settings.variables")
-    return environ.get(name, "").strip() or None
+    raw = environ.get(name, "").strip()
+    if not is_utf8(raw):
+        _log.warning("%s has bytes that are not UTF-8; ignored", name)
+        return None
+    return raw or None

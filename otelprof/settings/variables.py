@@ -8,7 +8,7 @@ options), ``export`` (OTLP export).
 
 from __future__ import annotations
 
-from ._kinds import Bool, Choice, Int, Number, PathKind, Text
+from ._kinds import Bool, Choice, Host, Int, Number, PathKind, Text
 from ._registry import define
 
 _SPEC_BOOL = (
@@ -56,9 +56,9 @@ OTELPROF_RUN_ID = define(
 )
 OTELPROF_MAX_REQUEST_BYTES = define(
     "OTELPROF_MAX_REQUEST_BYTES",
-    Int(1024),
+    Int(1024, 2**31 - 1),  # protobuf refuses messages of 2 GiB or more
     3 * 1024 * 1024,
-    "Largest serialized OTLP ``ExportTraceServiceRequest``, in bytes (at least 1024), for"
+    "Largest serialized OTLP ``ExportTraceServiceRequest``, in bytes (at least 1024, under 2 GiB), for"
     " converted traces and live step spans alike; bigger ones are split.",
     "convert",
     shown="``3145728`` (3 MiB, under the Collector's 4 MiB gRPC limit)",
@@ -297,9 +297,10 @@ OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = define(
 )
 OTEL_EXPORTER_PROMETHEUS_HOST = define(
     "OTEL_EXPORTER_PROMETHEUS_HOST",
-    Text(),
+    Host(),
     "localhost",
-    "Address the ``/metrics`` endpoint (and ``POST /profile``) listens on.",
+    "Address the ``/metrics`` endpoint (and ``POST /profile``) listens on: an IP address or a host"
+    " name (anything else, a URL or a path: one warning, then ``localhost``).",
     "live",
 )
 OTEL_EXPORTER_PROMETHEUS_PORT = define(
