@@ -29,6 +29,8 @@ from ..environment_variables import (
 )
 from ..export.config import sdk_disabled
 from ..settings import text, value
+from ..settings.variables import OTELPROF_PROFILE_MAX_STEPS, OTELPROF_PROFILE_MIN_INTERVAL, OTELPROF_PROFILE_TOKEN
+from .metrics.server import TriggerGuard
 from .windows.profiling import WindowSettings
 
 PROFILER_OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
@@ -42,6 +44,7 @@ class Settings:
     metrics_host: str = "localhost"
     metrics_port: int = 9464
     http_trigger: bool = True
+    trigger: TriggerGuard = field(default_factory=TriggerGuard)  # POST /profile's token and limits
     cuda_events: bool = True
     windows: WindowSettings = field(default_factory=WindowSettings)
 
@@ -53,6 +56,11 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
         metrics_host=value(environ, OTEL_EXPORTER_PROMETHEUS_HOST, _log),
         metrics_port=value(environ, OTEL_EXPORTER_PROMETHEUS_PORT, _log),
         http_trigger=value(environ, OTELPROF_TRIGGER_HTTP, _log),
+        trigger=TriggerGuard(
+            token=value(environ, OTELPROF_PROFILE_TOKEN, _log),
+            min_interval_s=value(environ, OTELPROF_PROFILE_MIN_INTERVAL, _log),
+            max_steps=value(environ, OTELPROF_PROFILE_MAX_STEPS, _log),
+        ),
         cuda_events=value(environ, OTELPROF_CUDA_EVENTS, _log),
         windows=windows_from_env(environ),
     )

@@ -29,7 +29,7 @@ from ..otlp.resource import ResourceFacts, compose_resource
 from ..otlp.spans import Attrs
 from ..resource import options_from_env, resource_attributes_from_env
 from ..settings import value
-from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES
+from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES, OTELPROF_SIGTERM_GRACE
 from . import coexist
 from .config import Settings, settings_from_env
 from .distributed import ranks as distributed
@@ -38,6 +38,7 @@ from .metrics import otlp_metrics
 from .metrics import server as metrics_server
 from .metrics.step_metrics import StepMetrics
 from .metrics.window_metrics import WindowMetrics
+from .preemption import Preemption
 from .spans.step_spans import StepContext, StepSpans, current_parent, native_sink, otel_context_var
 from .steps.device_timing import cuda_timing
 from .steps.tracker import Step, step_tracker
@@ -96,6 +97,15 @@ class Session:
         self._window: str | None = None  # the open step's profiling-window mark (Windows.mark)
         self._quiet: list[Callable[[], None]] = []  # coexist.quiet registrations of the threads
         self.hooks.install()
+        self.preemption: Preemption | None = Preemption(
+            value(self._environ, OTELPROF_SIGTERM_GRACE, _log),
+            stop=self._stop_window,
+            close=lambda grace_s: _close(self, grace_s),
+            spool=self._spool_now,
+            wake=self._wake,
+        )
+        if not self.preemption.install():
+            self.preemption = None
         _import_first_step_modules(self._environ)
         # from now on, a profiler the user makes is seen (one made before is found by active())
         coexist.watch(self._give_way)
@@ -287,7 +297,9 @@ class Session:
             port += self.identity.local_rank
         try:
             profile = self._profile_request if self.settings.http_trigger else None
-            server = metrics_server.serve(self.settings.metrics_host, port, self.registry, profile)
+            server = metrics_server.serve(
+                self.settings.metrics_host, port, self.registry, profile, self.settings.trigger, self.identity.labels()
+            )
         except OSError as exc:
             _log.warning(
                 "cannot serve metrics on %s:%d (%s); set OTEL_EXPORTER_PROMETHEUS_PORT",
@@ -312,16 +324,25 @@ class Session:
                 exc,
             )
 
-    def _profile_request(self, steps: int | None) -> bool:
-        """``POST /profile`` on the metrics port (a server thread)."""
+    def _profile_request(self, steps: int | None, min_interval_s: float) -> tuple[str, float]:
+        """``POST /profile`` on the metrics port, authenticated (a server thread): "accepted",
+        "busy", "too_soon" (``Windows.request_on_demand``) or "off", and the seconds to retry after."""
         if self.windows is None:
-            return False
-        self.windows.on_demand.request(steps)
-        return True
+            return "off", 0.0
+        return self.windows.request_on_demand(steps, min_interval_s)
 
-    def close(self) -> None:
+    def close(self, grace_s: float | None = None) -> None:
         """The last step is closed first (its metrics scrapeable, its span in the final flush);
-        /metrics keeps serving until the spans are flushed."""
+        /metrics keeps serving until the spans are flushed. ``grace_s`` (SIGTERM) bounds the
+        whole close: the step spans go before a window's conversion, the exporter spools what
+        it has not sent when the time is up."""
+        deadline = None if grace_s is None else time.monotonic() + grace_s
+
+        def left(default: float) -> float:
+            return default if deadline is None else max(0.0, min(default, deadline - time.monotonic()))
+
+        if self.preemption is not None:
+            self.preemption.uninstall()
         self.hooks.remove()
         self.tracker.finish()
         self.tracker.close()
@@ -337,15 +358,18 @@ class Session:
         for unregister in self._quiet:  # every thread runs again, for the final flush
             unregister()
         self._quiet = []
-        if self.windows is not None:
-            self.windows.close()
         if self.spans is not None:
-            self.spans.close()
+            self.spans.close(left(5.0))
+        if self.windows is not None:
+            try:  # the exporter keeps a moment of the grace for spooling what is left
+                self.windows.close(left(60.0) - (0.0 if grace_s is None else min(2.0, 0.3 * grace_s)))
+            except Exception:
+                _log.warning("otelprof: closing the profiling windows failed", exc_info=True)
         if self.exporter is not None:
             if self._owns_exporter:
-                self.exporter.shutdown(5.0)  # flushes, spools what is left, stops its thread
+                self.exporter.shutdown(left(5.0))  # flushes, spools what is left, stops its thread
             else:
-                self.exporter.flush(5.0)
+                self.exporter.flush(left(5.0))
         if self.otlp_metrics is not None:
             self.otlp_metrics.shutdown()
         if self.metrics_server is not None:
@@ -355,6 +379,20 @@ class Session:
             self.metrics.unregister()
         if self.straggler is not None:
             self.straggler.unregister(self.registry)
+
+    def _stop_window(self) -> None:
+        """SIGTERM, on the main thread: a window in progress stops (and is queued) here."""
+        if self.windows is not None:
+            self.windows.stop()
+
+    def _spool_now(self, wait_s: float) -> None:
+        """SIGTERM's grace is over and close() has not returned: the exporter spools its queue."""
+        if self.exporter is not None and self._owns_exporter:
+            self.exporter.shutdown(wait_s)
+
+    def _wake(self) -> None:
+        if self.spans is not None:
+            self.spans.wake()
 
 
 def _import_first_step_modules(environ: Mapping[str, str]) -> None:
@@ -441,17 +479,25 @@ def instrument(
 
 def uninstrument() -> None:
     """Removes every hook, flushes the last steps and stops the metrics endpoint."""
+    current = _session
+    if current is not None:
+        _close(current)
+
+
+def _close(session: Session, grace_s: float | None = None) -> None:
+    """Ends ``session`` if it is still the process's (once, whoever comes first: uninstrument(),
+    exit, SIGTERM)."""
     global _session
     with _lock:
-        session, _session = _session, None
-    if session is not None:
-        integrations.uninstall()
-        session.close()
+        if _session is not session:
+            return
+        _session = None
+    integrations.uninstall()
+    session.close(grace_s)
 
 
 def _at_exit(session: Session) -> None:
-    if _session is session:
-        uninstrument()
+    _close(session)
 
 
 def session() -> Session | None:

@@ -114,7 +114,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT = define(
     None,
     "Base URL of the OTLP receiver; ``http/protobuf`` appends ``v1/traces`` to it (not to the"
     " ``TRACES_`` form, used as is). A value that is not an http(s) URL is ignored after one"
-    " warning. otelprof does not assume the specification's localhost default: a job must not"
+    " warning. User info (``https://user:pass@host``) is sent as HTTP Basic authorization, never"
+    " shown. otelprof does not assume the specification's localhost default: a job must not"
     " depend on a Collector nobody started.",
     "export",
     shown="unset: spool only (a value that is not an http(s) URL: one warning, then the same)",
@@ -147,7 +148,9 @@ OTEL_EXPORTER_OTLP_HEADERS = define(
     "OTEL_EXPORTER_OTLP_HEADERS",
     Text(),
     None,
-    "Request headers, ``key=value,...``, values percent-encoded; values are never logged.",
+    "Request headers, ``key=value,...``, values percent-encoded; values are never logged. A name"
+    " that is not an HTTP token, or a value with control characters or non-ASCII, is refused"
+    " (one warning naming the header).",
     "export",
 )
 OTEL_EXPORTER_OTLP_TRACES_HEADERS = define(
@@ -276,6 +279,15 @@ OTELPROF_CUDA_EVENTS = define(
     " (steps are reported a step or two late); ``false``: CPU wall time." + _SPEC_BOOL,
     "live",
 )
+OTELPROF_SIGTERM_GRACE = define(
+    "OTELPROF_SIGTERM_GRACE",
+    Number(lambda v: 0 <= v <= 600, "0 to 600 seconds"),
+    10.0,
+    "On SIGTERM (Kubernetes, Slurm, torchelastic preempting), the most seconds otelprof takes to"
+    " close the step, stop a window and deliver or spool what it holds before the process ends"
+    " as it would have (a handler of the program's own is called too); ``0`` leaves SIGTERM alone.",
+    "live",
+)
 OTEL_METRICS_EXPORTER = define(
     "OTEL_METRICS_EXPORTER",
     Text(),
@@ -387,7 +399,35 @@ OTELPROF_TRIGGER_HTTP = define(
     Bool(),
     True,
     "Whether ``curl -X POST 'http://HOST:PORT/profile?steps=N'`` on the metrics endpoint profiles"
-    " the next steps (202; 409 when profiling is off, 400 for a bad ``steps``, at most 1000)." + _SPEC_BOOL,
+    " the next steps (202; 409 when profiling is off, 400 for a bad ``steps``; 401, 403 and 429 as"
+    " ``OTELPROF_PROFILE_TOKEN`` and ``OTELPROF_PROFILE_MIN_INTERVAL`` say)." + _SPEC_BOOL,
+    "windows",
+)
+OTELPROF_PROFILE_TOKEN = define(
+    "OTELPROF_PROFILE_TOKEN",
+    Text(),
+    None,
+    "A secret that ``POST /profile`` must carry as ``Authorization: Bearer TOKEN`` (else 401);"
+    " never logged. Unset, ``POST /profile`` answers only on a loopback address: on any other"
+    " (``OTEL_EXPORTER_PROMETHEUS_HOST=0.0.0.0``) it is refused (403, one warning at start)."
+    " ``/metrics`` stays open either way.",
+    "windows",
+    shown="unset (``POST /profile`` from loopback only)",
+)
+OTELPROF_PROFILE_MIN_INTERVAL = define(
+    "OTELPROF_PROFILE_MIN_INTERVAL",
+    Number(lambda v: 0 <= v <= 86400, "0 to 86400 seconds"),
+    60.0,
+    "Seconds a ``POST /profile`` waits after the last window ended (any trigger) or was last"
+    " requested over HTTP; sooner, or while a window is requested or running, it answers 429"
+    " with ``Retry-After``. ``0``: one window at a time, back to back.",
+    "windows",
+)
+OTELPROF_PROFILE_MAX_STEPS = define(
+    "OTELPROF_PROFILE_MAX_STEPS",
+    Int(1, 1000),
+    20,
+    "The most steps ``POST /profile?steps=N`` may ask for (more: 400).",
     "windows",
 )
 OTELPROF_ON_DEMAND_STEPS = define(

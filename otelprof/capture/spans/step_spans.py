@@ -194,11 +194,11 @@ class StepSpans:
             with self._cond:
                 self._cond.notify()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=timeout_s)
         self._flush()
 
     def pause(self, wait_s: float) -> None:

@@ -96,6 +96,11 @@ class OnDemand:
         steps, self._steps = self._steps, 0
         return steps
 
+    @property
+    def pending(self) -> bool:
+        """Requested, not yet seen at a step boundary."""
+        return self._steps != 0
+
 
 class Anomaly:
     """Slow-step detection: a step slower than ``factor`` x the rolling median of the last
@@ -191,6 +196,9 @@ class Windows:
         self._starts_seen = coexist.starts
         self._other_on = False  # another profiler was on at the last boundary
         self._started = False
+        self._owner = threading.get_ident()
+        self._ended_at: float | None = None  # time.monotonic() when the last window ended
+        self._requested_at: float | None = None  # ... and of the last request_on_demand() accepted
         self._old_handler: Any = None
         if settings.trigger_signal is not None and threading.current_thread() is threading.main_thread():
             self._old_handler = signal.signal(settings.trigger_signal, lambda _s, _f: self.on_demand.request())
@@ -202,6 +210,7 @@ class Windows:
         step's mark (``mark()``)."""
         with self._lock:
             self._step_num = step_number
+            self._owner = threading.get_ident()  # the training thread: torch's profiler is its
             if self.settings.early > 0 and self._early_fits():
                 self._early_start = step_number + self.settings.early
             self._started = True
@@ -284,25 +293,54 @@ class Windows:
         if self.metrics is not None:
             self.metrics.window_overhead(ns / 1e9)
 
-    def close(self) -> None:
-        """Stops the profiler (a window in progress is saved and converted), waits for the
-        conversions, and releases torch's profiler objects here rather than at interpreter exit."""
+    def stop(self) -> None:
+        """Stops a window in progress (saved, queued for conversion); no window starts after.
+        Only on the thread whose steps it records: torch's profiler state is that thread's
+        (stopped from another, Kineto finds no session and torch crashes)."""
         with self._lock:
-            if self._started:
-                self._started = False
-                self._close_range()
-                if self._state == _RECORDING:
-                    self._stop_and_save()
-                elif self._state == _PREPARED:
-                    self._discard()
-        if self._old_handler is not None and self.settings.trigger_signal is not None:
+            if not self._started:
+                return
+            self._started = False
+            if self._state != _IDLE and threading.get_ident() != self._owner:
+                self._kineto, self._range, self._state = None, None, _IDLE
+                _log.warning("otelprof: a profiling window in progress is dropped: it can only stop on its own thread")
+                return
+            self._close_range()
+            if self._state == _RECORDING:
+                self._stop_and_save()
+            elif self._state == _PREPARED:
+                self._discard()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stops the profiler (``stop()``), waits up to ``timeout_s`` for the conversions, and
+        releases torch's profiler objects here rather than at interpreter exit."""
+        self.stop()
+        on_main = threading.current_thread() is threading.main_thread()
+        if self._old_handler is not None and self.settings.trigger_signal is not None and on_main:
             signal.signal(self.settings.trigger_signal, self._old_handler)
         with self._lock:
             if self._pending_user is not None:
                 self._queue_user()
-        self.conversions.close()
+        self.conversions.close(max(0.0, timeout_s))
         self._live = []
         self._last = None
+
+    # --- on demand over HTTP (a server thread) -------------------------------------------------
+
+    def request_on_demand(self, steps: int | None, min_interval_s: float) -> tuple[str, float]:
+        """A window for the next ``steps`` (None: the default) unless one is requested, pending or
+        running ("busy"), or the last one ended, or was requested, less than ``min_interval_s``
+        ago ("too_soon"); else "accepted". Also returns the seconds to wait before asking again."""
+        with self._lock:  # a boundary takes a request and schedules its window under it
+            if self.on_demand.pending or self._demand_start is not None or self._state != _IDLE:
+                return "busy", min_interval_s
+            now = time.monotonic()
+            last = max((t for t in (self._ended_at, self._requested_at) if t is not None), default=None)
+            if last is not None and now - last < min_interval_s:
+                return "too_soon", min_interval_s - (now - last)
+            self._requested_at = now
+            self.on_demand.request(steps)
+            return "accepted", 0.0
 
     # --- sharing the process's one profiler (coexist.py) --------------------------------------
 
@@ -456,7 +494,7 @@ class Windows:
     def _discard(self) -> None:
         """Ends a window without keeping it (torch's own way out of a warmup: start, then stop)."""
         kineto, self._kineto, state = self._kineto, None, self._state
-        self._state = _IDLE
+        self._state, self._ended_at = _IDLE, time.monotonic()
         if kineto is None:
             return
         try:
@@ -469,7 +507,7 @@ class Windows:
 
     def _stop_and_save(self) -> None:
         kineto, self._kineto = self._kineto, None
-        self._state = _IDLE
+        self._state, self._ended_at = _IDLE, time.monotonic()
         try:
             with coexist.own():
                 kineto.stop_trace()
