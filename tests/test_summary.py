@@ -207,6 +207,22 @@ def test_spool_at_full_detail_equals_the_trace(
     assert len(from_spool["sources"]) == len(result.requests)
 
 
+def test_spool_is_read_as_the_job_reads_it(
+    kineto_trace: FindTrace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO planted as a record is skipped (reading it blocked for ever); a folder others can
+    write is refused with the job's own message."""
+    import os
+
+    result = convert(kineto_trace(ALEXNET), detail="full", max_request_bytes=64 * 1024)
+    folder = _spool(tmp_path / "spool", result.requests)
+    os.mkfifo(folder / "0000000000000000000-1-0.otlp")
+    assert len(_summary_json(capsys, str(folder))["sources"]) == len(result.requests)
+    folder.chmod(0o777)
+    assert main(["summary", str(folder)]) == 1
+    assert "chmod 700" in capsys.readouterr().err
+
+
 def test_spool_at_default_detail_says_what_is_missing(
     kineto_trace: FindTrace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

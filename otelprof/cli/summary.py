@@ -85,13 +85,15 @@ def add_parser(
 
 def _add_folder(summary: Summary, folder: Path, args: argparse.Namespace) -> None:
     """A spool folder (``*.otlp`` records), else a folder of traces found as ``import`` finds them."""
-    from ..export.spool import SUFFIX
+    from ..export.spool import SUFFIX, Spool, folder_problem
     from ..importer.discover import KINETO, SourceError, find_sources
     from ..report.summary import add_requests
 
-    records = sorted(folder.glob(f"*{SUFFIX}"))
-    if records:
-        add_requests(summary, [(str(r), r.read_bytes()) for r in records], args.group_by_input_shape)
+    if any(folder.glob(f"*{SUFFIX}")):
+        problem = folder_problem(folder)
+        if problem is not None:  # read as the job would: never through a link, nor another's files
+            raise CliError(problem)
+        add_requests(summary, [(str(r), data) for r, data in Spool(folder)], args.group_by_input_shape)
         return
     try:
         sources = find_sources([folder])
