@@ -10,7 +10,7 @@ import logging
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import otelprof
 from capture import live_session
+from capture.test_windows import _train as _train_steps
 from otelprof.otlp import ids
 
 torch = pytest.importorskip("torch")
@@ -44,18 +45,6 @@ def _instrument(rec: HttpReceiver, tmp_path: Path, **extra: str) -> otelprof.ins
         "OTELPROF_PROFILE_SKIP_FIRST": "999",  # only the triggered windows
     }
     return live_session.start(rec.port, tmp_path, **{"OTELPROF_RUN_ID": "trigger", **quiet, **extra})
-
-
-def _train(between: Callable[[int], None]) -> None:
-    torch.manual_seed(0)
-    loader = torch.utils.data.DataLoader(torch.randn(STEPS * 4, 16), batch_size=4)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for i, batch in enumerate(loader):
-        model(batch).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-        between(i)
 
 
 def _call(port: int, path: str = "/profile", token: str | None = None, method: str = "POST") -> Reply:
@@ -123,7 +112,7 @@ def test_a_token_guards_the_trigger_and_every_refusal_is_counted(
             replies["soon"] = _call(port, token=TOKEN)
             replies["long"] = _call(port, "/profile?steps=21", token=TOKEN)
 
-    _train(calls)
+    _train_steps(STEPS, calls)
     assert session.metrics_port is not None
     metrics = _call(session.metrics_port, "/metrics", method="GET")
     triggers = _triggers(session.metrics_port)
@@ -168,7 +157,7 @@ def test_a_flood_of_posts_starts_one_window(receiver: HttpReceiver, tmp_path: Pa
                     statuses.append(status)
                 assert status == 202 or int(headers["Retry-After"]) >= 1
 
-    _train(flood)
+    _train_steps(STEPS, flood)
     assert session.metrics_port is not None
     counts = _counts(session.metrics_port)
     live_session.stop(session)
@@ -191,7 +180,7 @@ def test_without_an_interval_windows_still_come_one_at_a_time(receiver: HttpRece
             statuses.append((i, _call(port)[0]))
             statuses.append((i, _call(port)[0]))
 
-    _train(calls)
+    _train_steps(STEPS, calls)
     live_session.stop(session)
     assert statuses == [(1, 202), (1, 429), (5, 202), (5, 429)]
     assert _profiled_steps(receiver) == [3, 4, 7, 8]
@@ -215,7 +204,7 @@ def test_beyond_loopback_the_trigger_needs_a_token(
             assert session.metrics_port is not None
             replies.append(_call(session.metrics_port, token=token or None))
 
-    _train(calls)
+    _train_steps(STEPS, calls)
     assert session.metrics_port is not None
     metrics = _call(session.metrics_port, "/metrics", method="GET")
     counts = _counts(session.metrics_port)
