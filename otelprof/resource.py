@@ -5,17 +5,16 @@ Bad values never raise: each logs one warning naming the variable and what is us
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from ._version import __version__
 from .converter import ConvertOptions
-from .settings import first_set, text, value
+from .settings import EntryWarnings, first_set, quoted, text, value
 from .settings.variables import (
     OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT,
     OTEL_RESOURCE_ATTRIBUTES,
@@ -73,14 +72,16 @@ def resource_attributes_from_env(environ: Mapping[str, str] = os.environ) -> tup
     replaces any ``service.name`` entry. ``service.name``, when present, comes first.
     """
     attrs: dict[str, str] = {}
+    skipped = EntryWarnings(_log)
     for entry in (text(environ, OTEL_RESOURCE_ATTRIBUTES) or "").split(","):
         if not entry.strip():
             continue
         parsed = _parse_entry(entry)
         if isinstance(parsed, str):
-            _log.warning("%s: ignoring invalid entry %r (%s)", OTEL_RESOURCE_ATTRIBUTES, entry, parsed)
+            skipped.warn("%s: ignoring invalid entry %s (%s)", OTEL_RESOURCE_ATTRIBUTES, quoted(entry), parsed)
             continue
         attrs[parsed[0]] = parsed[1]
+    skipped.done()
     service = text(environ, OTEL_SERVICE_NAME)
     if service:
         attrs[SERVICE_NAME] = service
@@ -94,26 +95,31 @@ def _attribute_value_length_limit(environ: Mapping[str, str]) -> int:
     return int(value(environ, name, _log))
 
 
+#: The :class:`ConvertOptions` fields the environment gives, each with its reader.
+_FIELDS: dict[str, Callable[[Mapping[str, str]], Any]] = {
+    "run_id": lambda environ: value(environ, OTELPROF_RUN_ID, _log),
+    "detail": lambda environ: value(environ, OTELPROF_DETAIL, _log),
+    "min_duration_ns": lambda environ: round(value(environ, OTELPROF_MIN_DURATION_US, _log) * 1000),
+    "max_request_bytes": lambda environ: value(environ, OTELPROF_MAX_REQUEST_BYTES, _log),
+    "attribute_value_length_limit": _attribute_value_length_limit,
+    "split_world_size": lambda environ: value(environ, OTELPROF_SPLIT_WORLD_SIZE, _log),
+    "span_budget": lambda environ: value(environ, OTELPROF_SPAN_BUDGET, _log),
+    "resource_attributes": resource_attributes_from_env,
+}
+
+
 def options_from_env(environ: Mapping[str, str] = os.environ, **overrides: Any) -> ConvertOptions:
     """:class:`ConvertOptions` from ``OTELPROF_*``, ``OTEL_SERVICE_NAME``,
     ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_[SPAN_]ATTRIBUTE_VALUE_LENGTH_LIMIT``, with
     ``scope_version`` set to otelprof's version.
 
     Keyword ``overrides`` (any :class:`ConvertOptions` field) take precedence over the
-    environment; unlike environment values, a bad override raises ``ValueError``.
+    environment, whose variables for them are not read: a value the caller already read (the
+    live session's resource attributes) warns once, not again here. Unlike environment values,
+    a bad override raises ``ValueError``.
     """
-    opts = ConvertOptions(
-        run_id=value(environ, OTELPROF_RUN_ID, _log),
-        detail=value(environ, OTELPROF_DETAIL, _log),
-        min_duration_ns=round(value(environ, OTELPROF_MIN_DURATION_US, _log) * 1000),
-        max_request_bytes=value(environ, OTELPROF_MAX_REQUEST_BYTES, _log),
-        attribute_value_length_limit=_attribute_value_length_limit(environ),
-        split_world_size=value(environ, OTELPROF_SPLIT_WORLD_SIZE, _log),
-        span_budget=value(environ, OTELPROF_SPAN_BUDGET, _log),
-        resource_attributes=resource_attributes_from_env(environ),
-        scope_version=__version__,
-    )
-    return dataclasses.replace(opts, **overrides) if overrides else opts
+    read = {name: reader(environ) for name, reader in _FIELDS.items() if name not in overrides}
+    return ConvertOptions(**{"scope_version": __version__, **read, **overrides})
 
 
 __all__ = ["options_from_env", "resource_attributes_from_env"]

@@ -4,7 +4,9 @@ over OTLP/HTTP and OTLP/gRPC; the metrics port, the configuration, the spool, to
 from __future__ import annotations
 
 import base64
+import errno
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -22,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from otelprof.cli import main
 from otelprof.export.spool import Spool
+from otelprof.settings import quoted
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECRET = "Bearer s3cr3t-t0ken"
@@ -249,6 +252,50 @@ def test_a_spool_folder_others_can_write_fails(
     _, checks, _ = _doctor(capsys)
     [(status, message)] = checks["spool"]
     assert status == "fail" and str(folder) in message and "chmod 700" in message
+
+
+def test_a_spool_folder_the_system_cannot_look_at_fails_in_one_line(
+    env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A link on the way to the folder names a file too long for the system: looking at the
+    folder raised OSError (ENAMETOOLONG), which doctor reported as a bug of its own."""
+    (tmp_path / "link").symlink_to("x" * 300)
+    folder = tmp_path / "link" / "spool"
+    env.setenv("OTELPROF_SPOOL_DIR", str(folder))
+    code, checks, out = _doctor(capsys)
+    reason = os.strerror(errno.ENAMETOOLONG)
+    assert checks["spool"] == [("fail", f"{str(folder)!r}: cannot read it ({reason}): set OTELPROF_SPOOL_DIR")]
+    assert code == 1 and "Traceback" not in out
+
+
+def test_long_and_control_values_are_shown_quoted_cut_short_and_masked_first(
+    env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 100k-character value made 100k-character lines (the listing, the warning, the export
+    check). Masking comes before cutting: the cut keeps the URL's start, where a password is."""
+    endpoint = "http://us3r:pa55w0rd@[" + "h" * 100_000  # not a URL (an unclosed IPv6 bracket)
+    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    env.setenv("OTEL_SERVICE_NAME", "s" * 100_000)
+    env.setenv("OTELPROF_RUN_ID", "run\x1b[31m")
+    code, checks, out = _doctor(capsys)
+    assert code == 0 and "us3r" not in out and "pa55w0rd" not in out
+    lines = out.splitlines()
+    assert [line[:100] for line in lines if len(line) > 400] == []
+    shown = quoted("http://***@[" + "h" * 100_000)
+    assert f"  OTEL_EXPORTER_OTLP_ENDPOINT={shown}" in lines
+    assert f"  OTEL_SERVICE_NAME={quoted('s' * 100_000)}" in lines
+    assert "  OTELPROF_RUN_ID='run\\x1b[31m'" in lines  # no terminal escape reaches the screen
+    assert (
+        "warn",
+        f"OTEL_EXPORTER_OTLP_ENDPOINT={shown} is not an http(s) URL; ignored: spans go to the spool,"
+        " as with no endpoint",
+    ) in checks["config"]
+    assert checks["export"] == [
+        (
+            "warn",
+            f"no endpoint: OTEL_EXPORTER_OTLP_ENDPOINT={shown} is not an http(s) URL, so spans only go to the spool",
+        )
+    ]
 
 
 def test_json_format(env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ HOSTILE: dict[str, str] = {
     "traversal": "../../etc/passwd",
     "unicode-digits": "١٢٣",
     "no-such-user": "~otelprof-no-such-user/x",
+    # an IP address sockets refuse (their IDNA codec: a label past 63 characters): /metrics raised
+    "long-ipv6-zone": "fe80::1%" + "x" * 70,
+    "signal-module-constant": "SIG_DFL",  # an integer of the signal module, no signal: it raised
 }
 
 #: Every reader of the process environment (a ``*_from_env`` function, or one taking ``environ``).
@@ -250,6 +254,25 @@ def test_entry_point_takes_hostile_values(entry: str, raw_id: str, entry_point_r
         assert run["stdout"].splitlines()[-1:] == ["steps 3"], why
 
 
+#: A warning line a variable's name starts: the log's, or doctor's configuration check's.
+_NAMED = re.compile(r"(?:otelprof: warning: |\[warn\] config: )([A-Z][A-Z0-9_]*)(?=[=: ])")
+
+
+@pytest.mark.parametrize(("entry", "raw_id"), [(entry, raw_id) for entry in ENTRY_POINTS for raw_id in HOSTILE])
+def test_entry_point_warns_once_per_variable_in_short_lines(
+    entry: str, raw_id: str, entry_point_runs: dict[str, Any]
+) -> None:
+    """Each variable is read once per process, so it warns once (a job read OTEL_SDK_DISABLED,
+    OTEL_RESOURCE_ATTRIBUTES and OTELPROF_MAX_REQUEST_BYTES twice; import the endpoint); and a
+    value is quoted cut short, never whole (the 100k-character value made 100k-character lines)."""
+    run = entry_point_runs[f"{entry}/{raw_id}"]
+    for stream in ("stdout", "stderr"):
+        lines = run[stream].splitlines()
+        assert [line[:200] for line in lines if len(line) > 600] == [], stream
+        named = Counter(m.group(1) for m in map(_NAMED.match, lines) if m and m.group(1) in VARIABLES)
+        assert {name: n for name, n in named.items() if n > 1} == {}, run[stream][-3000:]
+
+
 # --- the driver: `python tests/test_hostile_settings.py TRACE OUT` ----------------------------------
 
 _CHILD_DEADLINE_S = 60.0
@@ -339,3 +362,19 @@ def _drive(trace: str, out: Path) -> None:
 
 if __name__ == "__main__":
     _drive(sys.argv[1], Path(sys.argv[2]))
+
+
+def test_a_second_instrument_does_not_warn_again(tmp_path: Path) -> None:
+    """instrument() twice (a framework callback and the user's own line): the second is ignored
+    before it reads anything, so each bad value is still warned about once."""
+    code = "import otelprof\notelprof.instrument()\notelprof.instrument()\notelprof.uninstrument()\n"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELPROF_"))},
+        "OTELPROF_PROFILE_WAIT": "soon",
+        "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),
+        "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+    }
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("OTELPROF_PROFILE_WAIT='soon'") == 1, out.stderr
+    assert "ignoring the second instrument()" in out.stderr

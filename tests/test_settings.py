@@ -4,6 +4,7 @@ with the code's, and README tables generated from it."""
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -55,15 +56,33 @@ def test_hosts_are_addresses_or_host_names(raw: str) -> None:
     assert Host().parse(raw) == raw
 
 
-@pytest.mark.parametrize("raw", ["http://[::1", "../../etc/passwd", "host:9464", "-1", "999", "a b", "x" * 254, "١٢٣"])
+@pytest.mark.parametrize(
+    "raw",
+    ["http://[::1", "../../etc/passwd", "host:9464", "-1", "999", "a b", "x" * 254, "١٢٣", "fe80::1%" + "x" * 56],
+)
 def test_other_hosts_warn_and_keep_the_default(raw: str, caplog: pytest.LogCaptureFixture) -> None:
     """Before, OTEL_EXPORTER_PROMETHEUS_HOST took any text: a long one made the metrics server
-    and ``otelprof doctor`` raise UnicodeError (the IDNA codec) instead of failing to resolve."""
+    and ``otelprof doctor`` raise UnicodeError (the IDNA codec) instead of failing to resolve.
+    So did an IPv6 address whose zone makes a label past 63 characters (the session stopped)."""
     with caplog.at_level(logging.WARNING):
         assert settings_from_env({"OTEL_EXPORTER_PROMETHEUS_HOST": raw}).metrics_host == "localhost"
     assert [r.getMessage() for r in caplog.records] == [
         f"OTEL_EXPORTER_PROMETHEUS_HOST={settings.quoted(raw)} is not an IP address or a host name; using localhost"
     ]
+
+
+@pytest.mark.parametrize("raw", ["SIG_DFL", "SIG_BLOCK", "_ign", "KILL", "sigstop", "SIGNOPE"])
+def test_the_trigger_signal_is_one_a_handler_can_take(raw: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``SIG_DFL``/``SIG_BLOCK`` (integers of the signal module, no signals) made settings_from_env
+    raise ValueError into ``import otelprof.auto``; ``SIG_IGN`` became SIGHUP; KILL and STOP made
+    the windows raise OSError at the first step (otelprof switched itself off)."""
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # else the default is left alone too
+    with caplog.at_level(logging.WARNING):
+        assert settings_from_env({"OTELPROF_TRIGGER_SIGNAL": raw}).windows.trigger_signal == signal.SIGUSR2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"OTELPROF_TRIGGER_SIGNAL={raw!r} is not a signal a handler can take; using SIGUSR2"
+    ]
+    assert settings_from_env({"OTELPROF_TRIGGER_SIGNAL": "usr1"}).windows.trigger_signal == signal.SIGUSR1
 
 
 @pytest.mark.parametrize("raw", ["nan", "inf", "-2", "fast", "1_0", "0x1p3"])

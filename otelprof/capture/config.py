@@ -28,7 +28,7 @@ from ..environment_variables import (
     OTELPROF_TRIGGER_SIGNAL,
 )
 from ..export.config import sdk_disabled
-from ..settings import text, value
+from ..settings import EntryWarnings, quoted, text, value
 from ..settings.variables import OTELPROF_PROFILE_MAX_STEPS, OTELPROF_PROFILE_MIN_INTERVAL, OTELPROF_PROFILE_TOKEN
 from .metrics.server import TriggerGuard
 from .windows.profiling import WindowSettings
@@ -47,12 +47,16 @@ class Settings:
     trigger: TriggerGuard = field(default_factory=TriggerGuard)  # POST /profile's token and limits
     cuda_events: bool = True
     windows: WindowSettings = field(default_factory=WindowSettings)
+    #: ``OTEL_SDK_DISABLED`` as read here: the session's exporter takes it (read once, warned once)
+    sdk_disabled: bool = False
 
 
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
-    enabled = value(environ, OTELPROF_ENABLED, _log) and not sdk_disabled(environ)
+    enabled = value(environ, OTELPROF_ENABLED, _log)
+    disabled = sdk_disabled(environ)
     return Settings(
-        enabled=enabled,
+        enabled=enabled and not disabled,
+        sdk_disabled=disabled,
         metrics_host=value(environ, OTEL_EXPORTER_PROMETHEUS_HOST, _log),
         metrics_port=value(environ, OTEL_EXPORTER_PROMETHEUS_PORT, _log),
         http_trigger=value(environ, OTELPROF_TRIGGER_HTTP, _log),
@@ -68,17 +72,19 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
 
 def windows_from_env(environ: Mapping[str, str]) -> WindowSettings:
     options = {}
+    skipped = EntryWarnings(_log)
     for name in (text(environ, OTELPROF_PROFILE_OPTIONS) or "").split(","):
         name = name.strip()
         if name in PROFILER_OPTIONS:
             options[name] = True
         elif name:
-            _log.warning(
-                "%s: ignoring unknown option %r (known: %s)",
+            skipped.warn(
+                "%s: ignoring unknown option %s (known: %s)",
                 OTELPROF_PROFILE_OPTIONS,
-                name,
+                quoted(name),
                 ", ".join(PROFILER_OPTIONS),
             )
+    skipped.done()
     return WindowSettings(
         enabled=value(environ, OTELPROF_PROFILE, _log),
         skip_first=value(environ, OTELPROF_PROFILE_SKIP_FIRST, _log),
@@ -98,12 +104,15 @@ def windows_from_env(environ: Mapping[str, str]) -> WindowSettings:
 def _signal(environ: Mapping[str, str]) -> int | None:
     import signal
 
-    raw = value(environ, OTELPROF_TRIGGER_SIGNAL, _log).upper()
+    given = value(environ, OTELPROF_TRIGGER_SIGNAL, _log)
+    raw = given.upper()
     if raw == "NONE":
         return None
-    number = getattr(signal, raw if raw.startswith("SIG") else "SIG" + raw, None)
-    if not isinstance(number, int):
-        _log.warning("%s=%r is not a signal name; using SIGUSR2", OTELPROF_TRIGGER_SIGNAL, raw)
+    # signals only: the module's other integers (SIG_DFL, SIG_BLOCK) made getsignal() raise;
+    # KILL and STOP cannot be handled (signal.signal() raised when the windows started)
+    number = signal.Signals.__members__.get(raw if raw.startswith("SIG") else "SIG" + raw)
+    if number is None or number.name in ("SIGKILL", "SIGSTOP"):
+        _log.warning("%s=%s is not a signal a handler can take; using SIGUSR2", OTELPROF_TRIGGER_SIGNAL, quoted(given))
         number = getattr(signal, "SIGUSR2", None)
     if number is None or signal.getsignal(number) not in (signal.SIG_DFL, None):
         return None  # the program handles it itself (or the platform has no such signal)

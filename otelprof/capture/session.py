@@ -132,7 +132,7 @@ class Session:
             exporter = self.exporter
             if exporter is None:
                 exporter = self.exporter = Exporter(
-                    exporter_config_from_env(self._environ),
+                    exporter_config_from_env(self._environ, disabled=self.settings.sdk_disabled),
                     spool_dir=spool_dir_from_env(self._environ),
                     registry=self.registry,
                 )
@@ -146,9 +146,12 @@ class Session:
             self.metrics.count_eval(lambda: tracker.eval_forwards)
             if self.straggler is not None:
                 self.straggler.register(self.identity.labels(), self.registry)
-            resource = _resource(self.identity, self._environ)
+            # read once for the step spans and the windows' options (one warning each)
+            attributes = resource_attributes_from_env(self._environ)
+            max_request_bytes = value(self._environ, OTELPROF_MAX_REQUEST_BYTES, _log)
+            resource = _resource(self.identity, self._environ, attributes)
             self.spans = StepSpans(exporter, self.identity, resource, self.metrics.span_dropped)
-            self.spans.max_request_bytes = value(self._environ, OTELPROF_MAX_REQUEST_BYTES, _log)
+            self.spans.max_request_bytes = max_request_bytes
             metric_exporters = otlp_metrics.exporters(self._environ)
             if "prometheus" in metric_exporters:
                 self._serve_metrics()
@@ -161,6 +164,8 @@ class Session:
                     rank=self.identity.rank,
                     world_size=self.identity.world_size,
                     scope_version=__version__,
+                    resource_attributes=attributes,
+                    max_request_bytes=max_request_bytes,
                 )
                 # a window's spans carry the step spans' resource (LiveResource rewrites it)
                 live_resource = LiveResource(resource)
@@ -431,7 +436,10 @@ def _live_step(number: int, trace_id: bytes, base: int, ordinal: int, phases: li
     )
 
 
-def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
+def _resource(
+    identity: Identity, environ: Mapping[str, str], attributes: tuple[tuple[str, str], ...] | None = None
+) -> Attrs:
+    """``attributes``: the environment's resource attributes, when the caller has read them."""
     import socket
 
     facts = ResourceFacts(
@@ -443,7 +451,9 @@ def _resource(identity: Identity, environ: Mapping[str, str]) -> Attrs:
         run_id=identity.run_id,
     )
     # telemetry.sdk.version as the converter's window resource has it (scope_version)
-    return compose_resource(resource_attributes_from_env(environ), __version__, facts)[0]
+    if attributes is None:
+        attributes = resource_attributes_from_env(environ)
+    return compose_resource(attributes, __version__, facts)[0]
 
 
 def instrument(
@@ -457,11 +467,11 @@ def instrument(
     torch is missing. Calling it again returns the running session."""
     global _session
     env = os.environ if environ is None else environ
-    settings = settings_from_env(env)
     with _lock:
         if _session is not None:
             _log.warning("otelprof is already instrumenting this process; ignoring the second instrument()")
             return _session
+        settings = settings_from_env(env)  # read (and warned about) once: not by a second call
         if not settings.enabled:
             return None
         try:

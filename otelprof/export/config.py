@@ -20,7 +20,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from .. import environment_variables as ev
-from ..settings import first_set, text, value
+from ..settings import EntryWarnings, first_set, is_utf8, quoted, text, value
 from .redact import HEADER_NAME, redact_url
 
 _log = logging.getLogger(__name__)
@@ -106,12 +106,21 @@ def endpoint_variable(environ: Mapping[str, str] = os.environ) -> tuple[str, str
 
 
 def why_no_endpoint(environ: Mapping[str, str] = os.environ) -> str:
-    """Why an exporter has no endpoint, for messages: unset, or set to something unusable."""
-    found = endpoint_variable(environ)
-    if found is None:
+    """Why an exporter has no endpoint, for messages: unset, or set to something unusable.
+    Logs nothing: reading the exporter's config warned about the value already."""
+    name = first_set(environ, ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, ev.OTEL_EXPORTER_OTLP_ENDPOINT)
+    if name is None:
         return "OTEL_EXPORTER_OTLP_ENDPOINT is unset"
-    name, value = found
-    return f"{name}={redact_url(value)!r} is not an http(s) URL"
+    raw = environ[name].strip()
+    if not is_utf8(raw):
+        return f"{name} has bytes that are not UTF-8"
+    return f"{name}={_shown_url(raw)} is not an http(s) URL"
+
+
+def _shown_url(raw: str) -> str:
+    """An endpoint as messages show it: credentials masked first, then cut short (a cut could
+    leave part of a secret unmasked)."""
+    return quoted(redact_url(raw))
 
 
 def _url(environ: Mapping[str, str], protocol: Protocol) -> tuple[str, bool, bool | None, str]:
@@ -137,7 +146,7 @@ def _url(environ: Mapping[str, str], protocol: Protocol) -> tuple[str, bool, boo
     bad_scheme = scheme not in ("", "http", "https") or (protocol != "grpc" and not scheme)
     if parts is None or bad_scheme or not parts.hostname:
         _log.warning(
-            "%s=%r is not an http(s) URL; ignored: spans go to the spool, as with no endpoint", name, redact_url(raw)
+            "%s=%s is not an http(s) URL; ignored: spans go to the spool, as with no endpoint", name, _shown_url(raw)
         )
         return _with_path(default, protocol, signal_specific=False), False, False, ""
     userinfo, _, host_port = parts.netloc.rpartition("@")
@@ -166,20 +175,26 @@ def _headers(environ: Mapping[str, str], protocol: Protocol) -> tuple[tuple[str,
     headers: list[tuple[str, str]] = []
     # values may be credentials, and so may a "name" with a mistyped separator in it:
     # messages say where, never what
+    skipped = EntryWarnings(_log)
     for position, entry in enumerate(raw.split(","), start=1):
         key, sep, value = entry.partition("=")
         key, value = key.strip(), unquote(value.strip())
         lower = key.lower()  # as sent; checked before: "\u212a".lower() is "k"
         if not sep or not key:
-            _log.warning("%s: entry %d is not key=value; skipped", name, position)
+            skipped.warn("%s: entry %d is not key=value; skipped", name, position)
         elif not HEADER_NAME.fullmatch(key):
-            _log.warning("%s: entry %d: the header name is not an HTTP token; skipped", name, position)
+            skipped.warn("%s: entry %d: the header name is not an HTTP token; skipped", name, position)
         elif protocol == "grpc" and (not _GRPC_KEY.fullmatch(lower) or lower.endswith("-bin")):
-            _log.warning("%s: header %r is not a gRPC text metadata key (a-z 0-9 - _ .; no -bin); skipped", name, lower)
+            skipped.warn(
+                "%s: header %s is not a gRPC text metadata key (a-z 0-9 - _ .; no -bin); skipped", name, quoted(lower)
+            )
         elif not _HEADER_VALUE.fullmatch(value):
-            _log.warning("%s: header %r has a control or non-ASCII character in its value; skipped", name, lower)
+            skipped.warn(
+                "%s: header %s has a control or non-ASCII character in its value; skipped", name, quoted(lower)
+            )
         else:
             headers.append((lower, value))
+    skipped.done()
     return tuple(headers)
 
 
@@ -220,12 +235,16 @@ def _file(environ: Mapping[str, str], traces_name: str, general_name: str) -> st
     if path is None:
         return None
     if not os.path.isfile(path):
-        _log.warning("%s=%r is not a readable file; ignored", name, environ[name].strip())
+        _log.warning("%s=%s is not a readable file; ignored", name, quoted(environ[name].strip()))
         return None
     return str(path)
 
 
-def exporter_config_from_env(environ: Mapping[str, str] = os.environ) -> ExporterConfig:
+def exporter_config_from_env(
+    environ: Mapping[str, str] = os.environ, *, disabled: bool | None = None
+) -> ExporterConfig:
+    """``disabled``: ``OTEL_SDK_DISABLED`` as the caller already read it (the instrumentor's
+    settings), so that its warning is not repeated; None reads it here."""
     protocol = _protocol(environ)
     url, configured, tls_from_scheme, userinfo = _url(environ, protocol)
     # the INSECURE flag only decides for a gRPC endpoint given without a scheme
@@ -246,5 +265,5 @@ def exporter_config_from_env(environ: Mapping[str, str] = os.environ) -> Exporte
             environ, ev.OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE, ev.OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE
         ),
         insecure=insecure,
-        disabled=sdk_disabled(environ),
+        disabled=sdk_disabled(environ) if disabled is None else disabled,
     )

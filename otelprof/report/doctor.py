@@ -18,9 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..export.config import ExporterConfig, exporter_config_from_env
 from ..export.redact import redact_headers, redact_url
+from ..settings import quoted
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -81,9 +83,19 @@ def settings(environ: Mapping[str, str]) -> list[Setting]:
     return sorted(out, key=lambda s: s.name)
 
 
+#: Longest value doctor shows as given; a longer one, or one with control characters, is quoted
+#: as warnings quote it (escaped, cut short): a 100k-character value is no help on a line.
+SHOWN_CHARS = 300
+
+
+def _shown(text: str) -> str:
+    return text if text.isprintable() and len(text) <= SHOWN_CHARS else quoted(text)
+
+
 def _given(environ: Mapping[str, str], name: str) -> str | None:
     value = environ.get(name, "")
-    return mask(name, value) if value.strip() else None
+    # masked first: a value cut short could keep part of a secret the mask would have hidden
+    return _shown(mask(name, value)) if value.strip() else None
 
 
 @contextmanager
@@ -112,12 +124,14 @@ def _captured_warnings() -> Iterator[list[str]]:
 def check_configuration(environ: Mapping[str, str]) -> list[Check]:
     """Reads the environment as otelprof will: each bad value (and unknown OTELPROF_ name) is a warning."""
     from ..capture.config import settings_from_env
+    from ..export.exporter import spool_dir_from_env
     from ..resource import options_from_env
 
     with _captured_warnings() as warnings:
         exporter_config_from_env(environ)
         options_from_env(environ)
         settings_from_env(environ)
+        spool_dir_from_env(environ)
     known = known_variables()
     checks = [Check("config", WARN, line) for line in dict.fromkeys(warnings)]
     for name in sorted(environ):
@@ -145,7 +159,7 @@ def check_export(environ: Mapping[str, str], timeout_s: float = 5.0) -> Check:
     if not cfg.endpoint_configured:
         return Check("export", WARN, f"no endpoint: {why_no_endpoint(environ)}, so spans only go to the spool")
     cfg = dataclasses.replace(cfg, timeout_s=min(cfg.timeout_s, timeout_s))
-    where = f"{cfg.protocol} {redact_url(cfg.url)}"
+    where = f"{cfg.protocol} {_shown(redact_url(cfg.url))}"
     send, close = transport(cfg)
     started = time.perf_counter()
     try:
@@ -197,8 +211,17 @@ def _hint(cfg: ExporterConfig, message: str) -> str:
 # --- Prometheus ------------------------------------------------------------------------------
 
 
+def _why(exc: OSError | UnicodeError) -> str:
+    """An error's reason, short: its strerror (an OSError's message may repeat a long path)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return quoted(str(exc))  # a UnicodeError's quotes the text it could not encode
+
+
 def check_prometheus(environ: Mapping[str, str], timeout_s: float = 2.0) -> Check:
-    """Whether the /metrics endpoint can listen where it is configured to."""
+    """Whether the /metrics endpoint can listen where it is configured to. The host and port
+    are the registry's; whatever the system makes of them (no such address family, a name the
+    IDNA codec refuses) is a failed line, not a traceback."""
     from ..capture.config import settings_from_env
 
     with _captured_warnings():
@@ -210,10 +233,19 @@ def check_prometheus(environ: Mapping[str, str], timeout_s: float = 2.0) -> Chec
         return Check("prometheus", OK, f"port 0: /metrics picks a free port on {host} at start (logged)")
     address = f"{host}:{port}"
     try:
-        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except OSError as exc:
+        return _listen_check(host, port, address, timeout_s)
+    except (OSError, UnicodeError) as exc:
         return Check(
-            "prometheus", FAIL, f"{address}: cannot resolve {host!r} ({exc}): set OTEL_EXPORTER_PROMETHEUS_HOST"
+            "prometheus", FAIL, f"{address}: cannot listen there ({_why(exc)}): set OTEL_EXPORTER_PROMETHEUS_HOST"
+        )
+
+
+def _listen_check(host: str, port: int, address: str, timeout_s: float) -> Check:
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as exc:
+        return Check(
+            "prometheus", FAIL, f"{address}: cannot resolve {host!r} ({_why(exc)}): set OTEL_EXPORTER_PROMETHEUS_HOST"
         )
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server binds
@@ -312,10 +344,21 @@ def check_native() -> Check:
 
 
 def check_spool(environ: Mapping[str, str]) -> Check:
+    """The spool folder and what waits in it. A folder the system cannot look at (a path
+    through a link to a name too long, a permission) is a failed line, not a traceback."""
     from ..export.exporter import spool_dir_from_env
+
+    with _captured_warnings():  # already reported by check_configuration
+        folder = spool_dir_from_env(environ)
+    try:
+        return _spool_check(environ, folder)
+    except (OSError, UnicodeError) as exc:
+        return Check("spool", FAIL, f"{quoted(str(folder))}: cannot read it ({_why(exc)}): set OTELPROF_SPOOL_DIR")
+
+
+def _spool_check(environ: Mapping[str, str], folder: Path) -> Check:
     from ..export.spool import DEFAULT_MAX_BYTES, SUFFIX, folder_problem
 
-    folder = spool_dir_from_env(environ)
     problem = folder_problem(folder)
     if problem is not None:
         return Check("spool", FAIL, problem)

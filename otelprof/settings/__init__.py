@@ -10,14 +10,15 @@ The README's tables and ``otelprof doctor``'s listing come from :data:`VARIABLES
 from __future__ import annotations
 
 from . import variables
-from ._kinds import Bool, Choice, Host, Int, Kind, Number, PathKind, Text
-from ._registry import VARIABLES, Variable, first_set, is_set, parse, quoted, text, value
+from ._kinds import Bool, Choice, Host, Int, Kind, Number, PathKind, Text, is_utf8
+from ._registry import VARIABLES, EntryWarnings, Variable, first_set, is_set, parse, quoted, text, value
 from ._tables import markdown_table, render_tables
 
 __all__ = [
     "VARIABLES",
     "Bool",
     "Choice",
+    "EntryWarnings",
     "Host",
     "Int",
     "Kind",
@@ -27,6 +28,7 @@ __all__ = [
     "Variable",
     "first_set",
     "is_set",
+    "is_utf8",
     "markdown_table",
     "parse",
     "quoted",

@@ -100,6 +100,10 @@ class Host(Kind):
         name = len(raw) <= 253 and all(_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
         if not (name or _is_ip_address(raw)):
             raise ValueError(raw)
+        try:  # what sockets do with it: an IPv6 zone past 63 characters raised UnicodeError there
+            raw.encode("idna")
+        except UnicodeError:
+            raise ValueError(raw) from None
         return raw
 
 

@@ -100,6 +100,31 @@ def quoted(raw: str) -> str:
     return f"{raw[:QUOTED_CHARS]!r}... ({len(raw)} characters)"
 
 
+class EntryWarnings:
+    """The bad entries of one list-valued variable (``key=value,...``): one warning in all, for
+    the first, saying how many more were skipped (a value of 50,000 bad entries is one line).
+    ``warn()`` each, then ``done()``."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._first: tuple[str, tuple[object, ...]] | None = None
+        self._more = 0
+
+    def warn(self, message: str, *args: object) -> None:
+        if self._first is None:
+            self._first = (message, args)
+        else:
+            self._more += 1
+
+    def done(self) -> None:
+        if self._first is not None:
+            message, args = self._first
+            if self._more:
+                message, args = message + " (and %d more entries skipped)", (*args, self._more)
+            self._log.warning(message, *args)
+        self._first, self._more = None, 0
+
+
 def value(environ: Mapping[str, str], name: str, log: logging.Logger | None = None) -> Any:
     """The registered variable ``name``'s value in ``environ`` (see :func:`parse`). ``log``: the
     reading module's logger, so a warning says which part of otelprof read the value."""

@@ -103,6 +103,15 @@ def test_headers_are_percent_decoded_and_never_logged(caplog: pytest.LogCaptureF
     assert not any("s3cr3t" in m for m in messages)
 
 
+def test_many_bad_header_entries_are_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        cfg = exporter_config_from_env({"OTEL_EXPORTER_OTLP_HEADERS": ",".join(["broken"] * 10_000) + ",a=b"})
+    assert cfg.headers == (("a", "b"),)
+    assert [r.getMessage() for r in caplog.records] == [
+        "OTEL_EXPORTER_OTLP_HEADERS: entry 1 is not key=value; skipped (and 9999 more entries skipped)"
+    ]
+
+
 @pytest.mark.parametrize(
     ("name", "value", "expected"),
     [

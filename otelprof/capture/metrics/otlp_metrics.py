@@ -27,7 +27,7 @@ from ...environment_variables import (
     OTEL_EXPORTER_OTLP_PROTOCOL,
     OTEL_METRICS_EXPORTER,
 )
-from ...settings import text
+from ...settings import quoted, text
 from ..steps.tracker import PHASES, Step
 
 _log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def exporters(environ: Mapping[str, str]) -> set[str]:
     names = {v.strip() for v in raw.split(",") if v.strip()}
     unknown = names - {"prometheus", "otlp", "none"}
     if unknown:
-        _log.warning("%s: ignoring unknown exporter(s) %s", OTEL_METRICS_EXPORTER, ", ".join(sorted(unknown)))
+        _log.warning("%s: ignoring unknown exporter(s) %s", OTEL_METRICS_EXPORTER, quoted(",".join(sorted(unknown))))
     return names & {"prometheus", "otlp"}
 
 
