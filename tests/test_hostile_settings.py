@@ -237,6 +237,7 @@ def entry_point_runs(tmp_path_factory: pytest.TempPathFactory, kineto_trace: Cal
 _UNRESOLVED_METRICS_HOST = re.compile(r"\[FAIL\] prometheus: .*: cannot resolve .*OTEL_EXPORTER_PROMETHEUS_HOST")
 
 
+@pytest.mark.slow  # about a hundred child processes, one fixture
 @pytest.mark.parametrize(("entry", "raw_id"), [(entry, raw_id) for entry in ENTRY_POINTS for raw_id in HOSTILE])
 def test_entry_point_takes_hostile_values(entry: str, raw_id: str, entry_point_runs: dict[str, Any]) -> None:
     run = entry_point_runs[f"{entry}/{raw_id}"]
@@ -258,6 +259,7 @@ def test_entry_point_takes_hostile_values(entry: str, raw_id: str, entry_point_r
 _NAMED = re.compile(r"(?:otelprof: warning: |\[warn\] config: )([A-Z][A-Z0-9_]*)(?=[=: ])")
 
 
+@pytest.mark.slow  # about a hundred child processes, one fixture
 @pytest.mark.parametrize(("entry", "raw_id"), [(entry, raw_id) for entry in ENTRY_POINTS for raw_id in HOSTILE])
 def test_entry_point_warns_once_per_variable_in_short_lines(
     entry: str, raw_id: str, entry_point_runs: dict[str, Any]

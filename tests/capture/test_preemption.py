@@ -23,6 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otelprof.export.spool import Spool
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # training subprocesses, signalled
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("lightning")
-
 from capture.test_preemption import _env, _spooled, _step_numbers, _updates
 from export.receivers import free_port, wait_until
 
+pytestmark = pytest.mark.slow  # training subprocesses, signalled
 SCRIPT = str(Path(__file__).resolve().parent / "lightning_sigterm_train.py")
 
 
