@@ -105,6 +105,7 @@ class StepSinkMetrics(NamedTuple):
     samples_rate: float | None
     tokens_rate: float | None
     micro_batches: int
+    skipped: int  # steps whose optimizer update was skipped
 
 class LastStep(NamedTuple):
     number: int

@@ -31,6 +31,7 @@ PyStructSequence_Field kMetricsFields[] = {
     {"samples_rate", "the last step's samples per second, or None"},
     {"tokens_rate", "the last step's tokens per second, or None"},
     {"micro_batches", "micro-batches of the steps folded"},
+    {"skipped", "steps folded whose optimizer update was skipped"},
     {nullptr, nullptr}};
 PyStructSequence_Field kLastFields[] = {{"number", "the step's number"},
                                         {"ordinal", "its span id ordinal (its phases take the next ones)"},
@@ -52,7 +53,7 @@ PyStructSequence_Field kFoldedFields[] = {
 PyStructSequence_Desc kHistogram = {"otelprof._native.StepHistogram", "A step-time histogram.", kHistogramFields, 2};
 PyStructSequence_Desc kExemplar = {"otelprof._native.StepExemplar", "A step-duration exemplar.", kExemplarFields, 4};
 PyStructSequence_Desc kMetrics = {"otelprof._native.StepSinkMetrics", "The step metrics folded so far.",
-                                  kMetricsFields, 11};
+                                  kMetricsFields, 12};
 PyStructSequence_Desc kLast = {"otelprof._native.LastStep", "The step the sink queued last.", kLastFields, 4};
 PyStructSequence_Desc kFolded = {"otelprof._native.FoldedStep", "The training step the sink folded last.",
                                  kFoldedFields, 8};
@@ -112,7 +113,7 @@ py::object PyStepSink::metrics() const {
     return named(metrics_type, {histogram(m.duration), std::move(exemplars), std::move(phases), py::int_(m.steps),
                                 py::int_(m.samples), py::int_(m.tokens), py::int_(m.spans_dropped),
                                 optional_float(m.last_step), optional_float(m.samples_rate),
-                                optional_float(m.tokens_rate), py::int_(m.micro_batches)});
+                                optional_float(m.tokens_rate), py::int_(m.micro_batches), py::int_(m.skipped)});
 }
 
 py::list PyStepSink::encode(const PyStepSpanEncoder& encoder, size_t max_bytes) {

@@ -80,10 +80,16 @@ PyObject* item(PyObject* tuple, Py_ssize_t k, Py_ssize_t size) {
     return PyTuple_GET_ITEM(tuple, k);
 }
 
+// A step record has 13 fields, or 14 with `skipped` (StepRecord's last, defaulted).
+Py_ssize_t record_size(PyObject* t) {
+    return PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 14 ? 14 : 13;
+}
+
 // (name, number, start_ns, end_ns, ordinal, trace_id|None, parent_id|None, samples|None,
-//  tokens|None, dropped_phases, [(phase, start_ns, end_ns, module|None), ...], micro_batches, window|None)
+//  tokens|None, dropped_phases, [(phase, start_ns, end_ns, module|None), ...], micro_batches, window|None
+//  [, skipped])
 otelprof::StepRecord to_record(PyObject* t) {
-    constexpr Py_ssize_t kSize = 13;
+    const Py_ssize_t kSize = record_size(t);
     otelprof::StepRecord r;
     r.name = utf8(item(t, 0, kSize));
     r.number = integer(item(t, 1, kSize));
@@ -98,6 +104,11 @@ otelprof::StepRecord to_record(PyObject* t) {
     r.micro_batches = integer(item(t, 11, kSize));
     PyObject* window = item(t, 12, kSize);
     if (window != Py_None) r.window = utf8(window);
+    if (kSize == 14) {
+        const int truth = PyObject_IsTrue(item(t, 13, kSize));
+        if (truth < 0) throw py::error_already_set();
+        r.skipped = truth == 1;
+    }
     PyObject* phases = item(t, 10, kSize);
     if (!PyList_Check(phases)) throw py::type_error("a step's phases are a list");
     const Py_ssize_t n = PyList_GET_SIZE(phases);

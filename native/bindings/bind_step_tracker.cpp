@@ -102,6 +102,9 @@ class LiveTracker {
     void end(Phase phase) {
         timed([this, phase](int64_t now) { core_.phase_end(phase, now); });
     }
+    void end_update() {
+        timed([this](int64_t now) { core_.update_end(now); });
+    }
 
     // A fetch ended: with a batch (its sizes, None: unknown) or none (the iterator was exhausted).
     void data_end(bool batch, PyObject* samples, PyObject* tokens) {
@@ -308,7 +311,7 @@ class LiveTracker {
     }
 
     // steps.Step(number, start_ns, end_ns, phases, phase_totals_ns, dropped_phases, samples,
-    // tokens, name, micro_batches, evaluation, window, phase_modules)
+    // tokens, name, micro_batches, evaluation, window, phase_modules, skipped)
     PyObject* make_step(const otelprof::TrackedStep& s) {
         py::list phases(s.phases.size()), modules(s.phases.size());
         size_t i = 0;
@@ -328,7 +331,7 @@ class LiveTracker {
         for (int k = 0; k < otelprof::kPhaseCount; ++k) {
             if (s.with_total & (1u << k)) totals[phase_names_[static_cast<size_t>(k)]] = py::int_(s.totals[k]);
         }
-        py::object args[13] = {
+        py::object args[14] = {
             py::int_(s.number),
             py::int_(s.start),
             py::int_(s.end),
@@ -342,10 +345,11 @@ class LiveTracker {
             py::bool_(s.evaluation),
             py::none(),  // window: the session sets it
             std::move(modules),
+            py::bool_(s.skipped),
         };
-        PyObject* argv[13];
-        for (int k = 0; k < 13; ++k) argv[k] = args[k].ptr();
-        return PyObject_Vectorcall(step_type_.ptr(), argv, 13, nullptr);
+        PyObject* argv[14];
+        for (int k = 0; k < 14; ++k) argv[k] = args[k].ptr();
+        return PyObject_Vectorcall(step_type_.ptr(), argv, 14, nullptr);
     }
 
     // The Python error now set stops the tracker (handed to on_error, then cleared).
@@ -447,6 +451,18 @@ PyObject* phase_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+// GradScaler.step returned (the hooks opened its optimizer phase with begin_optimizer).
+PyObject* update_end_hook(PyObject* self, PyObject* const*, Py_ssize_t) {
+    LiveTracker* t = from_capsule(self);
+    if (t == nullptr) return nullptr;
+    try {
+        t->end_update();
+    } catch (...) {
+        t->fail_with(out_of_memory());
+    }
+    Py_RETURN_NONE;
+}
+
 template <bool Batch>
 PyObject* data_end_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     LiveTracker* t = from_capsule(self);
@@ -482,6 +498,8 @@ PyMethodDef kHooks[] = {
     {"end_optimizer",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&phase_hook<false, Phase::kOptimizer>)),
      METH_FASTCALL, "The global optimizer step post-hook."},
+    {"end_update", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&update_end_hook)), METH_FASTCALL,
+     "A gradient scaler's step returned: the end of its optimizer phase (skipped when no optimizer stepped)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

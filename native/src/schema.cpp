@@ -113,6 +113,7 @@ constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
     "otelprof.iteration", "otelprof.iteration.source",
     "pytorch.gpu.kernel_name", "pytorch.memory.device",
     "otelprof.window.trigger", "input.value", "input.mime_type", "output.value", "output.mime_type",
+    "otelprof.step.skipped",
 };
 }  // namespace
 

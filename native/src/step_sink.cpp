@@ -59,6 +59,7 @@ StepRecord StepSink::make_record(const TrackedStep& step, const std::string& nam
     r.tokens = step.tokens;
     r.dropped_phases = step.dropped_phases;
     r.micro_batches = step.micro_batches;
+    r.skipped = step.skipped;
     r.window = std::move(window);
     r.phases.reserve(step.phases.size());
     for (const PhaseSpan& p : step.phases) {
@@ -119,6 +120,7 @@ void StepSink::fold(const TrackedStep& step, const std::optional<TraceId>& paren
     exemplar.value = seconds;
     exemplar.at = end;
     ++m.steps;
+    if (step.skipped) ++m.skipped;
     for (int k = 0; k < kPhaseCount; ++k) {
         if (step.with_total & (1u << k)) m.phases[static_cast<size_t>(k)].observe(static_cast<double>(step.totals[k]) / 1e9);
     }

@@ -30,7 +30,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
     for (const StepRecord& step : steps) span_count += 1 + step.phases.size();
     built.spans.reserve(span_count);
     built.order.reserve(span_count);
-    built.attrs.reserve((span_count * 2 + steps.size() * 9) * 13);
+    built.attrs.reserve((span_count * 2 + steps.size() * 10) * 13);
     auto attr = [&](Span& sp, AttrKey key, AttrValue v) {
         v.key = key;
         built.attrs.push_back(v);
@@ -65,6 +65,7 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
         if (step.tokens) attr(sp, kStepTokensKey, AttrValue::integer(*step.tokens));
         if (step.dropped_phases) attr(sp, kDroppedPhasesKey, AttrValue::integer(step.dropped_phases));
         if (step.micro_batches > 0) attr(sp, kStepMicroBatchesKey, AttrValue::integer(step.micro_batches));
+        if (step.skipped) attr(sp, kStepSkippedKey, AttrValue::boolean(true));
         if (!step.window.empty()) {
             // Windows.mark(): "recorded:early" is the mark, then the window's trigger
             const std::string_view mark(step.window);

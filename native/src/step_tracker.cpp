@@ -1,7 +1,9 @@
 #include "otelprof/step_tracker.hpp"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 namespace otelprof {
 
@@ -11,8 +13,8 @@ constexpr uint8_t bit(Phase p) { return static_cast<uint8_t>(1u << index(p)); }
 }  // namespace
 
 void StepTracker::reset_step() {
-    optimized_ = backward_ = scoped_ = false;
-    forwards_ = nograd_ = last_opt_end_ = 0;
+    optimized_ = backward_ = scoped_ = updated_ = skipped_ = false;
+    forwards_ = nograd_ = last_opt_end_ = pending_ = pending_start_ = cut_ = 0;
     opts_.clear();
 }
 
@@ -33,7 +35,7 @@ bool StepTracker::in_stack(Phase phase) const {
 
 bool StepTracker::forward_is_outermost() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return depth_[index(Phase::kForward)] == 0;
+    return depth_[index(Phase::kForward)] == 0 && depth_[index(Phase::kBackward)] == 0;
 }
 
 int64_t StepTracker::eval_forwards() {
@@ -44,6 +46,10 @@ int64_t StepTracker::eval_forwards() {
 void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad, uint32_t module) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int p = index(phase);
+    if (phase == Phase::kForward && depth_[index(Phase::kBackward)]) {
+        ++recompute_;  // autograd recomputes it (checkpointing): backward's time
+        return;
+    }
     if (depth_[p] && phase == Phase::kData) {  // the last fetch never ended: forget it
         depth_[p] = 0;
         const auto it = std::find(stack_.begin(), stack_.end(), phase);
@@ -51,6 +57,7 @@ void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad,
     }
     if (depth_[p]) {
         ++depth_[p];  // a nested call (a submodule's forward): counted once
+        if (phase == Phase::kOptimizer) opt_inner_ = true;  // the optimizer stepped inside a scaler's step
         return;
     }
     if (phase == Phase::kForward) forward_seen();
@@ -79,9 +86,10 @@ void StepTracker::phase_begin(Phase phase, int64_t now, uint64_t key, bool grad,
         ++forwards_;
         if (!grad) ++nograd_;
     } else if (phase == Phase::kBackward) {
-        backward_ = true;
+        backward_ = backward_seen_ = true;
     } else if (phase == Phase::kOptimizer) {
         opt_key_ = key;
+        opt_inner_ = false;
     }
 }
 
@@ -90,14 +98,9 @@ bool StepTracker::decide(Phase phase, uint64_t key, bool grad, int64_t now) {
         on_data_fetch(now);
     } else if (phase == Phase::kForward && !grad) {
         const bool had = current_.has_value();
+        if (had && optimized_ && !scoped_ && !explicit_) return after_update(now);
         if (!had || optimized_ || (current_->phases.empty() && !scoped_)) {
-            if (had && !scoped_ && !explicit_) {
-                if (optimized_) {
-                    close(now);
-                } else {
-                    discard();  // a step opened at the last update, nothing in it yet
-                }
-            }
+            if (had && !scoped_ && !explicit_) discard();  // a step opened at the last update, nothing in it yet
             return !had || !scoped_;
         }
     } else if (phase == Phase::kOptimizer && current_ && !explicit_ &&
@@ -107,17 +110,44 @@ bool StepTracker::decide(Phase phase, uint64_t key, bool grad, int64_t now) {
     return false;
 }
 
+// A no-grad forward after the step's update: the step's own (false) while no more than it usually
+// has, else evaluation (true) from the first beyond the last step's count on.
+bool StepTracker::after_update(int64_t now) {
+    if (++pending_ == 1) pending_start_ = now;
+    if (pending_ == kept_ + 1) cut_ = now;
+    const int64_t batches = std::max<int64_t>(1, batches_);
+    const int64_t per_batch = (forwards_ - nograd_ + batches - 1) / batches;  // training forwards
+    if (pending_ <= std::max<int64_t>({1, kept_, per_batch})) return false;
+    eval_forwards_ += pending_ - 1 - kept_;  // this one: the caller's
+    pending_ = kept_;
+    cut_phases(cut_);
+    close(cut_);
+    return true;
+}
+
 void StepTracker::phase_end(Phase phase, int64_t now) {
     std::lock_guard<std::mutex> lock(mutex_);
     phase_end_locked(phase, now);
 }
 
+void StepTracker::update_end(int64_t now) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    skip_ = depth_[index(Phase::kOptimizer)] == 1 && !opt_inner_;
+    phase_end_locked(Phase::kOptimizer, now);
+    skip_ = false;
+}
+
 bool StepTracker::phase_end_locked(Phase phase, int64_t now) {
     const int p = index(phase);
+    if (phase == Phase::kForward && recompute_) {
+        --recompute_;
+        return false;
+    }
     if (depth_[p] == 0) return false;  // began before instrumentation
     if (--depth_[p]) return false;
     const auto it = std::find(stack_.begin(), stack_.end(), phase);
     if (it != stack_.end()) stack_.erase(it);
+    if (phase == Phase::kBackward) recompute_ = 0;  // a recomputed forward's end that never came
     if (untimed_[p]) {
         untimed_[p] = false;
         return true;
@@ -146,6 +176,7 @@ void StepTracker::interval(Phase phase, int64_t start, int64_t end, uint32_t mod
 
 void StepTracker::optimizer_done(int64_t now) {
     optimized_ = optimizer_seen_ = true;
+    (skip_ ? skipped_ : updated_) = true;
     last_opt_end_ = now;
     if (std::find(opts_.begin(), opts_.end(), opt_key_) == opts_.end() && opts_.size() < kMaxOptimizers)
         opts_.push_back(opt_key_);
@@ -159,7 +190,8 @@ void StepTracker::optimizer_done(int64_t now) {
 
 void StepTracker::forward_seen() {
     ++forwards_seen_;
-    if (!hinted_ && forwards_seen_ >= kHintForwards && !optimizer_seen_ && !explicit_) {
+    const int64_t due = backward_seen_ ? kHintTrainingForwards : kHintForwards;
+    if (!hinted_ && forwards_seen_ >= due && !optimizer_seen_ && !explicit_) {
         hinted_ = true;
         outbox_.hint = forwards_seen_;
         has_outbox_ = true;
@@ -199,14 +231,17 @@ void StepTracker::step(int64_t now, int64_t number, int64_t samples, int64_t tok
 void StepTracker::begin_scope(uint32_t name, int64_t now, bool evaluation) {
     std::lock_guard<std::mutex> lock(mutex_);
     explicit_ = true;
+    std::optional<std::tuple<std::optional<int64_t>, std::optional<int64_t>, int64_t>> fetched;
     if (current_) {
         if (backward_ || optimized_) {
             close(now);  // training since the last boundary is a step of its own
         } else {
+            if (!forwards_) fetched.emplace(samples_, tokens_, batches_);  // a fetch just before: the scope's batch
             discard();
         }
     }
     open(now);
+    if (fetched) std::tie(samples_, tokens_, batches_) = *fetched;
     current_->name = name;
     current_->evaluation = evaluation;
     scoped_ = true;
@@ -222,6 +257,11 @@ void StepTracker::end_scope(int64_t now) {
 void StepTracker::finish() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (current_ && optimized_ && !scoped_) {
+        if (pending_) {  // no-grad forwards after the last update: evaluation
+            eval_forwards_ += pending_;
+            pending_ = 0;
+            cut_phases(pending_start_);
+        }
         close(last_opt_end_);
     } else if (current_) {
         discard();
@@ -275,9 +315,8 @@ void StepTracker::discard() {
     reset_batches();
 }
 
-void StepTracker::split() {
+std::vector<PhaseSpan> StepTracker::cut_phases(int64_t cut) {
     TrackedStep& step = *current_;
-    const int64_t cut = last_opt_end_;
     std::vector<PhaseSpan> moved, kept;
     for (const PhaseSpan& s : step.phases) (s.start >= cut ? moved : kept).push_back(s);
     step.phases = std::move(kept);
@@ -292,6 +331,13 @@ void StepTracker::split() {
             step.totals[k] = 0;
         }
     }
+    return moved;
+}
+
+void StepTracker::split() {
+    const int64_t cut = last_opt_end_;
+    const std::vector<PhaseSpan> moved = cut_phases(cut);
+    pending_ = 0;  // moved along
     close(cut);
     open(cut);
     for (const PhaseSpan& s : moved) {
@@ -319,7 +365,9 @@ void StepTracker::close(int64_t end, int64_t number) {
     step.samples = set_samples_ ? set_samples_ : samples_;
     step.tokens = set_tokens_ ? set_tokens_ : tokens_;
     step.micro_batches = set_batches_ ? *set_batches_ : batches_;
+    step.skipped = skipped_ && !updated_;
     if (!opts_.empty()) known_ = opts_;
+    kept_ = pending_;
     reset_step();
     reset_batches();
     // phases still running (a forward that spans the boundary) continue into the next step

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from otelprof._native_module import native
 from otelprof.capture.steps import hooks as hooks_module
 from otelprof.capture.steps.hooks import TorchHooks
-from otelprof.capture.steps.tracker import Step, step_tracker
+from otelprof.capture.steps.tracker import HINT_TRAINING_FORWARDS, Step, step_tracker
 
 torch = pytest.importorskip("torch")
 
@@ -90,7 +90,8 @@ def test_a_step_ending_after_remove_installs_nothing(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("native", KINDS)
 @pytest.mark.parametrize("fails", [False, True], ids=["", "forward-raises"])
 def test_a_loop_that_ends_no_step_hands_over_to_the_roots(native: bool, fails: bool) -> None:
-    """No optimizer.step() and no otelprof.step(): the tracker's hint (after 10 forwards) moves the
+    """No optimizer.step() and no otelprof.step(): the tracker's hint (after HINT_TRAINING_FORWARDS
+    forwards, as backward runs: gradient accumulation is not told apart before then) moves the
     forward hooks to the roots at the next outermost call (otherwise the global hooks, and
     torch's slow hook path for every module call, stay for good). Forwards stay timed: steps
     marked afterwards have their forward phase, and a forward that raises at the hand-over
@@ -118,11 +119,11 @@ def test_a_loop_that_ends_no_step_hands_over_to_the_roots(native: bool, fails: b
                 p.grad = None
 
     try:
-        for _ in range(10):
+        for _ in range(HINT_TRAINING_FORWARDS):
             update()
         forward = hooks[0].forward
         assert forward is not None
-        assert hints == [10] and forward.discovering  # the next outermost call hands over
+        assert hints == [HINT_TRAINING_FORWARDS] and forward.discovering  # the next outermost call hands over
         tracker.step()  # the loop marks its steps from here on
         if fails:  # torch runs the always-called post hooks as it raises (iterating their dicts)
             with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):

@@ -292,17 +292,25 @@ def test_evaluation_forwards_are_charged_to_no_step(receiver: HttpReceiver, tmp_
 # --- edges -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backward", [False, True], ids=["forward-only", "backward-no-optimizer"])
 def test_a_loop_without_steps_says_how_to_mark_them(
-    receiver: HttpReceiver, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    receiver: HttpReceiver, tmp_path: Path, caplog: pytest.LogCaptureFixture, backward: bool
 ) -> None:
+    """Told after 10 forwards; once backward runs, only after HINT_TRAINING_FORWARDS (gradient
+    accumulation runs many forwards before its first update: no false hint)."""
+    from otelprof.capture.steps.tracker import HINT_FORWARDS, HINT_TRAINING_FORWARDS
+
+    due = HINT_TRAINING_FORWARDS if backward else HINT_FORWARDS
     session = _start(receiver, tmp_path)
     model = torch.nn.Linear(4, 1)
     with caplog.at_level(logging.WARNING, logger="otelprof.instrumentation"):
-        for _ in range(25):
-            model(torch.randn(2, 4)).sum().backward()  # no optimizer, no otelprof.step()
+        for _ in range(due + 15):
+            out = model(torch.randn(2, 4))  # no optimizer, no otelprof.step()
+            if backward:
+                out.sum().backward()
     hints = [r.getMessage() for r in caplog.records if "otelprof.step()" in r.getMessage()]
     live_session.stop(session)
-    assert len(hints) == 1 and "10 forward passes" in hints[0] and "step_scope" in hints[0]
+    assert len(hints) == 1 and f"{due} forward passes" in hints[0] and "step_scope" in hints[0]
     assert _steps(receiver) == []
 
 

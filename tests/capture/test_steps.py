@@ -14,7 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelprof._native_module import native as native_module
-from otelprof.capture.steps.tracker import HOOKS, PHASES, NativeStepTracker, Step, StepTracker, step_tracker
+from otelprof.capture.steps.tracker import (
+    HINT_FORWARDS,
+    HINT_TRAINING_FORWARDS,
+    HOOKS,
+    PHASES,
+    UPDATE_HOOK,
+    NativeStepTracker,
+    Step,
+    StepTracker,
+    step_tracker,
+)
 
 needs_native = pytest.mark.skipif(native_module is None, reason="the native core is not built")
 KINDS = [pytest.param(False, id="python"), pytest.param(True, id="native", marks=needs_native)]
@@ -203,6 +213,10 @@ def test_accumulated_micro_batches_are_one_step() -> None:
 
 
 def test_batches_fetched_ahead_count_for_the_step() -> None:
+    """A window fetched before its forwards (a Trainer taking its accumulation window first) is
+    consumed within the step: its batches are the step's. A loader that fetches one batch ahead
+    across the update (accelerate's) is counted where it yields, by the hooks (loaders.py), so
+    the tracker sees the batches as they are consumed (test_step_libraries.py)."""
     loop = Loop()
     for _ in range(2):
         for _micro in range(4):  # a Trainer fetching the accumulation window first
@@ -285,6 +299,165 @@ def test_an_exhausted_dataloader_does_not_begin_a_step() -> None:
         loop.exhausted()  # the epoch ends; evaluation, checkpoints: no step's
         loop.idle(500)
     assert _spans(loop.steps) == [(0, 0, 40), (1, 550, 590)]
+
+
+def test_a_forward_during_backward_is_recomputation() -> None:
+    """Activation checkpointing runs the checkpointed forwards again inside backward (on the
+    training thread, or on the engine's device threads: the tracker is one for all threads):
+    backward's time, no forward phase, no forward pass (no hint, no evaluation), whatever the
+    grad mode the engine runs them under."""
+    loop = Loop()
+    for _ in range(12):
+        loop.fetch(4)
+        loop.phase("forward")
+        loop.tracker.phase_begin("backward")
+        for layer in range(3):
+            loop.idle(2)
+            loop.grad = layer != 1
+            loop.phase("forward", 5)
+            loop.grad = True
+        loop.idle(2)
+        loop.tracker.phase_end("backward")
+        loop.phase("optimizer")
+    loop.exhausted()
+    assert len(loop.steps) == 12 and loop.tracker.eval_forwards == 0
+    for step in loop.steps:
+        assert [p for p, _s, _e in step.phases] == ["data", "forward", "backward", "optimizer"]
+        assert step.phase_totals_ns == {"data": 10, "forward": 10, "backward": 23, "optimizer": 10}
+
+
+def test_recomputation_is_no_forward_pass_for_the_hint() -> None:
+    """16 micro-batches accumulated (each recomputed in backward) before the first update: no
+    hint that nothing marks steps; a loop that never updates hears it once."""
+    loop = Loop()
+    for _micro in range(16):
+        loop.fetch(2)
+        loop.phase("forward")
+        loop.tracker.phase_begin("backward")
+        loop.phase("forward")  # recomputed
+        loop.tracker.phase_end("backward")
+    loop.phase("optimizer")
+    loop.exhausted()
+    assert loop.hints == [] and [s.micro_batches for s in loop.steps] == [16]
+    never = Loop()
+    for _ in range(HINT_TRAINING_FORWARDS + 5):
+        never.phase("forward")
+        never.phase("backward")
+    assert never.hints == [HINT_TRAINING_FORWARDS] and never.steps == []
+    inference = Loop()
+    for _ in range(HINT_FORWARDS + 5):
+        inference.phase("forward")
+    assert inference.hints == [HINT_FORWARDS]
+
+
+def _scaled_update(loop: Loop, opt: object, skipped: bool) -> None:
+    """GradScaler.step(opt): the hooks open the optimizer phase; opt.step() runs inside unless
+    the gradients had inf/NaN."""
+    tracker: Any = loop.tracker
+    tracker.begin_optimizer(opt, (), {})
+    loop.idle(3)  # unscale, the inf check
+    if not skipped:
+        tracker.begin_optimizer(opt, (), {})
+        loop.idle(10)
+        tracker.end_optimizer(opt, (), {})
+    tracker.end_update()
+
+
+def test_a_skipped_update_is_a_step_that_says_so() -> None:
+    """A GradScaler update that found inf gradients (no optimizer.step()) still ends the step:
+    its micro-batch is its own, and it is marked skipped."""
+    loop = Loop()
+    opt = object()
+    skipped = [False, True, False, False, True, True, False]
+    for skip in skipped:
+        loop.fetch(4, 32)
+        loop.phase("forward")
+        loop.phase("backward")
+        _scaled_update(loop, opt, skip)
+        loop.idle()
+    loop.exhausted()
+    assert [s.skipped for s in loop.steps] == skipped
+    assert [(s.samples, s.tokens, s.micro_batches) for s in loop.steps] == [(4, 32, 1)] * len(skipped)
+    assert [s.phase_totals_ns["optimizer"] for s in loop.steps] == [3 if k else 13 for k in skipped]
+    assert all([p for p, _s, _e in s.phases] == ["data", "forward", "backward", "optimizer"] for s in loop.steps)
+
+
+def test_skipped_updates_without_a_dataloader_and_with_explicit_steps() -> None:
+    loop = Loop()
+    opt = object()
+    for skip in (False, True, True, False):  # no DataLoader: the update (skipped or not) ends the step
+        loop.phase("forward")
+        loop.phase("backward")
+        _scaled_update(loop, opt, skip)
+        loop.idle()
+    loop.tracker.finish()
+    assert [s.skipped for s in loop.steps] == [False, True, True, False]
+    explicit = Loop()
+    for skip in (True, False):
+        explicit.fetch(4)
+        explicit.phase("forward")
+        explicit.phase("backward")
+        _scaled_update(explicit, opt, skip)
+        explicit.tracker.step()  # a framework callback after the update
+    assert [s.skipped for s in explicit.steps] == [True, False]
+
+
+def test_no_grad_forwards_after_the_update_are_the_steps_own() -> None:
+    """An EMA teacher's forward under no_grad after the update, before the next fetch, is work
+    of the step; evaluation on held-out tensors (more no-grad forwards than the step usually
+    has) is not, the teacher's forward before it staying the step's."""
+    loop = Loop()
+    for i in range(6):
+        loop.fetch(4)
+        loop.phase("forward")
+        loop.phase("backward")
+        loop.phase("optimizer")
+        loop.grad = False
+        loop.idle(3)
+        loop.phase("forward", 7)  # the teacher
+        if i % 3 == 2:  # evaluation every 3 updates: 3 batches of held-out tensors
+            for _batch in range(3):
+                loop.idle(4)
+                loop.phase("forward", 100)
+        loop.grad = True
+    loop.exhausted()
+    assert loop.tracker.eval_forwards == 2 * 3
+    assert len(loop.steps) == 6
+    for i, step in enumerate(loop.steps):
+        assert [p for p, _s, _e in step.phases] == ["data", "forward", "backward", "optimizer", "forward"]
+        assert step.phase_totals_ns["forward"] == 17
+        if i % 3 == 2:  # it ends where the evaluation began
+            assert step.end_ns == step.phases[-1][2] + 4
+    # evaluation at the end, without a DataLoader: its forwards, not the last teacher's
+    end = Loop()
+    end.fetch(4)
+    end.phase("forward")
+    end.phase("backward")
+    end.phase("optimizer")
+    end.grad = False
+    end.phase("forward")  # the teacher
+    end.tracker.finish()
+    assert end.tracker.eval_forwards == 1  # at shutdown, no-grad forwards after the update are evaluation
+    assert [p for p, _s, _e in end.steps[0].phases] == ["data", "forward", "backward", "optimizer"]
+
+
+def test_a_scope_takes_the_batch_fetched_before_it() -> None:
+    """``for x in loader: with otelprof.step_scope("infer"): model(x)``: the fetch happens just
+    before the scope opens; the scope's step has its samples, tokens and micro-batch."""
+    loop = Loop()
+    loop.grad = False
+    for size in (4, 4, 3):
+        loop.fetch(size, size * 8)
+        loop.tracker.begin_scope("infer")
+        loop.phase("forward")
+        loop.tracker.end_scope()
+    loop.exhausted()
+    assert [(s.name, s.samples, s.tokens, s.micro_batches) for s in loop.steps] == [
+        ("infer", 4, 32, 1),
+        ("infer", 4, 32, 1),
+        ("infer", 3, 24, 1),
+    ]
+    assert loop.tracker.eval_forwards == 0
 
 
 def test_explicit_steps_sum_their_fetches_and_take_the_frameworks_numbers() -> None:
@@ -584,7 +757,7 @@ _AUTOMATIC = st.one_of(
     st.tuples(st.just("begin_forward"), st.integers(0, len(_MODULES) - 1)),
     st.tuples(st.just("begin_optimizer"), st.integers(0, len(_OPTIMIZERS) - 1)),
     st.tuples(st.sampled_from(["data_end", "set_batch"]), _SIZES),
-    st.tuples(st.just("end_data"), st.none()),
+    st.tuples(st.sampled_from(["end_data", "end_update"]), st.none()),
     st.tuples(st.just("grad"), st.booleans()),
     st.tuples(st.just("tick"), st.integers(0, 50)),
 )
@@ -660,6 +833,7 @@ def _replay(
             s.micro_batches,
             s.evaluation,
             s.phase_modules,
+            s.skipped,
         )
         for s in out
     ]
@@ -691,6 +865,7 @@ def test_native_tracker_equals_the_python_reference(
                 ("begin_optimizer", 0),
                 ("begin_optimizer", 1),
                 ("end", "optimizer"),
+                ("end_update", None),
                 ("data_end", (4, 64)),
                 ("begin", "data"),
                 ("end_data", None),
@@ -724,5 +899,5 @@ def test_native_tracker_keeps_64_phases_and_counts_the_rest(native: bool) -> Non
 
 def test_every_hook_exists() -> None:
     tracker = Loop().tracker
-    for name in HOOKS:
+    for name in (*HOOKS, UPDATE_HOOK):
         assert callable(getattr(tracker, name))

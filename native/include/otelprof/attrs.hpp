@@ -30,7 +30,9 @@ enum FixedKey : AttrKey {
     // readable names (names.hpp)
     kKernelNameKey, kMemoryDeviceKey,
     // what a trace list shows (OpenInference's input/output; MLflow's request/response previews)
-    kWindowTriggerKey, kInputValueKey, kInputMimeTypeKey, kOutputValueKey, kOutputMimeTypeKey, kFixedKeyCount
+    kWindowTriggerKey, kInputValueKey, kInputMimeTypeKey, kOutputValueKey, kOutputMimeTypeKey,
+    kStepSkippedKey,  // live step spans: an update a gradient scaler skipped
+    kFixedKeyCount
 };
 constexpr AttrKey arg_key(int arg_attribute) { return static_cast<AttrKey>(kFixedKeyCount + arg_attribute); }
 AttrKey memory_key(int memory_attribute);

@@ -44,6 +44,7 @@ struct StepMetricsState {
     std::array<StepExemplar, kStepBucketCount> exemplars;  // latest per duration bucket
     std::array<StepHistogram, kPhaseCount> phases;
     uint64_t steps = 0, spans_dropped = 0;
+    uint64_t skipped = 0;  // steps whose update was skipped (counted in steps too)
     int64_t samples = 0, tokens = 0, micro_batches = 0;
     std::optional<double> last_step, samples_rate, tokens_rate;
 };

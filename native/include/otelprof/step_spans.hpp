@@ -30,6 +30,7 @@ struct StepRecord {
     std::optional<int64_t> samples, tokens;
     int64_t dropped_phases = 0;
     int64_t micro_batches = 0;  // DataLoader batches in the step (0: none, no attribute)
+    bool skipped = false;       // its optimizer update was skipped (false: no attribute)
     std::string window;  // to a profiling window: recorded or warmup (+ ":<trigger>"), after ("": none)
     std::vector<StepPhase> phases;
 };

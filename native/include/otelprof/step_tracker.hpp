@@ -21,8 +21,10 @@ constexpr int kPhaseCount = 4;
 constexpr size_t kMaxPhaseSpans = 64;
 // Distinct optimizers told apart per step.
 constexpr size_t kMaxOptimizers = 16;
-// Forwards with no optimizer step and no explicit step before the hint.
+// Forwards with no optimizer step and no explicit step before the hint; once a backward has run
+// (gradient accumulation runs many before the first update), kHintTrainingForwards.
 constexpr int64_t kHintForwards = 10;
+constexpr int64_t kHintTrainingForwards = 256;
 
 struct PhaseSpan {
     Phase phase;
@@ -41,6 +43,7 @@ struct TrackedStep {
     int64_t micro_batches = 0;  // DataLoader batches fetched in the step
     uint32_t name = 0;  // the caller's name slot: 0 is the default, step_scope()s set theirs
     bool evaluation = false;  // begin_scope(evaluation): a span, not a training step
+    bool skipped = false;     // its optimizer update was skipped (a gradient scaler found inf/NaN)
 };
 
 // What an event left for the caller: steps that closed, in order, the number of the first step
@@ -61,6 +64,9 @@ class StepTracker {
     // `module`: a forward's root module, as the caller's name slot (0: unknown).
     void phase_begin(Phase phase, int64_t now, uint64_t key = 0, bool grad = true, uint32_t module = 0);
     void phase_end(Phase phase, int64_t now);
+    // The end of the optimizer phase a gradient scaler's step opened: a skipped update when no
+    // optimizer step ran inside it.
+    void update_end(int64_t now);
     // The end of a fetch: with a batch of these sizes (negative: unknown), or none (exhausted).
     void data_end(int64_t now, bool batch, int64_t samples, int64_t tokens);
     void set_batch(int64_t samples, int64_t tokens);
@@ -73,7 +79,7 @@ class StepTracker {
     // `now`: the phase that began at `at` restarts at `now`, so their cost (the profiler's step,
     // where a window starts or stops) is no phase's; the step keeps its boundary.
     void resume(int64_t at, int64_t now);
-    // Whether a forward now would need grad mode read (an outermost forward).
+    // Whether a forward now would need grad mode read (an outermost forward, not recomputed).
     bool forward_is_outermost();
     int64_t eval_forwards();
 
@@ -84,6 +90,8 @@ class StepTracker {
   private:
     bool phase_end_locked(Phase phase, int64_t now);
     bool decide(Phase phase, uint64_t key, bool grad, int64_t now);
+    bool after_update(int64_t now);
+    std::vector<PhaseSpan> cut_phases(int64_t cut);
     void interval(Phase phase, int64_t start, int64_t end, uint32_t module = 0);
     void optimizer_done(int64_t now);
     void forward_seen();
@@ -111,11 +119,19 @@ class StepTracker {
     std::optional<std::vector<uint64_t>> known_;  // the optimizers of the last step that had some
     std::optional<int64_t> boundary_;  // the last explicit boundary
     int64_t forwards_seen_ = 0;
-    bool optimizer_seen_ = false, hinted_ = false;
+    bool optimizer_seen_ = false, hinted_ = false, backward_seen_ = false;
     int64_t eval_forwards_ = 0;
+    int recompute_ = 0;        // forwards running inside a backward (recomputation)
+    bool opt_inner_ = false;   // an optimizer step ran inside the running optimizer phase
+    bool skip_ = false;        // the optimizer phase ending now is an update the scaler skipped
+    int64_t kept_ = 0;         // no-grad forwards after the update the last step kept as its own
     // the current step's work
     bool optimized_ = false, backward_ = false, scoped_ = false;
+    bool updated_ = false, skipped_ = false;  // an update in it ran / was skipped
     int64_t forwards_ = 0, nograd_ = 0, last_opt_end_ = 0;
+    // no-grad forwards after its update (its own unless evaluation), when the first began, and
+    // when the one after those the last step kept began
+    int64_t pending_ = 0, pending_start_ = 0, cut_ = 0;
     std::vector<uint64_t> opts_;
     // the current step's batches
     std::optional<int64_t> samples_, tokens_, set_samples_, set_tokens_;

@@ -11,6 +11,10 @@ stays in the CPU's caches, where once per step it ran cold, after the model's ow
 registry reads the numbers as metric families at scrape time, all of them from one snapshot
 (under one lock here, one copy of the native state), so series that move together (steps,
 samples, tokens, micro-batches, a histogram's count and sum) agree within every scrape.
+A step whose update a gradient scaler skipped is a step in every series (its time and batches
+were spent; the phase histograms just see a short optimizer phase) and is also counted in
+``otelprof_skipped_updates_total``, exposed from the first skipped update on (a loop without a
+scaler never has the series, and the exposition stays prometheus-client's for the same steps).
 prometheus-client's Histogram,
 Counter and Gauge objects took ~8 us per step (a lock per bucket, counter and gauge, exemplar
 validation); tests/capture/test_step_metrics.py checks that the exposition equals theirs for
@@ -101,8 +105,10 @@ class _Trace:
 
 
 #: (duration, phases, steps, samples, tokens, spans dropped, last step, samples/s, tokens/s,
-#: micro-batches)
-_State = tuple["Buckets", "dict[str, Buckets]", int, int, int, int, "float | None", "float | None", "float | None", int]
+#: micro-batches, skipped updates)
+_State = tuple[
+    "Buckets", "dict[str, Buckets]", int, int, int, int, "float | None", "float | None", "float | None", int, int
+]
 
 
 class StepMetrics(Collector):
@@ -123,6 +129,7 @@ class StepMetrics(Collector):
         self._samples = 0
         self._tokens = 0
         self._micro_batches = 0
+        self._skipped = 0
         self._eval_forwards: Callable[[], int] | None = None
         self._spans_dropped = 0
         self._last_step: float | None = None
@@ -157,6 +164,7 @@ class StepMetrics(Collector):
                 end = step.end_ns / 1e9
                 duration.exemplars[duration.observe(seconds)] = (traced, seconds, end)
                 self._steps += 1
+                self._skipped += step.skipped
                 for phase, ns in step.phase_totals_ns.items():
                     buckets, value = phases[phase], ns / 1e9  # Buckets.observe, inlined
                     buckets.counts[bisect_left(STEP_BUCKETS, value)] += 1
@@ -205,6 +213,7 @@ class StepMetrics(Collector):
                 samples_rate,
                 tokens_rate,
                 batches,
+                skipped,
             ) = state
             eval_forwards = 0 if self._eval_forwards is None else self._eval_forwards()
             duration = HistogramMetricFamily(
@@ -230,6 +239,14 @@ class StepMetrics(Collector):
                 ),
                 ("otelprof_step_spans_dropped", "Step spans dropped because the encoder fell behind.", dropped),
             ]
+            if skipped:  # from the first skipped update on (a loop without a gradient scaler has none)
+                counters.append(
+                    (
+                        "otelprof_skipped_updates",
+                        "Steps whose optimizer update was skipped (a gradient scaler found inf/NaN gradients).",
+                        skipped,
+                    )
+                )
             gauges = [
                 ("otelprof_last_step_timestamp_seconds", "When the last step ended (Unix time).", last),
                 ("otelprof_samples_per_second", "Samples per second in the last step.", samples_rate),
@@ -258,6 +275,7 @@ class StepMetrics(Collector):
             self._samples_rate,
             self._tokens_rate,
             self._micro_batches,
+            self._skipped,
         )
 
     def _native_state(self, sink: NativeSink) -> _State:
@@ -283,6 +301,7 @@ class StepMetrics(Collector):
             m.samples_rate,
             m.tokens_rate,
             m.micro_batches,
+            m.skipped,
         )
 
     def unregister(self) -> None:

@@ -64,6 +64,7 @@ class StepRecord(NamedTuple):
     phases: list[StepPhaseRecord]
     micro_batches: int
     window: str | None  # Windows.mark(): "recorded:early" ...
+    skipped: bool = False  # its optimizer update was skipped (a gradient scaler found inf/NaN)
 
 
 class StepContext:
@@ -286,7 +287,8 @@ class StepRecordEncoder:
     def spans(self, rec: StepRecord, order: int) -> list[Span]:
         """A step's span and its phase spans, as the span model has them."""
         name, number, start_ns, end_ns, ordinal, trace_id, parent_id = rec[:7]
-        samples, tokens, dropped, phases, batches, window = rec[7:]
+        samples, tokens, dropped, phases, batches, window = rec[7:13]
+        skipped = len(rec) > 13 and bool(rec[13])
         attrs: Attrs = [("pytorch.step", number), ("otelprof.step.source", "live")]
         if samples is not None:
             attrs.append(("otelprof.step.samples", samples))
@@ -296,6 +298,8 @@ class StepRecordEncoder:
             attrs.append(("otelprof.step.dropped_phases", dropped))
         if batches > 0:
             attrs.append(("otelprof.step.micro_batches", batches))
+        if skipped:
+            attrs.append(("otelprof.step.skipped", True))
         if window:
             mark, _, trigger = window.partition(":")  # Windows.mark(): "recorded:early"
             attrs.append(("otelprof.step.window", mark))
@@ -363,4 +367,5 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         [StepPhaseRecord(*p, step.phase_module(i)) for i, p in enumerate(step.phases)],
         step.micro_batches,
         step.window,
+        step.skipped,
     )

@@ -1,14 +1,21 @@
 """The torch hooks that report a training loop's activity to a StepTracker.
 
-- data: ``_BaseDataLoaderIter.__next__`` (every DataLoader, any number of workers);
+- data: ``_BaseDataLoaderIter.__next__`` (every DataLoader, any number of workers), or, for a
+  loader that wraps one in a generator and fetches ahead (accelerate's), what that loader yields
+  (loaders.py);
 - forward: hooks on the root modules: those with parameters called outside any other module's
   forward (a loss module, having no parameters, is not a root: its time is no forward phase).
   Global module hooks find the roots during the first step and again every ``REDISCOVER_STEPS``
   steps, then give way to hooks on the roots alone: a global hook sends every module call of
   every model through torch's slow hook path, which costs several percent of a small model's
   step (benchmarks/overhead.py), while a root's hooks cost one slow call per forward;
+  A module called inside the autograd engine (activation checkpointing recomputing it during
+  backward, on the training thread or a device thread) is never a root;
 - backward: ``torch.autograd.backward`` (what ``Tensor.backward`` calls);
-- optimizer: the global optimizer step pre/post hooks.
+- optimizer: the global optimizer step pre/post hooks, and ``GradScaler.step`` (``torch.amp``'s,
+  which ``torch.cuda.amp``'s inherits): its optimizer phase opens at the scaler's step, so an
+  update the scaler skips (inf/NaN gradients: ``optimizer.step()`` is never called) still ends
+  a step, marked skipped (``end_update``).
 
 torch.compile (dynamo.py): discovery ends when dynamo starts compiling, before it reads any
 hook, and does not come back (global hooks would be guarded by every compiled graph); the hooks
@@ -36,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dynamo import DynamoHooks
+from .loaders import INSIDE, OuterLoaders
 from .tracker import HOOKS, NativeStepTracker, StepTracker
 
 _log = logging.getLogger(__name__)
@@ -128,14 +136,18 @@ class TorchHooks:
                 end_backward()
 
         self._patch(torch.autograd, "backward", backward)
+        scaler_step = self._patch_scaler(tracker)
 
         iterator = dataloader._BaseDataLoaderIter
         original_next = iterator.__next__
         begin_data, end_data, data_end = tracker.begin_data, tracker.end_data, tracker.data_end
         failed = self._fail
+        inside = INSIDE
 
         @functools.wraps(original_next)
         def next_batch(it: Any) -> Any:
+            if inside.depth:  # an outer loader's fetch (loaders.py): counted there
+                return original_next(it)
             begin_data()
             batch = None
             try:
@@ -154,10 +166,14 @@ class TorchHooks:
                     data_end(samples, tokens)
 
         self._patch(iterator, "__next__", next_batch)
+        loaders = OuterLoaders(begin_data, end_data, data_end, batch_size, failed)
+        loaders.install(dataloader.DataLoader)
+        self._undo.append(loaders.remove)
 
         frames = (
             backward,
             next_batch,
+            *scaler_step,
             forward._global_pre,
             forward._global_post,
             tracker.begin_forward,
@@ -166,6 +182,27 @@ class TorchHooks:
         compiled = DynamoHooks([getattr(tracker, n) for n in HOOKS], frames, forward.compile_started)
         compiled.install()
         self._undo.append(compiled.remove)
+
+    def _patch_scaler(self, tracker: StepTracker | NativeStepTracker) -> tuple[Any, ...]:
+        """``GradScaler.step(optimizer)`` opens the optimizer phase and ``end_update`` closes it:
+        skipped when the optimizer's own step (its hooks, inside) did not run."""
+        try:
+            from torch.amp.grad_scaler import GradScaler
+        except ImportError:  # pragma: no cover - torch < 2.3
+            return ()
+        original_step = GradScaler.step
+        begin_optimizer, end_update = tracker.begin_optimizer, tracker.end_update
+
+        @functools.wraps(original_step)
+        def scaler_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            begin_optimizer(optimizer)
+            try:
+                return original_step(scaler, optimizer, *args, **kwargs)
+            finally:
+                end_update()
+
+        self._patch(GradScaler, "step", scaler_step)
+        return (scaler_step,)
 
     def remove(self) -> None:
         while self._undo:
@@ -213,6 +250,8 @@ class RootForwardHooks:
 
     def __init__(self, nn_module: Any, tracker: StepTracker | NativeStepTracker) -> None:
         self._nn = nn_module
+        # -1 outside the autograd engine: a module called inside it is recomputed (checkpointing)
+        self._graph_task: Callable[[], int] | None = _graph_task_id()
         self._root_pre = tracker.begin_forward
         self._root_post = tracker.end_forward
         self._local = threading.local()  # module-call depth per thread (DataParallel replicas)
@@ -336,7 +375,8 @@ class RootForwardHooks:
         local = self._local
         depth = getattr(local, "depth", 0)
         if depth == 0:
-            root = id(module) in self._found or _has_parameters(module)
+            graph_task = self._graph_task
+            root = (graph_task is None or graph_task() == -1) and (id(module) in self._found or _has_parameters(module))
             if root and len(self._found) < MAX_ROOTS:
                 self._found.setdefault(id(module), weakref.ref(module))
             if self._hand_over:
@@ -361,6 +401,13 @@ class RootForwardHooks:
         local.depth = depth - 1
         if depth == 1 and getattr(local, "root", False):
             self._root_post(_module, _input, _output)
+
+
+def _graph_task_id() -> Callable[[], int] | None:
+    """torch's id of the graph task the autograd engine runs on this thread (-1: none)."""
+    torch_c = getattr(sys.modules.get("torch"), "_C", None)
+    found = getattr(torch_c, "_current_graph_task_id", None)
+    return found if callable(found) else None
 
 
 def _has_parameters(module: Any) -> bool:

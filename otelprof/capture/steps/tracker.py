@@ -26,10 +26,22 @@ begins. **One step is one optimizer update**, whatever the loop:
   a window starts or stops) is no phase's time: the clock is read again after it and the phase
   that began at the boundary starts then. Steps keep their boundaries (they tile), so that
   stretch is phase-less time at the start of the next step (its cost is counted on its own).
-- A forward under ``torch.no_grad()`` / ``inference_mode`` after the step's update (or outside
-  any step) is evaluation: it ends the updated step, is timed in no step, and is counted
-  (``eval_forwards``, the ``otelprof_eval_forwards_total`` metric). Forward-only work a fetch
-  drops (an evaluation DataLoader's batches) is counted the same way.
+- A forward that begins while a backward runs (on any thread: the autograd engine's device
+  threads included) is recomputation (activation checkpointing, reentrant or not): backward's
+  time, no forward phase and no forward pass.
+- A forward under ``torch.no_grad()`` / ``inference_mode`` outside any step is evaluation: timed
+  in no step and counted (``eval_forwards``, the ``otelprof_eval_forwards_total`` metric), as is
+  forward-only work a fetch drops (an evaluation DataLoader's batches). After the step's update
+  (automatic rules), no-grad forwards are the step's work (an EMA teacher, a metric) while they
+  are no more than it usually has: the previous step's count, or one per micro-batch's training
+  forwards (at least one); one more makes them evaluation from the first beyond the previous
+  step's count on: the step ends where that forward began, and they and later ones are counted
+  (held-out tensors evaluated between updates). At shutdown, those after the last update are
+  evaluation.
+- An update a gradient scaler skipped (``GradScaler.step`` found inf/NaN gradients and did not
+  call ``optimizer.step()``: the hooks open the optimizer phase at the scaler's step and end it
+  with ``end_update``) is an update all the same: the step ends as after any update, and is
+  ``skipped`` when no optimizer update in it ran.
 - The explicit API turns the automatic boundaries off (the dropping of forward-only work at a
   fetch stays): ``step(number=None, samples=None, tokens=None, micro_batches=None)`` ends the
   current step now (numbered ``number`` when given, the next counting on from it;
@@ -37,6 +49,8 @@ begins. **One step is one optimizer update**, whatever the loop:
   framework that fetches ahead, or splits one fetched batch, knows its own); the next step
   begins at its first activity (a fetch, forward, backward or optimizer step), or, when none
   came, at the previous boundary.
+  A scope opened right after a fetch (``for x in loader: with step_scope(...)``) takes that
+  fetch's samples, tokens and micro-batch.
   ``begin_scope(name)`` / ``end_scope()`` make one named step of a block (inference,
   evaluation), with every forward in it charged; ``begin_scope(name, evaluation=True)`` (a
   framework's evaluation) makes it a span that is no training step: it takes no step number
@@ -44,7 +58,8 @@ begins. **One step is one optimizer update**, whatever the loop:
   step metric. ``otelprof.step()`` / ``otelprof.step_scope()``
   / ``otelprof.set_batch_size()`` are these for the application and for framework callbacks.
 - A loop that runs forwards with no optimizer step and no explicit step gets one log line
-  saying how to mark steps (``on_hint``, after HINT_FORWARDS forwards).
+  saying how to mark steps (``on_hint``, after HINT_FORWARDS forwards; once a backward has run,
+  after HINT_TRAINING_FORWARDS: gradient accumulation runs many before the first update).
 
 The native core runs these rules in C++ (``NativeStepTracker``, ``native/src/step_tracker.cpp``),
 its hooks plain C functions torch calls directly: in Python each event cost ~1.5 us on the
@@ -73,6 +88,8 @@ MAX_PHASE_SPANS = 64
 MAX_OPTIMIZERS = 16
 #: Forwards with no optimizer step and no explicit step before the hint is logged.
 HINT_FORWARDS = 10
+#: The same once a backward has run (gradient accumulation: many forwards before the first update).
+HINT_TRAINING_FORWARDS = 256
 
 
 @dataclass(slots=True)
@@ -90,6 +107,7 @@ class Step:
     evaluation: bool = False  # begin_scope(evaluation=True): a span, in no step metric
     window: str | None = None  # to a profiling window: "recorded", "warmup" (with ":trigger"), "after" (windows.py)
     phase_modules: list[str | None] = field(default_factory=list)  # per phase: a forward's root module
+    skipped: bool = False  # its optimizer update was skipped (a gradient scaler found inf/NaN)
 
     def phase_module(self, i: int) -> str | None:
         """The class name of the root module phase ``i`` timed (forwards; None: unknown)."""
@@ -139,6 +157,9 @@ HOOKS = (
     "begin_optimizer",
     "end_optimizer",
 )
+#: The end of a gradient scaler's update, called by otelprof's own ``GradScaler.step`` wrapper
+#: only (a frame dynamo skips), so not among the hooks torch calls (HOOKS).
+UPDATE_HOOK = "end_update"
 
 
 class TrackerHooks:
@@ -153,6 +174,7 @@ class TrackerHooks:
     end_backward: Callable[..., None]
     begin_optimizer: Callable[..., None]
     end_optimizer: Callable[..., None]
+    end_update: Callable[..., None]
 
 
 class StepTracker(TrackerHooks):
@@ -180,6 +202,7 @@ class StepTracker(TrackerHooks):
             setattr(self, f"begin_{phase}", self._hook(self._begin_hook, phase))
             setattr(self, f"end_{phase}", self._hook(self.phase_end, phase))
         self.end_data = self._hook(self._end_data, "data")  # a fetch that found no batch
+        self.end_update = self._hook(self._end_update, "optimizer")  # a scaler's step returned
         self._on_first_open = on_first_open
         self._clock = clock
         self._lock = threading.RLock()
@@ -197,6 +220,11 @@ class StepTracker(TrackerHooks):
         self._boundary: int | None = None  # the last explicit boundary
         self._forwards_seen = 0
         self._optimizer_seen = False
+        self._backward_seen = False
+        self._recompute = 0  # forwards running inside a backward (recomputation)
+        self._opt_inner = False  # an optimizer step ran inside the running optimizer phase
+        self._skip = False  # the optimizer phase ending now is an update the scaler skipped
+        self._kept = 0  # no-grad forwards after the update the last step kept as its own
         self._hinted = False
         self.eval_forwards = 0  # forwards charged to no step (evaluation)
         self._next_samples: int | None = None
@@ -215,6 +243,11 @@ class StepTracker(TrackerHooks):
         self._opts: list[int] = []  # optimizers that stepped in it
         self._last_opt_end = 0
         self._scoped = False  # a step_scope(): every forward is its own
+        self._updated = False  # an optimizer update ran in it
+        self._skipped = False  # an update in it was skipped
+        self._pending = 0  # no-grad forwards after its update (its own unless evaluation)
+        self._pending_start = 0  # when the first of them began
+        self._cut = 0  # when the one after those the last step kept began
 
     def _reset_batches(self) -> None:
         self._samples: int | None = None  # sums over the step's fetches
@@ -279,12 +312,17 @@ class StepTracker(TrackerHooks):
                 self._phase_start[top] = now
 
     def _phase_begin(self, phase: str, key: int, module: str | None) -> None:
+        if phase == "forward" and self._depth["backward"]:
+            self._recompute += 1  # autograd recomputes it (checkpointing): backward's time
+            return
         if self._depth[phase] and phase == "data":  # the last fetch never ended: forget it
             self._depth[phase] = 0
             if phase in self._stack:
                 self._stack.remove(phase)
         if self._depth[phase]:
             self._depth[phase] += 1  # a nested call (a submodule's forward): counted once
+            if phase == "optimizer":
+                self._opt_inner = True  # the optimizer stepped inside a scaler's step
             return
         grad = phase != "forward" or self._grad_enabled is None or bool(self._grad_enabled())
         now = self._at = self._clock()
@@ -312,9 +350,10 @@ class StepTracker(TrackerHooks):
             if not grad:
                 self._nograd += 1
         elif phase == "backward":
-            self._backward = True
+            self._backward = self._backward_seen = True
         elif phase == "optimizer":
             self._opt_key = key
+            self._opt_inner = False
 
     def _decide(self, phase: str, key: int, grad: bool, now: int) -> bool:
         """The boundaries an outermost activity decides; True: an evaluation forward (untimed)."""
@@ -322,16 +361,32 @@ class StepTracker(TrackerHooks):
         if phase == "data":
             self._on_data_fetch(now)
         elif phase == "forward" and not grad:
+            if step is not None and self._optimized and not self._scoped and not self._explicit:
+                return self._after_update(now)
             if step is None or self._optimized or (not step.phases and not self._scoped):
                 if step is not None and not self._scoped and not self._explicit:
-                    if self._optimized:
-                        self._close(now)
-                    else:
-                        self._discard()  # a step opened at the last update, nothing in it yet
+                    self._discard()  # a step opened at the last update, nothing in it yet
                 return step is None or not self._scoped
         elif phase == "optimizer" and step is not None and key in self._opts and not self._explicit:
             self._split()
         return False
+
+    def _after_update(self, now: int) -> bool:
+        """A no-grad forward after the step's update: the step's own (False) while no more than
+        it usually has, else evaluation (True) from the first beyond the last step's count on."""
+        self._pending += 1
+        if self._pending == 1:
+            self._pending_start = now
+        if self._pending == self._kept + 1:
+            self._cut = now
+        per_batch = -(-(self._forwards - self._nograd) // max(1, self._batches))  # training forwards
+        if self._pending <= max(1, self._kept, per_batch):
+            return False
+        self.eval_forwards += self._pending - 1 - self._kept  # this one: the caller's
+        self._pending = self._kept
+        self._cut_phases(self._cut)
+        self._close(self._cut)
+        return True
 
     def _pause(self, now: int) -> None:
         """The running phase stops while another runs inside it (a closure in optimizer.step);
@@ -348,6 +403,9 @@ class StepTracker(TrackerHooks):
 
     def _phase_end(self, phase: str) -> bool:
         """True when the outermost call of ``phase`` ended."""
+        if phase == "forward" and self._recompute:
+            self._recompute -= 1
+            return False
         depth = self._depth[phase]
         if depth == 0:  # began before instrumentation
             return False
@@ -357,6 +415,8 @@ class StepTracker(TrackerHooks):
         now = self._at = self._clock()
         if phase in self._stack:
             self._stack.remove(phase)
+        if phase == "backward":
+            self._recompute = 0  # a recomputed forward's end that never came
         if self._untimed[phase]:
             self._untimed[phase] = False
             return True
@@ -382,6 +442,10 @@ class StepTracker(TrackerHooks):
 
     def _optimizer_done(self, now: int) -> None:
         self._optimized = self._optimizer_seen = True
+        if self._skip:
+            self._skipped = True
+        else:
+            self._updated = True
         self._last_opt_end = now
         if self._opt_key not in self._opts and len(self._opts) < MAX_OPTIMIZERS:
             self._opts.append(self._opt_key)
@@ -394,7 +458,7 @@ class StepTracker(TrackerHooks):
         self._forwards_seen += 1
         if (
             not self._hinted
-            and self._forwards_seen >= HINT_FORWARDS
+            and self._forwards_seen >= (HINT_TRAINING_FORWARDS if self._backward_seen else HINT_FORWARDS)
             and not self._optimizer_seen
             and not self._explicit
         ):
@@ -437,6 +501,18 @@ class StepTracker(TrackerHooks):
                 self._samples = (self._samples or 0) + samples
             if tokens is not None:
                 self._tokens = (self._tokens or 0) + tokens
+
+    def _end_update(self, _phase: str = "optimizer", _target: Any = None) -> None:
+        """The end of the optimizer phase a scaler's step opened: skipped when no optimizer
+        step ran inside it."""
+        with self._lock:
+            self._delivered = False
+            self._skip = self._depth["optimizer"] == 1 and not self._opt_inner
+            try:
+                self._phase_end("optimizer")
+            finally:
+                self._skip = False
+            self._after_callbacks()
 
     def _end_data(self, _phase: str = "data", _target: Any = None) -> None:
         with self._lock:
@@ -483,12 +559,17 @@ class StepTracker(TrackerHooks):
             self._explicit = True
             self._delivered = False
             now = self._at = self._clock()
+            fetched = None
             if self._current is not None:
                 if self._backward or self._optimized:
                     self._close(now)  # training since the last boundary is a step of its own
                 else:
+                    if not self._forwards:  # a fetch just before: the scope's batch
+                        fetched = (self._samples, self._tokens, self._batches)
                     self._discard()
             self._open(now)
+            if fetched is not None:
+                self._samples, self._tokens, self._batches = fetched
             assert self._current is not None
             self._current.name = name
             self._current.evaluation = evaluation
@@ -517,6 +598,10 @@ class StepTracker(TrackerHooks):
         optimizer step ended); anything else open is dropped."""
         with self._lock:
             if self._current is not None and self._optimized and not self._scoped:
+                if self._pending:  # no-grad forwards after the last update: evaluation
+                    self.eval_forwards += self._pending
+                    self._pending = 0
+                    self._cut_phases(self._pending_start)
                 self._close(self._last_opt_end)
             elif self._current is not None:
                 self._discard()
@@ -547,12 +632,10 @@ class StepTracker(TrackerHooks):
         self._reset_step()
         self._reset_batches()
 
-    def _split(self) -> None:
-        """The optimizer about to step already did in this step: the step ends where its last
-        optimizer step ended, and what began since moves to the next step."""
+    def _cut_phases(self, cut: int) -> list[tuple[tuple[str, int, int], str | None]]:
+        """Takes the current step's intervals that began at ``cut`` or later out of it."""
         step = self._current
         assert step is not None
-        cut = self._last_opt_end
         spans = list(zip(step.phases, step.phase_modules, strict=True))  # kept aligned
         moved = [(p, m) for p, m in spans if p[1] >= cut]
         step.phases = [p for p, _m in spans if p[1] < cut]
@@ -563,6 +646,14 @@ class StepTracker(TrackerHooks):
         for phase in PHASES:
             if phase in totals and not step.dropped_phases and all(p != phase for p, _s, _e in step.phases):
                 del totals[phase]  # none of its intervals is left
+        return moved
+
+    def _split(self) -> None:
+        """The optimizer about to step already did in this step: the step ends where its last
+        optimizer step ended, and what began since moves to the next step."""
+        cut = self._last_opt_end
+        moved = self._cut_phases(cut)
+        self._pending = 0  # moved along
         self._close(cut)
         self._open(cut)
         for (phase, start, end), module in moved:
@@ -586,8 +677,10 @@ class StepTracker(TrackerHooks):
         step.samples = self._samples if self._set_samples is None else self._set_samples
         step.tokens = self._tokens if self._set_tokens is None else self._set_tokens
         step.micro_batches = self._batches if self._set_batches is None else self._set_batches
+        step.skipped = self._skipped and not self._updated
         if self._opts:
             self._known = self._opts
+        self._kept = self._pending
         self._reset_step()
         self._reset_batches()
         # phases still running (a forward that spans the boundary) continue into the next step
@@ -628,7 +721,7 @@ class NativeStepTracker(TrackerHooks):
         self.end_scope: Callable[[], None] = native.end_scope
         self.finish: Callable[[], None] = native.finish
         self.fail: Callable[[BaseException], None] = native.fail
-        for name in HOOKS:
+        for name in (*HOOKS, UPDATE_HOOK):
             setattr(self, name, native.hook(name))
 
     @property
