@@ -16,7 +16,7 @@ namespace otelprof::detail {
 constexpr int kUnset = -2;
 
 // Why an event is hidden beyond its kind or length (reference: volume.HIDDEN_*).
-enum Hidden : uint8_t { kHiddenShort = 1, kHiddenPython, kHiddenBudget, kHiddenStepCopy, kHiddenWindowRoot };
+enum Hidden : uint8_t { kHiddenShort = 1, kHiddenPython, kHiddenBudget, kHiddenStepCopy, kHiddenWindowRoot, kHiddenOutsideStep };
 
 struct IdentPairHash {
     size_t operator()(const std::pair<Ident, Ident>& k) const {

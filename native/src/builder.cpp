@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <variant>
@@ -34,8 +35,8 @@ using namespace detail;
 namespace {
 
 // Counters returned with every conversion (same names and order as the reference's STAT_KEYS).
-enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, ITERATIONS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, kStatCount };
-const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "iterations", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots"};
+enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, ITERATIONS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, DROPPED_OUTSIDE_STEP, kStatCount };
+const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "iterations", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots", "dropped_outside_step"};
 
 // Characters kept of a span name (reference: SPAN_NAME_LENGTH_LIMIT).
 constexpr int64_t kSpanNameLengthLimit = 8192;
@@ -91,11 +92,12 @@ std::string_view cut_chars(std::string_view text, int64_t limit) {
     return text;
 }
 
-// Runs of two or more consecutive hidden siblings (not Python) with one name and category, all in
-// one trace, become one aggregate span each (reference: builder.py, the same stage). Returns the
-// runs (the first member leads) and marks their members in `aggregated`.
+// Runs of two or more consecutive hidden siblings (not Python, not outside their live step) with
+// one name and category, all in one trace, become one aggregate span each (reference: builder.py,
+// the same stage). Returns the runs (the first member leads) and marks their members in `aggregated`.
 std::vector<std::vector<int>> find_sibling_runs(const std::vector<Event>& ev, const EventTree& tree,
-                                                const std::vector<char>& keep, std::vector<char>& aggregated) {
+                                                const std::vector<char>& keep, const std::vector<uint8_t>& reason,
+                                                std::vector<char>& aggregated) {
     const int n = static_cast<int>(ev.size());
     std::vector<std::vector<int>> aggs;
     const Children children = children_in_order(tree.parent, tree.sweep_order);
@@ -107,7 +109,7 @@ std::vector<std::vector<int>> find_sibling_runs(const std::vector<Event>& ev, co
         const size_t n_kids = children.begin[p + 1] - children.begin[p];
         for (size_t idx = 0; idx <= n_kids; ++idx) {
             int c = idx < n_kids ? kids[idx] : -1;
-            bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python;
+            bool cand = c >= 0 && !keep[c] && ev[c].kind != Kind::Python && reason[c] != kHiddenOutsideStep;
             const bool same = cand && !run.empty() && tree.owner[c] == tree.owner[run[0]];  // one trace per run
             if (same && ev[c].name_id == ev[run[0]].name_id && ev[c].cat == ev[run[0]].cat) {
                 run.push_back(c);
@@ -182,7 +184,7 @@ int64_t add_resource(Built& out, const Trace& trace, const Options& opts, std::o
 }
 
 // Why an event is hidden (reference: volume.HIDDEN_*), and the counter each reason adds to.
-const StatKey kHiddenStat[] = {DROPPED_SHORT, DROPPED_SHORT, DROPPED_PYTHON, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS};
+const StatKey kHiddenStat[] = {DROPPED_SHORT, DROPPED_SHORT, DROPPED_PYTHON, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, DROPPED_OUTSIDE_STEP};
 
 // Appends an attribute to `sp`, whose range must be the last one in the pool.
 inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
@@ -300,22 +302,45 @@ struct BuildState {
     }
     int parent_span(int k) const { return k >= 0 && !(split && is_step(k)) ? k : -1; }
     // a CPU span [ev[i].start, end) directly under live step s's ProfilerStep: the phase it
-    // overlaps most (the first such), else the ProfilerStep
+    // overlaps most (the first such); overlapping none (the loss, between the forward and the
+    // backward), the phase that began last at or before its start (ties: the first), else the
+    // first to begin after it; the ProfilerStep when the step has no phases
     SpanId under_phase(int s, int i, int64_t end) const {
         SpanId best = sid(ev[s].ordinal);
+        if (ev[i].device()) return best;
+        const int64_t begin = ev[i].start;
         int64_t most = 0;
-        if (!ev[i].device()) {
-            for (const LivePhase& phase : live_step(s)->phases) {
-                const int64_t hi = std::min(end, phase.end), lo = std::max(ev[i].start, phase.start);
-                if (hi <= lo) continue;  // lo >= phase.start >= 0: hi - lo cannot overflow
-                const int64_t overlap = hi - lo;
-                if (overlap > most) {
-                    best = phase.span_id;
-                    most = overlap;
-                }
+        const LivePhase* before = nullptr;  // the phase that began last at or before begin
+        const LivePhase* after = nullptr;   // the first to begin after it
+        for (const LivePhase& phase : live_step(s)->phases) {
+            const int64_t hi = std::min(end, phase.end), lo = std::max(begin, phase.start);
+            // lo >= phase.start >= 0: hi - lo cannot overflow
+            if (hi > lo && hi - lo > most) {
+                best = phase.span_id;
+                most = hi - lo;
+            }
+            if (phase.start <= begin) {
+                if (!before || phase.start > before->start) before = &phase;
+            } else if (!after || phase.start < after->start) {
+                after = &phase;
             }
         }
+        if (most == 0 && (before || after)) return (before ? before : after)->span_id;
         return best;
+    }
+    // The [start, end] of step marker s's live step when it overlaps the marker (by more than
+    // 0 ns; none given, or on another clock: nullptr).
+    const LiveStep* live_interval(int s) const {
+        const LiveStep* ls = live_step(s);
+        if (!ls || std::min(ev[s].end, ls->end) - std::max(ev[s].start, ls->start) <= 0) return nullptr;
+        return ls;
+    }
+    // Step marker s's span times, cut to its live step's interval: a ProfilerStep never outlives
+    // its train.step.
+    std::pair<int64_t, int64_t> marker_times(int s) const {
+        const LiveStep* ls = live_interval(s);
+        if (!ls) return {ev[s].start, ev[s].end};
+        return {std::max(ev[s].start, ls->start), std::min(ev[s].end, ls->end)};
     }
     // Slot of the parent of a non-root event i (or of an aggregate that i leads).
     int parent_of(int i) {
@@ -430,6 +455,27 @@ void window_iterations(BuildState& st) {
     st.stats[ITERATIONS] = st.n_iter;
 }
 
+// A CPU-side event of a live step's marker that lies wholly outside the step's own interval (what
+// its ProfilerStep range held before the step began or after it ended: otelprof's own work at the
+// boundary) is in no recorded step: not a span, counted (reference: _outside_live_steps).
+void outside_live_steps(BuildState& st) {
+    const std::vector<Event>& ev = st.ev;
+    const std::vector<int>& owner = st.tree.owner;
+    std::vector<const LiveStep*> bounds(st.tree.steps.size(), nullptr);  // by step index
+    bool any = false;
+    for (int s : st.tree.steps) any |= (bounds[st.tree.step_index[s]] = st.live_interval(s)) != nullptr;
+    if (!any) return;
+    for (int i = 0; i < st.n; ++i) {
+        const int o = owner[i];
+        if (o < 0 || o == i || o >= st.n || !st.is_step(o) || ev[i].device()) continue;
+        const LiveStep* ls = bounds[st.tree.step_index[o]];
+        if (ls && (ev[i].end <= ls->start || ev[i].start >= ls->end)) {
+            st.keep[i] = 0;
+            st.reason[i] = kHiddenOutsideStep;
+        }
+    }
+}
+
 // Each trace's id (step, detail, live step, window, iteration) and the window's root.
 void trace_ids_and_roots(BuildState& st) {
     const std::vector<Event>& ev = st.ev;
@@ -486,6 +532,7 @@ void trace_ids_and_roots(BuildState& st) {
             }
         }
     }
+    if (st.any_live) outside_live_steps(st);
     st.window_trace = make_trace_id("window|" + run_id + "|" + rank_s + "|" + st.out.window_id);
     for (int k = 0; k < st.n_iter; ++k)
         st.iteration_trace.push_back(make_trace_id("iteration|" + run_id + "|" + rank_s + "|" + st.out.window_id + "|" + std::to_string(k + 1)));
@@ -536,7 +583,7 @@ void trace_ids_and_roots(BuildState& st) {
 // Runs of identical hidden siblings become one aggregate span each (default detail).
 void aggregate_sibling_runs(BuildState& st) {
     st.aggregated.assign(static_cast<size_t>(st.n), 0);
-    if (!st.full) st.aggs = find_sibling_runs(st.ev, st.tree, st.keep, st.aggregated);
+    if (!st.full) st.aggs = find_sibling_runs(st.ev, st.tree, st.keep, st.reason, st.aggregated);
 }
 
 // Scratch of the span budget, per event (has_child: per slot), allocated once for all traces.
@@ -820,6 +867,7 @@ void hidden_counts(BuildState& st) {
             if (why >> kHiddenPython & 1) reason_text("python functions");
             if (why >> kHiddenBudget & 1) reason_text("over the " + std::to_string(opts.span_budget) + "-span budget");
             if (why >> kHiddenStepCopy & 1) reason_text("device copy of the step");
+            if (why >> kHiddenOutsideStep & 1) reason_text("outside the live step");
             text += "): ";
             int64_t listed = 0;
             for (size_t k = 0; k < shown; ++k) {
@@ -1023,7 +1071,6 @@ inline void add_arg_attributes(BuildState& st, Span& sp, const Event& e) {
 // A ProfilerStep span's own attributes: step number, memory peak, what a trace list shows, the
 // live window's trigger (reference: _step_attributes).
 inline void add_step_attributes(BuildState& st, Span& sp, int i, std::string& rendered) {
-    const Event& e = st.ev[i];
     const int64_t step = st.tree.step_num[i];
     st.add(sp, kStepKey, AttrValue::integer(step));
     const int k = st.tree.step_index[i];
@@ -1034,7 +1081,8 @@ inline void add_step_attributes(BuildState& st, Span& sp, int i, std::string& re
     st.add(sp, kInputValueKey, AttrValue::str(st.keep_str(rendered)));
     st.add(sp, kInputMimeTypeKey, AttrValue::str("application/json"));
     rendered = "{\"step_ms\": ";
-    append_millis(rendered, e.end - e.start);
+    const auto [start, end] = st.marker_times(i);
+    append_millis(rendered, end - start);
     rendered += '}';
     st.add(sp, kOutputValueKey, AttrValue::str(st.keep_str(rendered)));
     st.add(sp, kOutputMimeTypeKey, AttrValue::str("application/json"));
@@ -1106,8 +1154,7 @@ void assemble_event_spans(BuildState& st) {
             sp.has_parent = true;
         }
         sp.name = name;
-        sp.start = e.start;
-        sp.end = e.end;
+        std::tie(sp.start, sp.end) = st.is_step(i) ? st.marker_times(i) : std::make_pair(e.start, e.end);
         if (auto* found = links.find(static_cast<size_t>(i))) {
             st.span_links.swap(*found);
             release(*found);

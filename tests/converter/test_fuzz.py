@@ -229,7 +229,8 @@ def _check(result: ConvertResult, opts: dict[str, Any]) -> None:
         n_spans += len(spans)
     assert st_["spans"] == n_spans
     kept = st_["spans"] - st_["synthetic_spans"] - st_["aggregate_spans"]
-    hidden = sum(st_[k] for k in ("dropped_python", "dropped_short", "dropped_budget", "dropped_step_copies"))
+    dropped = ("dropped_python", "dropped_short", "dropped_budget", "dropped_step_copies", "dropped_outside_step")
+    hidden = sum(st_[k] for k in dropped)
     assert kept + hidden + st_["dropped_window_roots"] + st_["aggregated_events"] == st_["complete_events"]
     for op in result.ops:
         assert op.calls >= 1 and op.kind in ("op", "annotation", "device")

@@ -1,7 +1,8 @@
 """Live steps matched to a trace's ``ProfilerStep#N`` markers by time (``live_match="time"``):
 a user's own torch.profiler numbers its steps itself, so the live step that overlaps a marker
-most takes it, whatever the numbers; ``"number"`` (the default) ignores the live steps' times.
-Both engines give the same bytes."""
+most takes it, whatever the numbers; ``"number"`` (the default) matches ignoring the live steps'
+times (either way a marker is then cut to its live step: test_live_nesting.py). Both engines give
+the same bytes."""
 
 from __future__ import annotations
 
@@ -112,7 +113,10 @@ def test_markers_go_under_the_live_steps_they_overlap_most(detail: Detail) -> No
         assert spans[f"aten::bwd{number}"].parent_id == bwd
         assert spans[f"aten::inner{number}"].parent_id == spans[f"aten::fwd{number}"].span_id
         assert all(spans[f"aten::{op}{number}"].trace_id == live.trace_id for op in ("fwd", "inner", "bwd"))
-    assert spans["aten::tail3"].parent_id == spans["ProfilerStep#3"].span_id  # overlaps no phase
+    assert spans["aten::tail3"].parent_id == LIVE_41.phases[1][0]  # overlaps no phase: the one before it
+    # cut to the live step where it outlives it ([2000, 3000) µs in [2050, 3100] µs)
+    assert (spans["ProfilerStep#4"].start, spans["ProfilerStep#4"].end) == (2050 * US, 3000 * US)
+    assert (spans["ProfilerStep#3"].start, spans["ProfilerStep#3"].end) == (1000 * US, 2000 * US)
     trace_ids = {s.trace_id for s in spans.values()}
     assert trace_ids == {LIVE_41.trace_id, LIVE_42.trace_id}  # none in the decoy's or the lesser's trace
     assert not [s.name for s in spans.values() if not s.parent_id]  # the live spans are the roots
@@ -120,14 +124,16 @@ def test_markers_go_under_the_live_steps_they_overlap_most(detail: Detail) -> No
 
 def test_number_mode_ignores_the_times() -> None:
     """By number, ProfilerStep#3 takes the decoy numbered 3 and #4 no live step, whatever the
-    intervals say; with the times zeroed the bytes are the same, and the default is "number"."""
+    intervals say (the decoy's, overlapping no part of the marker, cuts nothing); with the
+    times zeroed the bytes are the same, and the default is "number"."""
     options = ConvertOptions(run_id=RUN, detail="full", live_steps=LIVE)
     assert options.live_match == "number"
     result = _both(STEPS, options)
     spans = _by_name(result)
     assert (spans["ProfilerStep#3"].trace_id, spans["ProfilerStep#3"].parent_id) == (DECOY.trace_id, DECOY.span_id)
     assert spans["ProfilerStep#3"].attrs["otelprof.window.trigger"] == "anomaly"
-    assert spans["aten::fwd3"].parent_id == spans["ProfilerStep#3"].span_id  # the decoy's phases overlap nothing
+    assert spans["aten::fwd3"].parent_id == DECOY.phases[0][0]  # overlapping no phase: the first after it
+    assert (spans["ProfilerStep#3"].start, spans["ProfilerStep#3"].end) == (1000 * US, 2000 * US)
     assert spans["ProfilerStep#4"].parent_id == b""
     assert spans["ProfilerStep#4"].trace_id == ids.trace_id(f"step|{RUN}|4")
     untimed = tuple(dataclasses.replace(ls, start_ns=0, end_ns=0) for ls in LIVE)
@@ -144,13 +150,18 @@ def test_time_mode_without_times_matches_nothing() -> None:
 
 def test_markers_take_live_steps_in_order_of_start() -> None:
     """One live step that overlaps #4 (first in the file) more than #3: #3 starts first and takes
-    it, and a live step goes to one marker only, so #4 keeps its own trace."""
+    it, and a live step goes to one marker only, so #4 keeps its own trace. #3 is cut to the
+    live step's last 10 µs of it, and its operators, all before, are no spans."""
     wide = _live(9, 1990 * US, 2900 * US)
-    spans = _by_name(_both(STEPS, ConvertOptions(run_id=RUN, detail="full", live_steps=(wide,), live_match="time")))
+    result = _both(STEPS, ConvertOptions(run_id=RUN, detail="full", live_steps=(wide,), live_match="time"))
+    spans = _by_name(result)
     assert (spans["ProfilerStep#3"].trace_id, spans["ProfilerStep#3"].parent_id) == (wide.trace_id, wide.span_id)
+    assert (spans["ProfilerStep#3"].start, spans["ProfilerStep#3"].end) == (1990 * US, 2000 * US)
     assert spans["ProfilerStep#4"].parent_id == b""
     assert spans["ProfilerStep#4"].trace_id == ids.trace_id(f"step|{RUN}|4")
-    assert spans["aten::fwd3"].parent_id == spans["ProfilerStep#3"].span_id  # a live step without phases
+    assert not {"aten::fwd3", "aten::inner3", "aten::bwd3", "aten::tail3"} & set(spans)
+    assert result.stats["dropped_outside_step"] == 4
+    assert spans["aten::fwd4"].parent_id == spans["ProfilerStep#4"].span_id  # no live step: untouched
 
 
 def test_equal_overlaps_go_to_the_first_live_step_given() -> None:

@@ -269,6 +269,7 @@ def test_default_detail_reconciles(trace: Path, engine: str, raw: RawTrace) -> N
     complete = list(raw.complete())
     kept = st["spans"] - st["synthetic_spans"] - st["aggregate_spans"]
     hidden = st["dropped_python"] + st["dropped_short"] + st["dropped_budget"] + st["dropped_step_copies"]
+    hidden += st["dropped_outside_step"]  # 0 here: no live steps
     assert kept + hidden + st["dropped_window_roots"] + st["aggregated_events"] == len(complete)
     assert st["spans"] == len(d.spans)
     assert st["synthetic_spans"] == sum(1 for s in d.spans if s.synthetic)

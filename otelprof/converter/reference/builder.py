@@ -206,15 +206,40 @@ class _BuildState:
 
     def under_phase(self, s: int, i: int, end: int) -> bytes:
         """A CPU span [ev[i].start, end) directly under live step ``s``'s ProfilerStep: the phase
-        it overlaps most (the first such), else the ProfilerStep."""
+        it overlaps most (the first such); overlapping none (the loss, between the forward and
+        the backward), the phase that began last at or before its start (ties: the first), else
+        the first to begin after it; the ProfilerStep when the step has no phases."""
         ev = self.ev
         best, most = self.sid(ev[s].ordinal), 0
-        if not ev[i].device:
-            for phase_id, start, stop in self.live_of[s].phases:
-                overlap = min(end, stop) - max(ev[i].start, start)
-                if overlap > most:
-                    best, most = phase_id, overlap
-        return best
+        if ev[i].device:
+            return best
+        begin = ev[i].start
+        before: tuple[int, bytes] | None = None  # the phase that began last at or before begin
+        after: tuple[int, bytes] | None = None  # the first to begin after it
+        for phase_id, start, stop in self.live_of[s].phases:
+            overlap = min(end, stop) - max(begin, start)
+            if overlap > most:
+                best, most = phase_id, overlap
+            if start <= begin and (before is None or start > before[0]):
+                before = (start, phase_id)
+            elif start > begin and (after is None or start < after[0]):
+                after = (start, phase_id)
+        nearest = before or after
+        return nearest[1] if most == 0 and nearest is not None else best
+
+    def live_interval(self, s: int) -> tuple[int, int] | None:
+        """The [start_ns, end_ns] of step marker ``s``'s live step when it overlaps the marker
+        (by more than 0 ns; none given, or on another clock: None)."""
+        e, live = self.ev[s], self.live_of.get(s)
+        if live is None or min(e.end, live.end_ns) - max(e.start, live.start_ns) <= 0:
+            return None
+        return live.start_ns, live.end_ns
+
+    def marker_times(self, s: int) -> tuple[int, int]:
+        """Step marker ``s``'s span times, cut to its live step's interval: a ProfilerStep never
+        outlives its train.step."""
+        e, live = self.ev[s], self.live_interval(s)
+        return (e.start, e.end) if live is None else (max(e.start, live[0]), min(e.end, live[1]))
 
     def parent_span(self, k: int) -> bytes:
         """Parent span id of a kept span given its nearest kept ancestor ``k``."""
@@ -435,6 +460,7 @@ def trace_ids_and_roots(st: _BuildState) -> None:
         st.live_of = {s: live[step_num[s]] for s in steps if step_num[s] in live}
     for s, ls in st.live_of.items():
         step_trace[s] = ls.trace_id
+    _outside_live_steps(st)
     st.detail_trace = {s: ids.trace_id(f"detail|{run_id}|{rank_s}|{step_num[s]}") for s in steps} if split else {}
     window_trace = st.window_trace = ids.trace_id(f"window|{run_id}|{rank_s}|{window}")
     iteration_trace = st.iteration_trace = [
@@ -490,6 +516,21 @@ def trace_ids_and_roots(st: _BuildState) -> None:
     st.window_root_id, st.synthetic = window_root_id, synthetic
 
 
+def _outside_live_steps(st: _BuildState) -> None:
+    """A CPU-side event of a live step's marker that lies wholly outside the step's own interval
+    (what its ProfilerStep range held before the step began or after it ended: otelprof's own
+    work at the boundary) is in no recorded step: not a span, counted (dropped_outside_step)."""
+    keep, reason, owner = st.keep, st.reason, st.owner
+    bounds = {s: live for s in st.live_of if (live := st.live_interval(s)) is not None}
+    if not bounds:
+        return
+    for i, e in enumerate(st.ev):
+        live = bounds.get(owner[i])
+        if live is not None and owner[i] != i and not e.device and (e.end <= live[0] or e.start >= live[1]):
+            keep[i] = False
+            reason[i] = volume.HIDDEN_OUTSIDE_STEP
+
+
 def _live_by_time(ev: list[Event], steps: list[int], live_steps: tuple[LiveStep, ...]) -> dict[int, LiveStep]:
     """``live_match="time"``: the step markers in order of start (ties: trace order), each to
     the unused live step whose [start_ns, end_ns] overlaps its [start, end] most (more than 0;
@@ -511,7 +552,7 @@ def _live_by_time(ev: list[Event], steps: list[int], live_steps: tuple[LiveStep,
 def aggregate_sibling_runs(st: _BuildState) -> None:
     """Runs of two or more consecutive hidden siblings with one name and category, in one trace,
     become one aggregate span each (default detail)."""
-    ev, n, keep, owner, children = st.ev, st.n, st.keep, st.owner, st.children
+    ev, n, keep, owner, children, reason = st.ev, st.n, st.keep, st.owner, st.children, st.reason
     aggregated = st.aggregated = [False] * n
     aggs = st.aggs = []  # members of each aggregate span, first member leads
     if st.full:
@@ -521,7 +562,7 @@ def aggregate_sibling_runs(st: _BuildState) -> None:
             continue
         run: list[int] = []
         for c in children[p] + [-1]:
-            cand = c >= 0 and not keep[c] and ev[c].kind != Kind.PYTHON
+            cand = c >= 0 and not keep[c] and ev[c].kind != Kind.PYTHON and reason[c] != volume.HIDDEN_OUTSIDE_STEP
             same = cand and bool(run) and owner[c] == owner[run[0]]  # one trace per run
             if same and ev[c].name == ev[run[0]].name and ev[c].cat == ev[run[0]].cat:
                 run.append(c)
@@ -727,7 +768,8 @@ def assemble_event_spans(st: _BuildState) -> None:
             pid_ = st.level_target(owner[i])
         if live_of and owner[i] in live_of and pid_ == sid(ev[owner[i]].ordinal):
             pid_ = st.under_phase(owner[i], i, e.end)
-        span = Span(e.ordinal, st.trace_of(i), my_id, pid_, name, e.start, e.end, attrs)
+        start, end = st.marker_times(i) if i in step_num else (e.start, e.end)
+        span = Span(e.ordinal, st.trace_of(i), my_id, pid_, name, start, end, attrs)
         span.links = [(t, s_, [("otelprof.link.kind", "fwdbwd")]) for t, s_ in st.links.get(my_id, [])]
         if split and i in step_num:
             span.links.append((st.detail_trace[i], st.detail_root_id[i], [("otelprof.link.kind", "rank_detail")]))
@@ -746,7 +788,8 @@ def _step_attributes(st: _BuildState, i: int, e: Event) -> Attrs:
     peak = acc_peak if acc_peak >= 0 else cpu_peak
     if peak >= 0:
         attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
-    attrs.extend(step_list_attrs(step, e.end - e.start))
+    start, end = st.marker_times(i)
+    attrs.extend(step_list_attrs(step, end - start))
     live = st.live_of.get(i)
     if live is not None and live.trigger:
         attrs.append(("otelprof.window.trigger", live.trigger))
@@ -812,7 +855,7 @@ STAT_KEYS = (
     "events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events",
     "steps", "iterations", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python",
     "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests",
-    "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots",
+    "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots", "dropped_outside_step",
 )  # fmt: skip
 
 

@@ -11,14 +11,16 @@ from collections.abc import Callable
 from ...otlp.schema import DEVICE_TIME_KINDS, Kind
 from .reader import Event
 
-#: Why an event is not a span, beyond its kind (python functions) or length (short).
-HIDDEN_SHORT, HIDDEN_PYTHON, HIDDEN_BUDGET, HIDDEN_STEP_COPY, HIDDEN_WINDOW_ROOT = 1, 2, 3, 4, 5
+#: Why an event is not a span, beyond its kind (python functions) or length (short); outside
+#: step: a CPU-side event of a live step's marker wholly outside that step's own interval.
+HIDDEN_SHORT, HIDDEN_PYTHON, HIDDEN_BUDGET, HIDDEN_STEP_COPY, HIDDEN_WINDOW_ROOT, HIDDEN_OUTSIDE_STEP = 1, 2, 3, 4, 5, 6
 HIDDEN_STAT = {
     HIDDEN_SHORT: "dropped_short",
     HIDDEN_PYTHON: "dropped_python",
     HIDDEN_BUDGET: "dropped_budget",
     HIDDEN_STEP_COPY: "dropped_step_copies",
     HIDDEN_WINDOW_ROOT: "dropped_window_roots",
+    HIDDEN_OUTSIDE_STEP: "dropped_outside_step",
 }
 #: Names a hidden-spans summary lists, and the characters kept of each.
 HIDDEN_NAMES_SHOWN = 3
@@ -216,6 +218,8 @@ def hidden_attributes(
         texts.append(f"over the {budget}-span budget")
     if HIDDEN_STEP_COPY in why:
         texts.append("device copy of the step")
+    if HIDDEN_OUTSIDE_STEP in why:
+        texts.append("outside the live step")
     counts = Counter(ev[i].name for i in members)
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:HIDDEN_NAMES_SHOWN]
     shown = ", ".join(f"{name[:HIDDEN_NAME_CHARS]} \N{MULTIPLICATION SIGN}{c}" for name, c in top)
