@@ -3,9 +3,11 @@
 The callback counts each training batch (``on_train_batch_start``: samples and tokens inferred
 from the batch as the DataLoader hook does) and ends the step at the ``on_train_batch_end``
 where ``trainer.global_step`` moved (an optimizer stepped; with ``accumulate_grad_batches=N``
-every N-th batch). Validation, the sanity check's included, is an ``evaluation`` span from
-``on_validation_start`` to ``on_validation_end``. Lightning has no run name of its own: the run
-id stays the environment's.
+every N-th batch). Steps are numbered by the updates done before them: ``global_step`` counts
+every optimizer's steps (manual optimization with two optimizers moves it by 2 a batch), so the
+callback counts the batches that stepped itself, from where the fit starts. Validation, the
+sanity check's included, is an ``evaluation`` span from ``on_validation_start`` to
+``on_validation_end``. Lightning has no run name of its own: the run id stays the environment's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class _Counts:
         self.samples: int | None = None
         self.tokens: int | None = None
         self.global_step = 0
+        self.updates = 0  # updates done: the number of the step in progress
         self.evaluating = False
 
     def reset(self) -> None:
@@ -61,6 +64,7 @@ def _make(base: type) -> type:
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             self._counts.reset()
             self._counts.global_step = trainer.global_step
+            self._counts.updates = _updates_done(trainer, pl_module)
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             counts = self._counts
@@ -71,8 +75,8 @@ def _make(base: type) -> type:
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             counts = self._counts
             if trainer.global_step != counts.global_step:  # an optimizer stepped in this batch
-                number = trainer.global_step - 1 if trainer.global_step > 0 else None
-                _steps.end_step(counts.samples, counts.tokens, counts.micro_batches, number)
+                _steps.end_step(counts.samples, counts.tokens, counts.micro_batches, counts.updates)
+                counts.updates += 1
                 counts.reset()
 
         def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -87,6 +91,18 @@ def _make(base: type) -> type:
 
     OtelprofCallback.__module__ = __name__
     return OtelprofCallback
+
+
+def _updates_done(trainer: Any, pl_module: Any) -> int:
+    """Updates done when a fit starts (a resumed one's included): ``global_step`` with automatic
+    optimization (one optimizer); with manual optimization, Lightning's count of the batches done
+    (its loggers' step: each batch counts, as manual optimization accumulates nothing)."""
+    try:
+        if getattr(pl_module, "automatic_optimization", True):
+            return int(trainer.global_step)
+        return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+    except Exception:
+        return 0
 
 
 def callback_class(package: str = "lightning.pytorch") -> type:

@@ -29,6 +29,7 @@ class Truth:
     tokens: list[int | None] = field(default_factory=list)
     micro_batches: list[int] = field(default_factory=list)
     evaluations: int = 0
+    evaluated_after: list[int] = field(default_factory=list)  # updates done before each evaluation
 
 
 @dataclass
@@ -107,11 +108,11 @@ def _captured(rec: HttpReceiver, metrics: dict[str, Any]) -> Captured:
 
 
 def check_steps(captured: Captured, truth: Truth) -> list[Span]:
-    """One ``train.step`` span per optimizer update, numbered in order, with the update's samples
-    and tokens; its phases inside it, not overlapping, summing to at most the step."""
+    """One ``train.step`` span per optimizer update, numbered by the updates done before it
+    (0, 1, ...), with the update's samples and tokens."""
     steps = captured.named("train.step")
     assert len(steps) == len(truth.samples)
-    assert [attrs(s)["pytorch.step"] for s in steps] == sorted(attrs(s)["pytorch.step"] for s in steps)
+    assert [attrs(s)["pytorch.step"] for s in steps] == list(range(len(truth.samples)))
     assert [attrs(s).get("otelprof.step.samples") for s in steps] == truth.samples
     assert [attrs(s).get("otelprof.step.tokens") for s in steps] == truth.tokens
     for a, b in itertools.pairwise(steps):
@@ -135,9 +136,14 @@ def check_phases(captured: Captured, steps: list[Span]) -> None:
 
 def check_evaluations(captured: Captured, truth: Truth, steps: list[Span], phase: str = "forward") -> None:
     """Each evaluation is one ``evaluation`` span with its ``phase`` (its forwards), outside every
-    training step."""
+    training step, numbered as the training steps are: the updates done before it."""
     evaluations = captured.named("evaluation")
     assert len(evaluations) == truth.evaluations
+    assert [attrs(e).get("pytorch.step") for e in evaluations] == truth.evaluated_after
+    traces = {attrs(s)["pytorch.step"]: s.trace_id for s in steps}
+    for evaluation in evaluations:  # in the trace of the training step after it, if one came
+        number = attrs(evaluation)["pytorch.step"]
+        assert evaluation.trace_id == traces.get(number, evaluation.trace_id)
     for evaluation in evaluations:
         assert phase in {phase_of(p) for p in phase_spans(captured, evaluation)}
         for step in steps:

@@ -26,6 +26,7 @@ class Truth(Callback):
         self.samples: list[int] = []
         self.micro_batches: list[int] = []
         self.evaluations = 0
+        self.evaluated_after: list[int] = []  # batches (updates) done before each evaluation
         self._micro = 0
         self._samples = 0
 
@@ -42,6 +43,7 @@ class Truth(Callback):
 
     def eval_start(self, state: Any, logger: Any) -> None:
         self.evaluations += 1
+        self.evaluated_after.append(len(self.samples))
 
 
 def main() -> None:
@@ -81,6 +83,7 @@ def main() -> None:
         "samples": truth.samples,
         "micro_batches": truth.micro_batches,
         "evaluations": truth.evaluations,
+        "evaluated_after": truth.evaluated_after,
         "metrics": metrics,
     }
     print(json.dumps(out))

@@ -131,6 +131,7 @@ def _truth(out: dict[str, Any]) -> checks.Truth:
         tokens=[None] * len(out["samples"]),  # float features: no tokens
         micro_batches=out["micro_batches"],
         evaluations=out["evaluations"],
+        evaluated_after=out["evaluated_after"],
     )
 
 

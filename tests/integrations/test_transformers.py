@@ -66,6 +66,7 @@ class Truth(transformers.TrainerCallback):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.trainer.truth.evaluations += 1
+        self.trainer.truth.evaluated_after.append(len(self.trainer.truth.samples))
 
 
 def _train(accumulation: int, out: Path) -> tuple[CountingTrainer, checks.Truth]:
@@ -200,7 +201,10 @@ def test_under_otelprof_run_with_no_code_change(tmp_path: Path) -> None:
         for ss in rs.scope_spans
         for span in ss.spans
     ]
-    steps = [s for s in spans if s.name == "train.step"]
+    steps = sorted((s for s in spans if s.name == "train.step"), key=lambda s: s.start_time_unix_nano)
+    assert [checks.attrs(s)["pytorch.step"] for s in steps] == [0, 1, 2, 3]
     assert [checks.attrs(s)["otelprof.step.samples"] for s in steps] == [8] * 4
     assert [checks.attrs(s)["otelprof.step.tokens"] for s in steps] == [8 * SEQ] * 4
-    assert len([s for s in spans if s.name == "evaluation"]) == 2
+    # an evaluation every 2 updates: numbered by the updates done before it, as the steps are
+    evaluations = sorted((s for s in spans if s.name == "evaluation"), key=lambda s: s.start_time_unix_nano)
+    assert [checks.attrs(s)["pytorch.step"] for s in evaluations] == [2, 4]

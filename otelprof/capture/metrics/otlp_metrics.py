@@ -109,9 +109,13 @@ class OtlpMetrics:
         self._registry = registry
         self._lock = threading.Lock()
         self._samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-        self._read_at = 0.0
+        self._read_at = float("-inf")
         reader = PeriodicExportingMetricReader(_exporter(environ))
-        self.provider = MeterProvider(resource=Resource.create(dict(resource)), metric_readers=[reader])
+        # no exit handler of the SDK's: registered after otelprof's, it would run first and
+        # export before the session closes the last step (Session.close shuts this down)
+        self.provider = MeterProvider(
+            resource=Resource.create(dict(resource)), metric_readers=[reader], shutdown_on_exit=False
+        )
         meter = self.provider.get_meter("otelprof", __version__)
         self._duration = meter.create_histogram("otelprof.step.duration", "s", "Training step wall time.")
         self._phase = meter.create_histogram("otelprof.step.phase.duration", "s", "Time per step in each phase.")
@@ -169,10 +173,12 @@ class OtlpMetrics:
         if micro_batches:
             self._micro_batches.add(micro_batches, labels)
 
-    def shutdown(self) -> None:
-        """Exports what is left (bounded by the SDK's own timeout)."""
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Exports what is left, after the session's last step: the registry is read afresh."""
+        with self._lock:
+            self._read_at = float("-inf")
         try:
-            self.provider.shutdown(timeout_millis=5000)
+            self.provider.shutdown(timeout_millis=max(0.0, timeout_s) * 1000)
         except Exception:
             _log.warning("otelprof: shutting the OTLP metrics down failed", exc_info=True)
 

@@ -17,7 +17,7 @@ import queue
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class Job:
     trigger: str  # early, schedule, on_demand, anomaly; user: the user's own profiler's
     live: tuple[LiveStep, ...] = ()
     live_match: LiveMatch = "number"  # "time" for the user's windows: their steps have their own numbers
+    unfinished: int | None = None  # ProfilerStep#N of the step the run ended in: not sent
 
 
 class Conversions:
@@ -51,6 +52,7 @@ class Conversions:
         self.save_threads: deque[str] = deque(maxlen=16)  # where each window's trace was saved
         self.done = 0
         self.failed = 0
+        self.unfinished_dropped = 0  # ProfilerStep#N traces of steps the run ended in, not sent
         self._lock = threading.Lock()
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=4)
         self._worker: threading.Thread | None = None
@@ -132,10 +134,13 @@ class Conversions:
                 options = self._options
                 if job.live:
                     options = dataclasses.replace(options, live_steps=job.live, live_match=job.live_match)
-                trigger = job.trigger
+                trigger, unfinished = job.trigger, job.unfinished
                 job = None  # torch's results are freed here, on this thread
                 result = convert(path, options=options)
-                for request in result.requests:
+                requests = result.requests
+                if unfinished is not None:
+                    requests = self._drop_unfinished(requests, unfinished)
+                for request in requests:
                     self._submit(request)
                 self.done += 1
                 if self.metrics is not None:
@@ -147,6 +152,78 @@ class Conversions:
                 job = None
                 if path is not None:
                     path.unlink(missing_ok=True)
+
+    def _drop_unfinished(self, requests: list[bytes], number: int) -> list[bytes]:
+        """``requests`` without the step trace of ``ProfilerStep#number``, a step the run ended
+        in: its train.step never closed, so no live step takes the marker, and it would be a
+        root trace of its own (counted in ``unfinished_dropped``)."""
+        roots, requests = _without_root(requests, f"ProfilerStep#{number}")
+        if roots:
+            self.unfinished_dropped += 1
+            _log.debug("otelprof: ProfilerStep#%d of the step the run ended in is not sent", number)
+        return requests
+
+
+def _without_root(requests: list[bytes], name: str) -> tuple[set[bytes], list[bytes]]:
+    """The span ids of the root spans named ``name`` and the requests without them and every
+    span under them (re-encoded where they held any; a request left empty goes). Only spans
+    of their traces are looked at: another step's spans never go, whatever its trace."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    marker = name.encode()
+    roots = {
+        (span.trace_id, span.span_id)
+        for data in requests
+        if marker in data  # the name's bytes: only these requests are decoded here
+        for rs in ExportTraceServiceRequest.FromString(data).resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+        if span.name == name and not span.parent_span_id
+    }
+    if not roots:
+        return set(), requests
+    traces = {trace for trace, _span in roots}
+    decoded = [
+        ExportTraceServiceRequest.FromString(data) if any(t in data for t in traces) else None for data in requests
+    ]
+    children: dict[tuple[bytes, bytes], list[bytes]] = {}
+    for request in decoded:
+        for span in _spans(request):
+            if span.trace_id in traces and span.parent_span_id:
+                children.setdefault((span.trace_id, span.parent_span_id), []).append(span.span_id)
+    gone, todo = set(roots), list(roots)
+    while todo:
+        trace, span_id = todo.pop()
+        for child in children.get((trace, span_id), ()):
+            if (trace, child) not in gone:
+                gone.add((trace, child))
+                todo.append((trace, child))
+    out = []
+    for data, request in zip(requests, decoded, strict=True):
+        if request is None:
+            out.append(data)
+            continue
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                kept = [span for span in ss.spans if (span.trace_id, span.span_id) not in gone]
+                del ss.spans[:]
+                ss.spans.extend(kept)
+            kept_scopes = [ss for ss in rs.scope_spans if ss.spans]
+            del rs.scope_spans[:]
+            rs.scope_spans.extend(kept_scopes)
+        kept_resources = [rs for rs in request.resource_spans if rs.scope_spans]
+        del request.resource_spans[:]
+        request.resource_spans.extend(kept_resources)
+        if request.resource_spans:
+            out.append(request.SerializeToString())
+    return {span for _trace, span in roots}, out
+
+
+def _spans(request: Any) -> Iterator[Any]:
+    if request is not None:
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                yield from ss.spans
 
 
 def temp_path(suffix: str = ".json") -> Path:

@@ -35,8 +35,9 @@ import signal
 import statistics
 import threading
 import time
+import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,10 @@ class Windows:
         with self._lock:
             if not self._started:
                 return None
+            # the step ended before this callback (at the tracker's clock): its ProfilerStep range
+            # ends first, before the work below (the converter cuts what is left to the step)
+            if self._range is not None:
+                self._close_range()
             action = self._current  # the ended step's
             label = self._step_num  # its ProfilerStep#label: the profiler counts boundaries
             if live is not None and action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
@@ -279,13 +284,14 @@ class Windows:
             return self.mark()
 
     def _user_step(self, live: Callable[[], LiveStep | None], seconds: float) -> None:
-        """A step the user's profiler ran beside: its span ids and times (the tracker's clock is
-        the wall clock, and the step ends now), for ``convert_user``."""
+        """A step the user's profiler ran beside: its span ids and times (its own; without them,
+        the tracker's clock is the wall clock and the step ended about now), for ``convert_user``."""
         step = live()
         if step is not None:
-            end = time.time_ns()
-            start = max(0, end - int(seconds * 1e9))
-            self.user_steps.append(dataclasses.replace(step, start_ns=start, end_ns=end, trigger="user"))
+            if not step.end_ns:
+                end = time.time_ns()
+                step = dataclasses.replace(step, start_ns=max(0, end - int(seconds * 1e9)), end_ns=end)
+            self.user_steps.append(dataclasses.replace(step, trigger="user"))
 
     def _overhead(self, ns: int) -> None:
         """Training-thread time of a window's start or stop (the step pays it; it is marked)."""
@@ -305,9 +311,11 @@ class Windows:
                 self._kineto, self._range, self._state = None, None, _IDLE
                 _log.warning("otelprof: a profiling window in progress is dropped: it can only stop on its own thread")
                 return
+            # the run ends inside a recorded step: no train.step will take its ProfilerStep#N
+            unfinished = self._step_num if self._range is not None else None
             self._close_range()
             if self._state == _RECORDING:
-                self._stop_and_save()
+                self._stop_and_save(unfinished)
             elif self._state == _PREPARED:
                 self._discard()
 
@@ -408,7 +416,7 @@ class Windows:
             self._prepare()
         if action != ProfilerAction.WARMUP:
             if self._state == _PREPARED:
-                with coexist.own():
+                with _own():
                     self._kineto.start_trace()
                 self._state = _RECORDING
             self._range = _open_range(f"ProfilerStep#{step}")
@@ -486,7 +494,7 @@ class Windows:
             with_flops=s.with_flops,
             with_modules=s.with_modules,
         )
-        with coexist.own():
+        with _own():
             kineto.prepare_trace()
         self._kineto, self._state = kineto, _PREPARED
         self.conversions.ready()
@@ -498,24 +506,24 @@ class Windows:
         if kineto is None:
             return
         try:
-            with coexist.own():
+            with _own():
                 if state == _PREPARED:
                     kineto.start_trace()
                 kineto.stop_trace()
         except Exception:
             _log.warning("otelprof: stopping a profiling window failed", exc_info=True)
 
-    def _stop_and_save(self) -> None:
+    def _stop_and_save(self, unfinished: int | None = None) -> None:
         kineto, self._kineto = self._kineto, None
         self._state, self._ended_at = _IDLE, time.monotonic()
         try:
-            with coexist.own():
+            with _own():
                 kineto.stop_trace()
         except Exception:
             self._failed()
             _log.warning("otelprof: stopping a profiling window failed", exc_info=True)
             return
-        self._ready(kineto)
+        self._ready(kineto, unfinished)
 
     def _close_range(self) -> None:
         step_range, self._range = self._range, None
@@ -525,12 +533,13 @@ class Windows:
 
     # --- traces ------------------------------------------------------------------------------
 
-    def _ready(self, prof: Any) -> None:
+    def _ready(self, prof: Any, unfinished: int | None = None) -> None:
         """On the training thread (Kineto has stopped): hand the results to the conversion
         thread, which saves them, on a machine with cores to spare. With few cores, or where
         torch merges more into the file (its CUPTI monitor) or keeps no results object, the
         trace is saved here: in no phase (the trackers start the next phase after a boundary's
-        callbacks) and counted as the window's overhead."""
+        callbacks) and counted as the window's overhead. ``unfinished``: the ProfilerStep#N
+        of a step the window stopped in (dropped from the conversion)."""
         trigger, self._demand_trigger = self._trigger, None
         live, self._live = tuple(self._live), []
         self._saved = True
@@ -549,7 +558,7 @@ class Windows:
                 self.save_threads.append(threading.current_thread().name)
             else:
                 inner.kineto_results = None  # the conversion thread holds the only reference
-            self.conversions.put(Job(source, trigger, live))
+            self.conversions.put(Job(source, trigger, live, unfinished=unfinished))
             # freeing torch's results costs milliseconds: paid in the next window's warmup step
             # (or at close), as with torch's own scheduled profiler, not in the step after this
             self._last = prof
@@ -608,6 +617,20 @@ def _none_action() -> Any:
     from torch.profiler import ProfilerAction
 
     return ProfilerAction.NONE
+
+
+#: torch's warning when a profiler object prepares a second cycle: otelprof makes one per
+#: window, and the user can do nothing about it (filtered around otelprof's own calls only)
+_CLEARS_EVENTS = r"Warning: Profiler clears events at the end of each cycle"
+
+
+@contextlib.contextmanager
+def _own() -> Iterator[None]:
+    """otelprof's own calls of torch's profiler: unseen by coexist's wrappers, and without
+    torch's warning about cycles (the user's filters are restored as they were)."""
+    with coexist.own(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_CLEARS_EVENTS, category=UserWarning)
+        yield
 
 
 def _open_range(name: str) -> Any:
