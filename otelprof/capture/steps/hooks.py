@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .dynamo import DynamoHooks
-from .loaders import INSIDE, OuterLoaders
+from .loaders import INSIDE, OuterLoaders, fetched
 from .tracker import HOOKS, NativeStepTracker, StepTracker
 
 _log = logging.getLogger(__name__)
@@ -155,15 +155,7 @@ class TorchHooks:
                 return batch
             finally:
                 # StopIteration included: the wait for an exhausted iterator was data wait too
-                if batch is None:
-                    end_data()
-                else:
-                    try:
-                        samples, tokens = batch_size(batch)
-                    except Exception as exc:
-                        failed(exc)
-                        samples = tokens = None
-                    data_end(samples, tokens)
+                fetched(batch, batch is None, end_data, data_end, batch_size, failed)
 
         self._patch(iterator, "__next__", next_batch)
         loaders = OuterLoaders(begin_data, end_data, data_end, batch_size, failed)

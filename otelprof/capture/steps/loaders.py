@@ -120,6 +120,19 @@ def _subclasses(base: type) -> list[type]:
     return found
 
 
+def fetched(batch: Any, exhausted: bool, end_data: Any, data_end: Any, sizes: Sizes, failed: Any) -> None:
+    """A fetch is over: the loader is exhausted (or raised), else the batch's sizes end it."""
+    if exhausted:
+        end_data()
+        return
+    try:
+        samples, tokens = sizes(batch)
+    except Exception as exc:
+        failed(exc)
+        samples = tokens = None
+    data_end(samples, tokens)
+
+
 def _outer(
     original: Callable[..., Generator[Any, Any, Any]],
     begin_data: Any,
@@ -150,15 +163,7 @@ def _outer(
                     return
                 finally:
                     inside.depth -= 1
-                    if batch is _NO_BATCH:  # the loader is exhausted (or raised)
-                        end_data()
-                    else:
-                        try:
-                            samples, tokens = sizes(batch)
-                        except Exception as exc:
-                            failed(exc)
-                            samples = tokens = None
-                        data_end(samples, tokens)
+                    fetched(batch, batch is _NO_BATCH, end_data, data_end, sizes, failed)
                 yield batch
         finally:
             inner.close()
