@@ -93,6 +93,32 @@ def test_live_metrics_arrive_over_otlp_with_exemplars(protocol: str, tmp_path: P
     assert resource["otelprof.run.id"].string_value == "otlp-metrics"
 
 
+@pytest.mark.slow  # a training subprocess
+def test_skipped_updates_reach_the_otlp_push(tmp_path: Path) -> None:
+    """A GradScaler loop with 2 updates skipped (inf gradients): the pushed counter says 2."""
+    with http_receiver() as rec:
+        env = {
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
+            "OTEL_METRICS_EXPORTER": "prometheus,otlp",
+            "OTEL_METRIC_EXPORT_INTERVAL": "60000",  # only the export at shutdown
+            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+            "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+            "OTELPROF_RUN_ID": "otlp-skips",
+            "OTELPROF_PROFILE": "false",
+            "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        script = [sys.executable, str(HERE / "scaler_train.py"), str(STEPS), "1,3"]
+        out = subprocess.run(script, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "skipped 2" in out.stdout, out.stderr
+    metrics = _metrics(rec.metric_requests)
+    (skipped,) = metrics[otel_name("otelprof_skipped_updates")[0]]
+    assert skipped.sum.is_monotonic and [p.as_double or p.as_int for p in skipped.sum.data_points] == [2]
+    (steps,) = metrics["otelprof.steps"]  # a skipped update is still a step
+    assert [p.as_int for p in steps.sum.data_points] == [STEPS]
+
+
 def test_names_map_back_to_the_prometheus_names() -> None:
     """A Collector's Prometheus exporter appends the unit and _total: the dashboards' names."""
     assert otel_name("otelprof_window_gpu_busy_ratio") == ("otelprof.window.gpu.busy", "1")

@@ -53,6 +53,7 @@ BRIDGED = (
     ("otelprof_gpu_memory_total_bytes", False),
     ("otelprof_step_spans_dropped", True),
     ("otelprof_eval_forwards", True),
+    ("otelprof_skipped_updates", True),
     ("otelprof_profiling_windows", True),
     ("otelprof_profiling_windows_failed", True),
     ("otelprof_profiling_window_overhead_seconds", True),
