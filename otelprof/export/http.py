@@ -249,13 +249,21 @@ class HttpSender:
         self._cfg = cfg
         self._lock = threading.Lock()
         self._call: Call | None = None
+        # loading CA certificates takes milliseconds: once per sender, once they load (a file
+        # fixed later is read again by the next send until then)
+        self._context: ssl.SSLContext | None = None
 
     def send(self, request: bytes) -> ExportResult:
         call = Call(self._cfg.timeout_s)
         with self._lock:
             self._call = call
         try:
-            return send(self._cfg, request, call)
+            if self._context is None and urlsplit(self._cfg.url).scheme == "https":
+                try:
+                    self._context = ssl_context(self._cfg)
+                except TlsConfigError as exc:
+                    return ExportResult(False, retryable=True, message=str(exc), problem=TLS_CONFIG)
+            return send(self._cfg, request, call, self._context)
         finally:
             with self._lock:
                 self._call = None
@@ -270,9 +278,12 @@ class HttpSender:
         pass
 
 
-def send(cfg: ExporterConfig, request: bytes, call: Call | None = None) -> ExportResult:
+def send(
+    cfg: ExporterConfig, request: bytes, call: Call | None = None, context: ssl.SSLContext | None = None
+) -> ExportResult:
     """POSTs one request within ``cfg.timeout_s`` in all; never raises for network, TLS or
-    protocol trouble (it becomes a result). ``call``: to cancel it from another thread."""
+    protocol trouble (it becomes a result). ``call``: to cancel it from another thread;
+    ``context``: the TLS context to use (else made from ``cfg``)."""
     call = call or Call(cfg.timeout_s)
     url = urlsplit(cfg.url)
     body = gzip.compress(request, compresslevel=6) if cfg.compression == "gzip" else request
@@ -281,11 +292,12 @@ def send(cfg: ExporterConfig, request: bytes, call: Call | None = None) -> Expor
         headers["Content-Encoding"] = "gzip"
     tls = url.scheme == "https"
     try:
-        context = ssl_context(cfg) if tls else None
+        if tls and context is None:
+            context = ssl_context(cfg)
     except TlsConfigError as exc:
         return ExportResult(False, retryable=True, message=str(exc), problem=TLS_CONFIG)
     try:
-        conn = _Connection(url.hostname or "", url.port or (443 if tls else 80), call, context)
+        conn = _Connection(url.hostname or "", url.port or (443 if tls else 80), call, context if tls else None)
         conn.request("POST", url.path or "/", body=body, headers=headers)
         response = conn.getresponse()
         payload = response.read(MAX_REPLY_BYTES + 1)  # never the whole of a huge body
