@@ -97,6 +97,7 @@ otelprof::Options to_options(const py::dict& d) {
         o.compose_resource = resource_composer(d["resource"].cast<py::function>());
     o.group_by_input_shapes = get_or<bool>(d, "group_by_input_shapes", false);
     o.scope_version = get_or<std::string>(d, "scope_version", "");
+    if (d.contains("source_file") && !d["source_file"].is_none()) o.source_file = d["source_file"].cast<std::string>();
     o.threads = get_or<int64_t>(d, "threads", o.threads);
     o.split_from_bytes = get_or<int64_t>(d, "split_from_bytes", o.split_from_bytes);  // (tests: 0 splits any trace)
     o.parallel_from = get_or<int64_t>(d, "parallel_from", o.parallel_from);

@@ -18,6 +18,22 @@ constexpr int kUnset = -2;
 // Why an event is hidden beyond its kind or length (reference: volume.HIDDEN_*).
 enum Hidden : uint8_t { kHiddenShort = 1, kHiddenPython, kHiddenBudget, kHiddenStepCopy, kHiddenWindowRoot, kHiddenOutsideStep };
 
+// What hidden events a parent accounts for, by class (reference: volume.FOLD_CLASSES): ops and
+// annotations, python functions, runtime calls, kernels, memcpys, memsets, other device activity.
+constexpr int kFoldClasses = 7;
+inline int fold_class(Kind k) {
+    switch (k) {
+        case Kind::Python: return 1;
+        case Kind::Runtime: return 2;
+        case Kind::Kernel: return 3;
+        case Kind::Memcpy: return 4;
+        case Kind::Memset: return 5;
+        case Kind::Sync:
+        case Kind::GpuAnnotation: return 6;
+        default: return 0;
+    }
+}
+
 struct IdentPairHash {
     size_t operator()(const std::pair<Ident, Ident>& k) const {
         uint64_t h = static_cast<uint64_t>(k.first.value) * 0x9E3779B97F4A7C15ULL;

@@ -1,6 +1,6 @@
 // The assembly of a trace's spans (reference/builder.py's build): build_spans runs named stages,
 // each a function of a BuildState, in the reference's order and under its names: trace_identity,
-// event_tree, volume_keep, window_iterations, trace_ids_and_roots, aggregate_sibling_runs,
+// event_tree, volume_keep, window_iterations, trace_ids_and_roots, gpu_lanes, aggregate_sibling_runs,
 // apply_budget, window_root_rule, aggregate_spans, hidden_counts, op_self_times,
 // memory_span_events, fwdbwd_links, assemble_synthetic_roots, assemble_event_spans, order_spans,
 // finish_build. The stages of their own files (tree.cpp, volume.cpp, iterations.cpp, links.cpp,
@@ -183,6 +183,17 @@ int64_t add_resource(Built& out, const Trace& trace, const Options& opts, std::o
     return composed.values_cut;
 }
 
+// Characters of a span name a trace UI's tree can show (reference: SPAN_NAME_CHARS).
+constexpr int64_t kSpanNameChars = 128;
+
+// An event's span name: a kernel's folded, any name cut to `limit` characters ("…"; reference: _shown).
+std::string shown_name(Kind kind, std::string_view name, int64_t limit) {
+    std::string out = kind == Kind::Kernel ? fold_kernel_name(name) : std::string(name);
+    const std::string_view kept = cut_chars(out, limit - 1);
+    if (kept.size() == out.size() || cut_chars(out, limit).size() == out.size()) return out;
+    return std::string(kept) + "\xe2\x80\xa6";
+}
+
 // Why an event is hidden (reference: volume.HIDDEN_*), and the counter each reason adds to.
 const StatKey kHiddenStat[] = {DROPPED_SHORT, DROPPED_SHORT, DROPPED_PYTHON, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, DROPPED_OUTSIDE_STEP};
 
@@ -238,6 +249,16 @@ struct BuildState {
     int window_root_ev = -1, window_root = -1, window_slot = 0;
     size_t n_slots = 0;
     std::vector<Span> synthetic;
+    int64_t min_start = 0;  // the earliest event's start (window parts' names)
+    // gpu_lanes: device work whose launch is not in the trace, by (owner, device, stream)
+    struct Lane {
+        int owner, first;  // the first event: its device and stream
+        int64_t start = 0, end = 0;  // of what went under it (assemble_synthetic_roots)
+        bool used = false;
+    };
+    std::vector<Lane> lanes;
+    std::vector<int> lane_of;  // by event: its lane, or -1 (empty: no lanes)
+    int lane_base = 0;         // lane j's slot
     // aggregate_sibling_runs, apply_budget
     std::vector<char> aggregated;
     std::vector<std::vector<int>> aggs;  // members of each aggregate, the first leads; empty: dropped
@@ -247,7 +268,9 @@ struct BuildState {
     struct Hidden {
         int64_t count;
         std::string_view text;
+        int64_t folded[kFoldClasses][2];  // per class: events, summed duration
     };
+    std::vector<std::pair<int64_t, int64_t>> root_folded;  // by slot: the owner's hidden, aggregated events
     std::vector<uint32_t> hidden_at;  // by slot: index in hidden + 1, or 0 (few slots hide any)
     std::vector<Hidden> hidden;
     // op_self_times
@@ -347,6 +370,8 @@ struct BuildState {
         const std::vector<int>& owner = tree.owner;
         int k = tree.parent[i] >= 0 ? nearest_kept(tree.parent[i]) : -1;
         if (k >= 0 && owner[k] != owner[i]) k = -1;  // a parent in the window, i in an iteration
+        if (!lane_of.empty() && lane_of[i] >= 0 && (k < 0 || is_step(k) || k == window_root_ev))
+            return lane_base + lane_of[i];  // device work with no op above it
         int ps = parent_span(k);
         return ps >= 0 ? ps : level_target(owner[i]);
     }
@@ -381,9 +406,22 @@ struct BuildState {
     }
     void add_hidden(Span& sp, int slot) {
         if (const uint32_t at = hidden_at[static_cast<size_t>(slot)]) {
-            add(sp, kHiddenSpansKey, AttrValue::integer(hidden[at - 1].count));
-            add(sp, kHiddenKey, AttrValue::str(hidden[at - 1].text));
+            const Hidden& h = hidden[at - 1];
+            add(sp, kHiddenSpansKey, AttrValue::integer(h.count));
+            add(sp, kHiddenKey, AttrValue::str(h.text));
+            for (int c = 0; c < kFoldClasses; ++c) {
+                if (!h.folded[c][0]) continue;
+                add(sp, static_cast<AttrKey>(kFoldedFirstKey + 2 * c), AttrValue::integer(h.folded[c][0]));
+                add(sp, static_cast<AttrKey>(kFoldedFirstKey + 2 * c + 1), AttrValue::integer(h.folded[c][1]));
+            }
         }
+    }
+    // What a trace root adds: what its trace folded (hidden_counts), the source file.
+    void add_root_attrs(Span& sp, int slot) {
+        const auto [n_hidden, n_aggregated] = root_folded[static_cast<size_t>(slot)];
+        if (n_hidden) add(sp, kTraceHiddenKey, AttrValue::integer(n_hidden));
+        if (n_aggregated) add(sp, kTraceAggregatedKey, AttrValue::integer(n_aggregated));
+        if (opts.source_file) add(sp, kSourceFileKey, AttrValue::str(*opts.source_file));
     }
 };
 
@@ -422,6 +460,7 @@ void trace_identity(BuildState& st) {
     } else {
         st.run_id = "auto|" + std::string(trace.trace_name) + "|" + std::to_string(min_start);
     }
+    st.min_start = min_start;
     st.split = opts.split_world_size > 0 && st.world.value_or(1) >= opts.split_world_size;
     st.out.window_id = fold.finish(trace.total);
     st.base = fnv1a64("span|" + st.run_id + "|" + st.rank_s + "|" + st.out.window_id, kSeedHi);
@@ -538,10 +577,18 @@ void trace_ids_and_roots(BuildState& st) {
         st.iteration_trace.push_back(make_trace_id("iteration|" + run_id + "|" + rank_s + "|" + st.out.window_id + "|" + std::to_string(k + 1)));
 
     int window_root_ev = -1;
-    bool has_window = false;
-    int64_t win_min = 0, win_max = 0;
+    bool has_window = false, window_owned = false;  // hidden events of the window fold into its root
+    int64_t win_min = 0, win_max = 0, owned_min = 0, owned_max = 0;
     for (int i = 0; i < n; ++i) {
-        if (!keep[i] || owner[i] != -1) continue;
+        if (owner[i] != -1) continue;
+        if (!window_owned) {
+            owned_min = ev[i].start;
+            owned_max = ev[i].end;
+        }
+        window_owned = true;
+        owned_min = std::min(owned_min, ev[i].start);
+        owned_max = std::max(owned_max, ev[i].end);
+        if (!keep[i]) continue;
         if (!has_window) {
             win_min = ev[i].start;
             win_max = ev[i].end;
@@ -550,6 +597,11 @@ void trace_ids_and_roots(BuildState& st) {
         win_min = std::min(win_min, ev[i].start);
         win_max = std::max(win_max, ev[i].end);
         if (ev[i].kind == Kind::TraceSpan && (window_root_ev < 0 || ev[i].ordinal < ev[window_root_ev].ordinal)) window_root_ev = i;
+    }
+    if (window_owned && !has_window) {  // only hidden events: the root spans them
+        has_window = true;
+        win_min = owned_min;
+        win_max = owned_max;
     }
     if (st.n_iter && !has_window) {  // iteration roots link to the window root: it spans the events
         has_window = true;
@@ -580,6 +632,28 @@ void trace_ids_and_roots(BuildState& st) {
     }
 }
 
+// Device work whose launch is not a span (not in the trace, or hidden with no op above it) goes
+// under one synthetic lane span per trace, device and stream, never straight under a root
+// (parent_of). A lane is set aside for every (owner, device, stream) of device work but a step's
+// device copy, in order of its first event, lane j in slot lane_base + j; it is sent when
+// anything goes under it (reference: gpu_lanes).
+void gpu_lanes(BuildState& st) {
+    const std::vector<Event>& ev = st.ev;
+    const std::vector<int>& owner = st.tree.owner;
+    st.lane_base = st.it_base + st.n_iter;
+    std::map<std::tuple<int, bool, int64_t, bool, int64_t>, int> index;
+    for (int i = 0; i < st.n; ++i) {
+        const Event& e = ev[i];
+        if (!e.device() || (e.kind == Kind::GpuAnnotation && st.is_step(st.tree.parent[i]))) continue;
+        const auto [it, added] = index.try_emplace({owner[i], e.pid.is_str, e.pid.value, e.tid.is_str, e.tid.value},
+                                                   static_cast<int>(st.lanes.size()));
+        if (added) st.lanes.push_back(BuildState::Lane{owner[i], i});
+        if (st.lane_of.empty()) st.lane_of.assign(static_cast<size_t>(st.n), -1);
+        st.lane_of[i] = it->second;
+    }
+    st.n_slots += st.lanes.size();
+}
+
 // Runs of identical hidden siblings become one aggregate span each (default detail).
 void aggregate_sibling_runs(BuildState& st) {
     st.aggregated.assign(static_cast<size_t>(st.n), 0);
@@ -592,8 +666,8 @@ struct BudgetScratch {
     std::vector<int> parents, depth;
 };
 
-// Over budget, first: runs of two or more consecutive leaf siblings with one name and category
-// become aggregates (reference: volume.Budget._aggregate_leaves).
+// Over budget, first: the leaf siblings of one name and category (two or more, consecutive or
+// not) become one aggregate (reference: volume.Budget._aggregate_leaves).
 void budget_aggregate_leaves(BuildState& st, const std::vector<int>& events, std::vector<int>& trace_aggs, BudgetScratch& scratch) {
     const std::vector<Event>& ev = st.ev;
     std::vector<std::vector<int>>& aggs = st.aggs;
@@ -607,15 +681,19 @@ void budget_aggregate_leaves(BuildState& st, const std::vector<int>& events, std
         const int ps = st.parent_of(aggs[static_cast<size_t>(a)][0]);
         if (ps >= 0) has_child[static_cast<size_t>(ps)] = 1;
     }
-    std::vector<int> order = events;
+    std::vector<int> order;  // the leaves, by parent, name, category, then time
+    for (int i : events)
+        if (!has_child[static_cast<size_t>(i)]) order.push_back(i);
     std::sort(order.begin(), order.end(), [&](int a, int b) {
         if (parents[a] != parents[b]) return parents[a] < parents[b];
+        if (ev[a].name_id != ev[b].name_id) return ev[a].name_id < ev[b].name_id;
+        if (ev[a].cat != ev[b].cat) return ev[a].cat < ev[b].cat;
         return ev[a].start != ev[b].start ? ev[a].start < ev[b].start : ev[a].ordinal < ev[b].ordinal;
     });
     std::vector<int> run;
     for (size_t idx = 0; idx <= order.size(); ++idx) {
         const int c = idx < order.size() ? order[idx] : -1;
-        const bool leaf = c >= 0 && !has_child[static_cast<size_t>(c)];
+        const bool leaf = c >= 0;
         if (leaf && !run.empty() && parents[c] == parents[run[0]] && ev[c].name_id == ev[run[0]].name_id &&
             ev[c].cat == ev[run[0]].cat) {
             run.push_back(c);
@@ -729,6 +807,19 @@ void apply_budget(BuildState& st) {
     }
     for (const Span& sp : st.synthetic) ++roots[sp.trace_id];  // the synthetic window root
     for (const TraceId& it : st.iteration_trace) ++roots[it];
+    // lanes in use count; a trace that is trimmed keeps room for each of its other lanes too (a
+    // launching op the budget drops leaves its device work to a lane)
+    std::map<TraceId, int64_t> spare;
+    if (!st.lanes.empty()) {
+        std::vector<char> used(st.lanes.size(), 0);
+        for (int i = 0; i < n; ++i) {
+            if (st.lane_of[i] < 0) continue;
+            const int j = st.parent_of(i) - st.lane_base;
+            if (j >= 0 && j < static_cast<int>(st.lanes.size())) used[static_cast<size_t>(j)] = 1;
+        }
+        for (size_t j = 0; j < st.lanes.size(); ++j) ++(used[j] ? roots : spare)[st.trace_of(st.lanes[j].first)];
+        st.forget();
+    }
     if (st.split)
         for (int s : st.tree.steps) ++roots[st.detail_trace[st.tree.step_index[s]]];
     for (size_t a = 0; a < aggs.size(); ++a) agg_of[st.trace_of(aggs[a][0])].push_back(static_cast<int>(a));
@@ -743,19 +834,19 @@ void apply_budget(BuildState& st) {
         std::vector<int> kept;
         for (int i : events)
             if (keep[i]) kept.push_back(i);
-        budget_drop(st, kept, n_roots, trace_aggs, scratch);
+        budget_drop(st, kept, n_roots + spare[tid], trace_aggs, scratch);
     }
     st.forget();
 }
 
-// A window trace that would hold its root alone is not sent (default detail).
+// A window trace that would hold its root alone, nothing folded into it, is not sent (default detail).
 void window_root_rule(BuildState& st) {
     const int root = st.window_root_ev;
     if (st.full || st.n_iter != 0 || root < 0 || !st.keep[root]) return;
     const std::vector<int>& owner = st.tree.owner;
+    // anything else of the window, hidden or not, keeps it: a hidden event folds into the root
     bool alone = true;
-    for (int i = 0; i < st.n && alone; ++i) alone = !(st.keep[i] && owner[i] == -1 && i != root);
-    for (const auto& run_a : st.aggs) alone = alone && (run_a.empty() || owner[run_a[0]] != -1);
+    for (int i = 0; i < st.n && alone; ++i) alone = !(owner[i] == -1 && i != root);
     if (alone) {
         st.keep[root] = 0;
         st.reason[root] = kHiddenWindowRoot;
@@ -772,12 +863,22 @@ void aggregate_spans(BuildState& st) {
     // every span: kept events and aggregates (at most one per event), then the synthetic roots
     // (order_spans): the window's, one per iteration, one per step's detail trace (split)
     by_order.reserve(static_cast<size_t>(st.n) + 1 + static_cast<size_t>(st.n_iter) + 2 * st.tree.steps.size());
+    std::vector<int64_t> children_cpu;  // CPU-side time of each event's CPU-side children
+    if (!st.aggs.empty()) {
+        children_cpu.assign(static_cast<size_t>(st.n), 0);
+        for (int i = 0; i < st.n; ++i)
+            if (!ev[i].device() && st.tree.parent[i] >= 0) children_cpu[st.tree.parent[i]] += ev[i].dur();
+    }
+    std::string label;
     for (const std::vector<int>& run : st.aggs) {
         if (run.empty()) continue;
         const Event& first = ev[run[0]];
-        int64_t total = 0, end = first.end;
+        int64_t total = 0, self = 0, end = first.end, shortest = first.dur(), longest = first.dur();
         for (int r : run) {
             total += ev[r].dur();
+            self += ev[r].dur() - children_cpu[r];
+            shortest = std::min(shortest, ev[r].dur());
+            longest = std::max(longest, ev[r].dur());
             end = std::max(end, ev[r].end);
         }
         Span sp;
@@ -788,13 +889,22 @@ void aggregate_spans(BuildState& st) {
         sp.parent_id = st.slot_id(ps);
         if (ps == owner[run[0]] && st.live_step(ps)) sp.parent_id = st.under_phase(ps, run[0], end);
         sp.has_parent = true;
-        sp.name = st.name_of(first);
+        const std::string_view name = st.name_of(first);
+        const std::string suffix = " \xc3\x97" + std::to_string(run.size());
+        label = shown_name(first.kind, name, kSpanNameChars - static_cast<int64_t>(suffix.size()) + 1);  // "×": one character, two bytes
+        const bool renamed = label != name;
+        label += suffix;
+        sp.name = st.keep_str(label);
         sp.start = first.start;
         sp.end = end;
         st.add(sp, kCategoryKey, AttrValue::str(first.cat));
         if (!first.device() && !first.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(first.tid.value));
+        if (renamed) st.add(sp, first.kind == Kind::Kernel ? kKernelNameKey : kEventNameKey, AttrValue::str(name));
         st.add(sp, kAggregatedCountKey, AttrValue::integer(static_cast<int64_t>(run.size())));
         st.add(sp, kAggregatedDurationKey, AttrValue::integer(total));
+        st.add(sp, kAggregatedSelfKey, AttrValue::integer(self));
+        st.add(sp, kAggregatedMinKey, AttrValue::integer(shortest));
+        st.add(sp, kAggregatedMaxKey, AttrValue::integer(longest));
         by_order.push_back(std::move(sp));
         st.stats[AGGREGATED_EVENTS] += static_cast<int64_t>(run.size());
     }
@@ -819,13 +929,23 @@ void hidden_counts(BuildState& st) {
         if (reason[i]) return reason[i];
         return ev[i].kind == Kind::Python ? kHiddenPython : kHiddenShort;
     };
+    // what each trace root says its trace folded: hidden and aggregated events, per owner
+    st.root_folded.assign(n_slots, {0, 0});
+    const std::vector<int>& owner = st.tree.owner;
     for (int i = 0; i < n; ++i) {
-        if (keep[i] || aggregated[i]) continue;
+        if (keep[i]) continue;
+        if (aggregated[i]) {
+            if (const int root = st.level_target(owner[i]); root >= 0) ++st.root_folded[static_cast<size_t>(root)].second;
+            continue;
+        }
         const int why = why_hidden(i);
         ++stats[kHiddenStat[why]];
         if (why == kHiddenWindowRoot) continue;
         const int target = st.parent_of(i);
-        if (target >= 0) hidden.emplace_back(target, i);
+        if (target >= 0) {
+            hidden.emplace_back(target, i);
+            if (const int root = st.level_target(owner[i]); root >= 0) ++st.root_folded[static_cast<size_t>(root)].first;
+        }
     }
     hidden_at.assign(n_slots, 0);
     {
@@ -841,9 +961,13 @@ void hidden_counts(BuildState& st) {
             size_t hi = lo;
             unsigned why = 0;
             counts.clear();
+            BuildState::Hidden h{};
             while (hi < hidden.size() && hidden[hi].first == slot) {
                 const int i = hidden[hi].second;
                 why |= 1u << why_hidden(i);
+                int64_t* held = h.folded[fold_class(ev[i].kind)];
+                ++held[0];
+                held[1] += ev[i].dur();
                 if (counts.empty() || counts.back().second != name_of(i)) counts.emplace_back(0, name_of(i));
                 ++counts.back().first;
                 ++hi;
@@ -877,7 +1001,9 @@ void hidden_counts(BuildState& st) {
                 listed += counts[k].first;
             }
             if (total > listed) text += " and " + std::to_string(total - listed) + " more";
-            st.hidden.push_back(BuildState::Hidden{total, st.keep_str(text)});
+            h.count = total;
+            h.text = st.keep_str(text);
+            st.hidden.push_back(h);
             hidden_at[static_cast<size_t>(slot)] = static_cast<uint32_t>(st.hidden.size());
             lo = hi;
         }
@@ -966,25 +1092,39 @@ void memory_span_events(BuildState& st) {
     }
 }
 
-// Forward -> backward links between kept spans (links.cpp; reference: tree.fwdbwd_pairs).
+// Forward -> backward links (links.cpp; reference: tree.fwdbwd_pairs): an op that is not a span
+// is stood for by what holds it (its aggregate, else the op span it folds into; not a step or
+// window root); a link that would join a span to itself goes.
 void fwdbwd_links(BuildState& st) {
     const int n = st.n;
-    const std::vector<Event>& ev = st.ev;
     const std::vector<char>& keep = st.keep;
     int64_t* stats = st.stats;
     const Trace& trace = st.trace;
     SparseLists<SpanLink>& links = st.links;
     const EventTree& tree = st.tree;
     const std::vector<std::pair<int, int>> pairs = fwdbwd_pairs(trace, tree);
-    links = SparseLists<SpanLink>(static_cast<size_t>(n));
+    links = SparseLists<SpanLink>(st.n_slots);
+    std::vector<int> leader;  // by event: the aggregate's first member, or -1
+    if (!pairs.empty()) {
+        leader.assign(static_cast<size_t>(n), -1);
+        for (const std::vector<int>& run : st.aggs)
+            for (int r : run) leader[r] = run[0];
+    }
+    auto held_by = [&](int x) {  // the slot of the span that stands for event x, or -1
+        if (keep[x]) return x;
+        if (leader[x] >= 0) return leader[x];
+        if (st.reason[x] == kHiddenWindowRoot) return -1;
+        const int t = st.parent_of(x);  // an op span: not a step, the window root or a lane
+        return t >= 0 && t < n && !st.is_step(t) && t != st.window_root_ev ? t : -1;
+    };
     for (const auto& [fw, bw] : pairs) {
-        // a link joins the two ops it names: when either is not a span, it is dropped and counted
-        if (!keep[fw] || !keep[bw] || fw == bw) {
+        const int source = held_by(bw), to = held_by(fw);
+        if (source < 0 || to < 0 || source == to) {
             ++stats[LINKS_DROPPED];
             continue;
         }
-        auto& bucket = links.at(static_cast<size_t>(bw));
-        SpanLink target{st.trace_of(fw), st.sid(ev[fw].ordinal), "fwdbwd"};
+        auto& bucket = links.at(static_cast<size_t>(source));
+        SpanLink target{st.trace_of(fw), st.slot_id(to), "fwdbwd"};
         bool dup = std::any_of(bucket.begin(), bucket.end(),
                                [&](const SpanLink& l) { return l.trace_id == target.trace_id && l.span_id == target.span_id; });
         if (dup) {
@@ -1021,25 +1161,53 @@ void assemble_synthetic_roots(BuildState& st) {
     const TraceId& window_trace = st.window_trace;
     const std::vector<TraceId>& detail_trace = st.detail_trace;
     const std::vector<TraceId>& step_trace = st.step_trace;
+    // a synthetic root's fwdbwd links (of the hidden ops folded into it) follow its own
+    auto take_links = [&](int slot) {
+        if (auto* found = st.links.find(static_cast<size_t>(slot))) {
+            st.span_links.insert(st.span_links.end(), found->begin(), found->end());
+            release(*found);
+        }
+    };
     for (Span& sp : synthetic) {  // the window root, when synthetic
         st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
         st.add_hidden(sp, window_slot);
+        st.add_root_attrs(sp, window_slot);
         st.add(sp, kSyntheticKey, AttrValue::boolean(true));
+        take_links(window_slot);
         st.finish_span(sp, window_slot);
     }
+    const bool parts = it_source && std::string_view(it_source) == "span_budget";  // parts of the window, not iterations
+    std::string name;
     for (int k = 0; k < n_iter; ++k) {
         Span sp;
+        const int64_t lo = it_lo[static_cast<size_t>(k)], hi = it_hi[static_cast<size_t>(k)];
         sp.trace_id = iteration_trace[static_cast<size_t>(k)];
         sp.span_id = st.slot_id(it_base + k);
-        sp.name = st.keep_str("Iteration#" + std::to_string(k + 1));
-        sp.start = it_lo[static_cast<size_t>(k)];
-        sp.end = it_hi[static_cast<size_t>(k)];
+        if (parts) {
+            name = "window part " + std::to_string(k + 1) + "/" + std::to_string(n_iter) + " (";
+            append_millis(name, lo - st.min_start);
+            name += "\xe2\x80\x93";  // an en dash
+            append_millis(name, hi - st.min_start);
+            name += " ms)";
+        } else {
+            name = "Iteration#" + std::to_string(k + 1);
+        }
+        sp.name = st.keep_str(name);
+        sp.start = lo;
+        sp.end = hi;
         st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
-        st.add(sp, kIterationKey, AttrValue::integer(k + 1));
-        st.add(sp, kIterationSourceKey, AttrValue::str(it_source));
+        if (parts) {
+            st.add(sp, kWindowPartKey, AttrValue::integer(k + 1));
+            st.add(sp, kWindowPartsKey, AttrValue::integer(n_iter));
+        } else {
+            st.add(sp, kIterationKey, AttrValue::integer(k + 1));
+            st.add(sp, kIterationSourceKey, AttrValue::str(it_source));
+        }
         st.add_hidden(sp, it_base + k);
+        st.add_root_attrs(sp, it_base + k);
         st.add(sp, kSyntheticKey, AttrValue::boolean(true));
         st.span_links.push_back(SpanLink{window_trace, st.slot_id(window_root), "window"});
+        take_links(it_base + k);
         st.finish_span(sp, it_base + k);
         synthetic.push_back(std::move(sp));
     }
@@ -1055,11 +1223,47 @@ void assemble_synthetic_roots(BuildState& st) {
             st.add(sp, kStepKey, AttrValue::integer(step_num[s]));
             if (rank) st.add(sp, kRankKey, AttrValue::integer(*rank));
             st.add_hidden(sp, st.detail_root(s));
+            st.add_root_attrs(sp, st.detail_root(s));
             st.add(sp, kSyntheticKey, AttrValue::boolean(true));
             st.span_links.push_back(SpanLink{step_trace[step_index[s]], st.sid(ev[s].ordinal), "step"});
+            take_links(st.detail_root(s));
             st.finish_span(sp, st.detail_root(s));
             synthetic.push_back(std::move(sp));
         }
+    }
+    // the GPU lanes that anything went under, spanning it
+    for (int i = 0; i < st.n && !st.lanes.empty(); ++i) {
+        if (st.lane_of[i] < 0) continue;  // kept, aggregated or folded: all of it under its parent (lane or op)
+        const int j = st.parent_of(i) - st.lane_base;
+        if (j < 0 || j >= static_cast<int>(st.lanes.size())) continue;
+        BuildState::Lane& lane = st.lanes[static_cast<size_t>(j)];
+        lane.start = lane.used ? std::min(lane.start, ev[i].start) : ev[i].start;
+        lane.end = lane.used ? std::max(lane.end, ev[i].end) : ev[i].end;
+        lane.used = true;
+    }
+    for (size_t j = 0; j < st.lanes.size(); ++j) {
+        const BuildState::Lane& lane = st.lanes[j];
+        if (!lane.used) continue;
+        const Event& e = ev[lane.first];
+        const int slot = st.lane_base + static_cast<int>(j);
+        Span sp;
+        sp.trace_id = st.trace_of(lane.first);
+        sp.span_id = st.slot_id(slot);
+        sp.parent_id = st.slot_id(st.level_target(lane.owner));
+        sp.has_parent = true;
+        auto ident = [&](const Ident& id) {
+            return id.is_str ? std::string(st.trace.ident_texts[static_cast<size_t>(id.value)]) : std::to_string(id.value);
+        };
+        sp.name = st.keep_str("gpu " + ident(e.pid) + " \xc2\xb7 stream " + ident(e.tid));
+        sp.start = lane.start;
+        sp.end = lane.end;
+        st.add(sp, kCategoryKey, AttrValue::str("otelprof"));
+        if (!e.pid.is_str) st.add(sp, arg_key(arg_index("device")), AttrValue::integer(e.pid.value));
+        if (!e.tid.is_str) st.add(sp, arg_key(arg_index("stream")), AttrValue::integer(e.tid.value));
+        st.add_hidden(sp, slot);
+        st.add(sp, kSyntheticKey, AttrValue::boolean(true));
+        st.finish_span(sp, slot);
+        synthetic.push_back(std::move(sp));
     }
 }
 
@@ -1111,8 +1315,19 @@ void assemble_event_spans(BuildState& st) {
     BigVector<Span>& by_order = st.out.spans;
     const size_t n_aggregates = st.n_aggregates;
     std::vector<uint32_t>& by_order_idx = st.by_order_idx;
-    std::vector<std::string_view> kernel_names(names.size());  // folded kernel names by name id
+    std::vector<std::string_view> shown_names(names.size());  // folded or cut names, by name id
     std::string rendered;  // scratch
+    size_t a = 0;
+    for (const std::vector<int>& run : st.aggs) {  // the aggregates' links (their leader's slot)
+        if (run.empty()) continue;
+        Span& sp = by_order[a++];
+        const int leader = run[0];
+        if (auto* found = links.find(static_cast<size_t>(leader))) {
+            st.span_links.swap(*found);
+            release(*found);
+        }
+        st.finish_span(sp, leader);
+    }
     for (int i = 0; i < n; ++i) {
         if (!keep[i]) continue;
         const Event& e = ev[i];
@@ -1121,12 +1336,12 @@ void assemble_event_spans(BuildState& st) {
         st.add(sp, kCategoryKey, AttrValue::str(e.cat));
         if (!e.device() && !e.tid.is_str) st.add(sp, kThreadIdKey, AttrValue::integer(e.tid.value));
         std::string_view name = st.name_of(e);
-        if (e.kind == Kind::Kernel) {  // folded once per name (reference: fold_kernel_name)
-            std::string_view& folded = kernel_names[e.name_id];
-            if (!folded.data()) folded = st.keep_str(fold_kernel_name(name));
-            if (folded != name) {
-                st.add(sp, kKernelNameKey, AttrValue::str(name));
-                name = folded;
+        if (e.kind == Kind::Kernel || name.size() > static_cast<size_t>(kSpanNameChars)) {  // once per name
+            std::string_view& shown = shown_names[e.name_id];
+            if (!shown.data()) shown = st.keep_str(shown_name(e.kind, name, kSpanNameChars));
+            if (shown != name) {
+                st.add(sp, e.kind == Kind::Kernel ? kKernelNameKey : kEventNameKey, AttrValue::str(name));
+                name = shown;
             }
         }
         add_arg_attributes(st, sp, e);
@@ -1136,8 +1351,11 @@ void assemble_event_spans(BuildState& st) {
         }
         if (st.is_step(i)) add_step_attributes(st, sp, i, rendered);
         st.add_hidden(sp, i);
+        if (st.is_step(i) || i == window_root_ev) st.add_root_attrs(sp, i);
         int parent_slot = -1;
-        if (!st.is_step(i) && i != window_root_ev) {
+        if (!st.lane_of.empty() && st.lane_of[i] >= 0) {
+            parent_slot = st.parent_of(i);
+        } else if (!st.is_step(i) && i != window_root_ev) {
             int k = parent[i] >= 0 ? st.nearest_kept(parent[i]) : -1;
             if (k >= 0 && owner[k] != owner[i]) k = -1;  // a parent in the window, i in an iteration
             parent_slot = st.parent_span(k);
@@ -1261,6 +1479,7 @@ Built build_spans(Trace& trace, const Options& opts) {
     volume_keep(st);
     window_iterations(st);
     trace_ids_and_roots(st);
+    gpu_lanes(st);
     aggregate_sibling_runs(st);
     apply_budget(st);
     window_root_rule(st);

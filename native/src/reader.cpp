@@ -320,7 +320,8 @@ Ident TraceReader::ident(const JNode* n, Where&& where) {
 }
 
 Ident TraceReader::intern(std::string_view s) {
-    auto it = strings_.emplace(s, static_cast<int64_t>(strings_.size())).first;
+    auto [it, added] = strings_.emplace(s, static_cast<int64_t>(strings_.size()));
+    if (added) trace_.ident_texts.push_back(keep_string(trace_.strings, s));
     return Ident{true, it->second};
 }
 

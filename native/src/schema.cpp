@@ -114,6 +114,16 @@ constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
     "pytorch.gpu.kernel_name", "pytorch.memory.device",
     "otelprof.window.trigger", "input.value", "input.mime_type", "output.value", "output.mime_type",
     "otelprof.step.skipped",
+    "otelprof.aggregated_self_ns", "otelprof.aggregated_min_ns", "otelprof.aggregated_max_ns",
+    "otelprof.folded.op.count", "otelprof.folded.op.duration_ns",
+    "otelprof.folded.python.count", "otelprof.folded.python.duration_ns",
+    "otelprof.folded.runtime.count", "otelprof.folded.runtime.duration_ns",
+    "otelprof.folded.kernel.count", "otelprof.folded.kernel.duration_ns",
+    "otelprof.folded.memcpy.count", "otelprof.folded.memcpy.duration_ns",
+    "otelprof.folded.memset.count", "otelprof.folded.memset.duration_ns",
+    "otelprof.folded.device_other.count", "otelprof.folded.device_other.duration_ns",
+    "otelprof.trace.hidden_events", "otelprof.trace.aggregated_events", "otelprof.source.file",
+    "otelprof.window.part", "otelprof.window.parts", "pytorch.event.name",
 };
 }  // namespace
 

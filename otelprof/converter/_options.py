@@ -107,6 +107,9 @@ class ConvertOptions:
     #: the rest, and from 16k events or spans the build and the encoder share their work with it;
     #: the output is the same. A profiling window converts with 1, beside training.
     threads: int = 2
+    #: Where the trace this conversion reads is kept (a live window's raw Kineto file, an imported
+    #: file): named on every trace root as ``otelprof.source.file``; None: not named.
+    source_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.detail not in ("full", "default"):
@@ -127,6 +130,8 @@ class ConvertOptions:
             raise ValueError(f"threads must be an integer >= 1, not {self.threads!r}")
         if self.run_id is not None and not isinstance(self.run_id, str):
             raise ValueError(f"run_id must be a string or None, not {self.run_id!r}")
+        if self.source_file is not None and not isinstance(self.source_file, str):
+            raise ValueError(f"source_file must be a string or None, not {self.source_file!r}")
         if not all(isinstance(s, LiveStep) for s in self.live_steps):
             raise ValueError("live_steps must be LiveStep values")
         if self.live_match not in ("number", "time"):
@@ -209,4 +214,5 @@ class ConvertOptions:
             ],
             "live_match": self.live_match,
             "threads": self.threads,
+            "source_file": None if self.source_file is None else clean(self.source_file),
         }

@@ -22,6 +22,7 @@ from converter_helpers import (
 
 from otelprof.converter import convert, native_available
 from otelprof.otlp import ids
+from otelprof.otlp.spans import millis
 
 CPU_CATEGORIES = {"cpu_op", "Operator", "user_annotation"}
 RUNTIME_CATEGORIES = {"cuda_runtime", "Runtime"}
@@ -87,7 +88,7 @@ def _both(data: bytes, **fields: Any) -> Decoded:
 
 
 def _iteration_roots(d: Decoded) -> list[Any]:
-    return [s for s in d.spans if "otelprof.iteration" in s.attrs]
+    return [s for s in d.spans if "otelprof.iteration" in s.attrs or "otelprof.window.part" in s.attrs]
 
 
 def _window_root(d: Decoded, iteration_root: Any) -> Any:
@@ -111,11 +112,19 @@ def _check_structure(d: Decoded, source: str) -> list[Any]:
     window_root = _window_root(d, roots[0])
     order = [s.trace_id for s in d.spans if not s.parent_id]
     assert order == [r.trace_id for r in roots] + [window_root.trace_id], "iterations in order, then the window"
+    t0 = min(s.start for s in d.spans)
     for k, root in enumerate(roots, 1):
-        assert root.name == f"Iteration#{k}" and root.parent_id == b""
+        assert root.parent_id == b""
         assert root.attrs["pytorch.event.category"] == "otelprof"
-        assert root.attrs["otelprof.iteration"] == k
-        assert root.attrs["otelprof.iteration.source"] == source
+        if source == "span_budget":  # a part of the window: its order and the time it covers
+            offsets = f"{millis(root.start - t0)}\N{EN DASH}{millis(root.end - t0)} ms"
+            assert root.name == f"window part {k}/{len(roots)} ({offsets})"
+            assert (root.attrs["otelprof.window.part"], root.attrs["otelprof.window.parts"]) == (k, len(roots))
+            assert "otelprof.iteration" not in root.attrs
+        else:
+            assert root.name == f"Iteration#{k}"
+            assert root.attrs["otelprof.iteration"] == k
+            assert root.attrs["otelprof.iteration.source"] == source
         assert list(root.attrs)[-1] == "otelprof.synthetic" and root.synthetic
         assert root.trace_id == ids.trace_id(f"iteration|{run_id}|{rank_s}|{d.result.window_id}|{k}")
         assert root.span_id == ids.span_id(base, st["events_total"] + k)  # after the window root's ordinal

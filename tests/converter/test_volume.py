@@ -150,12 +150,19 @@ def test_span_budget_aggregates_repeated_siblings_then_drops_the_least(engine: s
 
 def test_span_budget_aggregates_repeated_leaves_first(engine: str) -> None:
     events = [_ev("ProfilerStep#1", 0, 100_000, cat="user_annotation")]
-    for k in range(1500):  # 1,500 identical 20 µs leaves under the step
-        events.append(_ev("aten::copy_", 10 + 30 * k, 20))
+    for k in range(1500):  # 1,500 identical 20 µs leaves under the step, another op between each
+        events.append(_ev("aten::copy_", 10 + 60 * k, 20))
+        events.append(_ev("aten::mul", 40 + 60 * k, 15 + k % 2))
     d = decode(convert(_trace(*events), engine=engine, span_budget=100))
-    (agg,) = (s for s in d.spans if "otelprof.aggregated_count" in s.attrs)
-    assert agg.attrs["otelprof.aggregated_count"] == 1500 and agg.name == "aten::copy_"
-    assert d.result.stats["dropped_budget"] == 0 and len(d.spans) == 2
+    aggs = {s.name: s for s in d.spans if "otelprof.aggregated_count" in s.attrs}
+    # repeated, not consecutive: one aggregate per name, first start to last end
+    assert set(aggs) == {"aten::copy_ \N{MULTIPLICATION SIGN}1500", "aten::mul \N{MULTIPLICATION SIGN}1500"}
+    copy, mul = aggs["aten::copy_ \N{MULTIPLICATION SIGN}1500"], aggs["aten::mul \N{MULTIPLICATION SIGN}1500"]
+    assert (copy.start, copy.end) == (10_000, (10 + 60 * 1499 + 20) * 1000)
+    assert copy.attrs["otelprof.aggregated_duration_ns"] == 1500 * 20_000
+    assert (mul.attrs["otelprof.aggregated_min_ns"], mul.attrs["otelprof.aggregated_max_ns"]) == (15_000, 16_000)
+    assert mul.attrs["otelprof.aggregated_duration_ns"] == 750 * 15_000 + 750 * 16_000
+    assert d.result.stats["dropped_budget"] == 0 and len(d.spans) == 3
 
 
 def test_real_gpu_traces_at_default_detail(engine: str) -> None:

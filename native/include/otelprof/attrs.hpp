@@ -32,6 +32,11 @@ enum FixedKey : AttrKey {
     // what a trace list shows (OpenInference's input/output; MLflow's request/response previews)
     kWindowTriggerKey, kInputValueKey, kInputMimeTypeKey, kOutputValueKey, kOutputMimeTypeKey,
     kStepSkippedKey,  // live step spans: an update a gradient scaler skipped
+    // aggregates, what parents and trace roots say was folded into them, window parts
+    kAggregatedSelfKey, kAggregatedMinKey, kAggregatedMaxKey,
+    kFoldedFirstKey,  // class c's count is kFoldedFirstKey + 2c, its duration the next (kFoldClasses)
+    kTraceHiddenKey = kFoldedFirstKey + 14, kTraceAggregatedKey, kSourceFileKey, kWindowPartKey, kWindowPartsKey,
+    kEventNameKey,  // the whole name of an event whose span name was cut
     kFixedKeyCount
 };
 constexpr AttrKey arg_key(int arg_attribute) { return static_cast<AttrKey>(kFixedKeyCount + arg_attribute); }

@@ -123,6 +123,7 @@ struct Options {
     ResourceComposer compose_resource;  // required: the trace's resource (resource.hpp)
     bool group_by_input_shapes = false;
     std::string scope_version;
+    std::optional<std::string> source_file;  // named on every trace root (otelprof.source.file)
     std::vector<LiveStep> live_steps;
     LiveMatch live_match = LiveMatch::number;
     RequestStore* request_store = nullptr;  // optional: holds the requests instead of ConvertOutput::requests

@@ -100,6 +100,7 @@ struct Trace {
     std::optional<std::string_view> trace_id;
     std::string_view trace_name;
     std::optional<std::string_view> host_name;
+    std::vector<std::string_view> ident_texts;  // a string pid/tid/id's text, by its Ident::value
     std::string_view name(const Event& e) const { return names[e.name_id].text; }
 };
 

@@ -148,12 +148,16 @@ class _BuildState:
     synthetic: list[Span]
     detail_root_id: dict[int, bytes]
     iteration_root_id: list[bytes]
+    # gpu_lanes
+    lane_of: dict[int, int]
+    lanes: list[tuple[int, int, int]]  # (owner, span-id ordinal, first event): device, stream
     # aggregate_sibling_runs / apply_budget
     aggregated: list[bool]
     aggs: list[list[int]]
     # aggregate_spans, hidden_counts, op_self_times, memory_span_events, fwdbwd_links, assemble_event_spans
     agg_spans: list[Span]
     hidden_attrs: dict[bytes, list[tuple[str, int | str]]]
+    root_attrs: dict[bytes, Attrs]
     times: tree.SelfTimes
     span_events: dict[bytes, list[tuple[int, int, Attrs]]]
     peaks: dict[int, tuple[int, int]]
@@ -253,6 +257,8 @@ class _BuildState:
         k = self.nearest_kept(self.parent[i]) if self.parent[i] >= 0 else -1
         if k >= 0 and owner[k] != owner[i]:  # a parent in the window, i in an iteration
             k = -1
+        if i in self.lane_of and (k < 0 or k in self.step_num or k == self.window_root_ev):
+            return self.sid(self.lanes[self.lane_of[i]][1])  # device work with no op above it
         return self.parent_span(k) or self.level_target(owner[i])
 
     def finish_span(self, sp: Span) -> None:
@@ -281,6 +287,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     volume_keep(st)
     window_iterations(st)
     trace_ids_and_roots(st)
+    gpu_lanes(st)
     aggregate_sibling_runs(st)
     apply_budget(st)
     window_root_rule(st)
@@ -468,6 +475,7 @@ def trace_ids_and_roots(st: _BuildState) -> None:
     ]
 
     window_members = [i for i in range(n) if keep[i] and owner[i] == -1]
+    window_owned = [i for i in range(n) if owner[i] == -1]  # hidden ones fold into the window root
     window_root_ev = st.window_root_ev = min(
         (i for i in window_members if ev[i].kind == Kind.TRACE), default=-1, key=lambda i: ev[i].ordinal
     )
@@ -475,13 +483,13 @@ def trace_ids_and_roots(st: _BuildState) -> None:
     synthetic: list[Span] = []
     st.detail_root_id = {s: sid(n_total + st.step_index[s]) for s in steps} if split else {}
     iteration_root_id = st.iteration_root_id = [sid(n_total + len(steps) + 1 + k) for k in range(n_iter)]
-    if window_members or n_iter:  # iteration roots link to the window root
+    if window_owned or n_iter:  # iteration roots link to the window root
         if window_root_ev >= 0:
             window_root_id = sid(ev[window_root_ev].ordinal)
         else:
             ordinal = n_total + len(steps)
             window_root_id = sid(ordinal)
-            spread = window_members or range(n)
+            spread = window_members or window_owned or range(n)
             synthetic.append(
                 Span(
                     -1,
@@ -494,22 +502,25 @@ def trace_ids_and_roots(st: _BuildState) -> None:
                     [("pytorch.event.category", "otelprof"), ("otelprof.synthetic", True)],
                 )
             )
+    t0 = min((e.start for e in ev), default=0)
     for k in range(n_iter):
+        lo, hi = st.it_lo[k], st.it_hi[k]
+        if st.it_source == "span_budget":  # a part of the window, not an iteration of the loop
+            name = f"window part {k + 1}/{n_iter} ({millis(lo - t0)}\N{EN DASH}{millis(hi - t0)} ms)"
+            what: Attrs = [("otelprof.window.part", k + 1), ("otelprof.window.parts", n_iter)]
+        else:
+            name = f"Iteration#{k + 1}"
+            what = [("otelprof.iteration", k + 1), ("otelprof.iteration.source", st.it_source)]
         synthetic.append(
             Span(
                 -1,
                 iteration_trace[k],
                 iteration_root_id[k],
                 b"",
-                f"Iteration#{k + 1}",
-                st.it_lo[k],
-                st.it_hi[k],
-                [
-                    ("pytorch.event.category", "otelprof"),
-                    ("otelprof.iteration", k + 1),
-                    ("otelprof.iteration.source", st.it_source),
-                    ("otelprof.synthetic", True),
-                ],
+                name,
+                lo,
+                hi,
+                [("pytorch.event.category", "otelprof"), *what, ("otelprof.synthetic", True)],
                 links=[(window_trace, window_root_id, [("otelprof.link.kind", "window")])],
             )
         )
@@ -547,6 +558,29 @@ def _live_by_time(ev: list[Event], steps: list[int], live_steps: tuple[LiveStep,
             used[best] = True
             live_of[s] = live_steps[best]
     return live_of
+
+
+def gpu_lanes(st: _BuildState) -> None:
+    """Device work whose launch is not a span (not in the trace, or hidden with no op above it)
+    goes under one synthetic lane span per trace, device and stream (``gpu 0 · stream 7``),
+    never straight under a root (parent_of). A lane is set aside for every (owner, device,
+    stream) of device work but a step's device copy, in order of its first event: lane j's span
+    id takes ordinal E + S + 1 + I + j (E events, S steps, I iterations); it is sent when
+    anything goes under it (assemble_synthetic_roots)."""
+    ev, owner, step_num, parent = st.ev, st.owner, st.step_num, st.parent
+    first = st.trace.total + len(st.steps) + 1 + st.n_iter
+    index: dict[tuple[int, object, object], int] = {}
+    lanes: list[tuple[int, int, int]] = []
+    lane_of: dict[int, int] = {}
+    for i, e in enumerate(ev):
+        if not e.device or (e.kind == Kind.GPU_ANNOTATION and parent[i] in step_num):
+            continue
+        key = (owner[i], (type(e.pid), e.pid), (type(e.tid), e.tid))
+        k = index.setdefault(key, len(lanes))
+        if k == len(lanes):
+            lanes.append((owner[i], first + k, i))
+        lane_of[i] = k
+    st.lanes, st.lane_of = lanes, lane_of
 
 
 def aggregate_sibling_runs(st: _BuildState) -> None:
@@ -589,9 +623,18 @@ def apply_budget(st: _BuildState) -> None:
         roots[sp.trace_id] = roots.get(sp.trace_id, 0) + 1
     for s in st.steps if st.split else ():
         roots[st.detail_trace[s]] = roots.get(st.detail_trace[s], 0) + 1
+    # lanes in use count; a trace that is trimmed keeps room for each of its other lanes too (a
+    # launching op the budget drops leaves its device work to a lane)
+    used = {st.parent_of(i) for i in st.lane_of}
+    spare: dict[bytes, int] = {}
+    for _o, ordinal, lead in st.lanes:
+        counts = roots if st.sid(ordinal) in used else spare
+        counts[trace_of(lead)] = counts.get(trace_of(lead), 0) + 1
+    st.forget()
     trim = volume.Budget(ev, keep, st.aggregated, st.aggs, st.reason, budget, volume.significance(ev, st.parent))
     trim.apply(
         roots,
+        spare,
         lambda i: i in step_num or i == window_root_ev,
         trace_of,
         st.parent_of,
@@ -602,12 +645,13 @@ def apply_budget(st: _BuildState) -> None:
 
 
 def window_root_rule(st: _BuildState) -> None:
-    """A window trace that would hold its root alone is not sent (default detail)."""
+    """A window trace that would hold its root alone, nothing folded into it, is not sent
+    (default detail)."""
     keep, owner, window_root_ev = st.keep, st.owner, st.window_root_ev
     if st.full or st.n_iter or window_root_ev < 0 or not keep[window_root_ev]:
         return
-    alone = not any(keep[i] and owner[i] == -1 and i != window_root_ev for i in range(st.n))
-    if alone and not any(owner[a[0]] == -1 for a in st.aggs if a):
+    # anything else of the window, hidden or not, keeps it: a hidden event folds into the root
+    if not any(owner[i] == -1 and i != window_root_ev for i in range(st.n)):
         keep[window_root_ev] = False
         st.reason[window_root_ev] = volume.HIDDEN_WINDOW_ROOT
         st.window_root_id = b""
@@ -615,36 +659,55 @@ def window_root_rule(st: _BuildState) -> None:
 
 
 def aggregate_spans(st: _BuildState) -> None:
-    """One span per surviving aggregate, under its leader's parent."""
-    ev, owner, sid = st.ev, st.owner, st.sid
+    """One span per surviving aggregate, under its leader's parent, named for the name and count, with the
+    members' count, total, self (less their CPU-side children), shortest and longest time."""
+    ev, owner, sid, parent = st.ev, st.owner, st.sid, st.parent
     agg_spans: list[Span] = []
+    children_cpu = [0] * st.n  # CPU-side time of each event's CPU-side children
+    if st.aggs:
+        for i, e in enumerate(ev):
+            if not e.device and parent[i] >= 0:
+                children_cpu[parent[i]] += e.dur
     for run in st.aggs:
         if not run:  # dropped by the budget
             continue
         first = ev[run[0]]
         end = max(ev[r].end for r in run)
+        durs = [ev[r].dur for r in run]
         attrs: Attrs = [("pytorch.event.category", first.cat)]
         if not first.device and isinstance(first.tid, int):
             attrs.append(("thread.id", first.tid))
+        suffix = f" \N{MULTIPLICATION SIGN}{len(run)}"
+        name = _shown(first, SPAN_NAME_CHARS - len(suffix))
+        if name != first.name:
+            attrs.append(_full_name(first))
         attrs.append(("otelprof.aggregated_count", len(run)))
-        attrs.append(("otelprof.aggregated_duration_ns", sum(ev[r].dur for r in run)))
+        attrs.append(("otelprof.aggregated_duration_ns", sum(durs)))
+        attrs.append(("otelprof.aggregated_self_ns", sum(ev[r].dur - children_cpu[r] for r in run)))
+        attrs.append(("otelprof.aggregated_min_ns", min(durs)))
+        attrs.append(("otelprof.aggregated_max_ns", max(durs)))
         pid_ = st.parent_of(run[0])
         if owner[run[0]] in st.live_of and pid_ == sid(ev[owner[run[0]]].ordinal):
             pid_ = st.under_phase(owner[run[0]], run[0], end)
-        agg_spans.append(
-            Span(first.ordinal, st.trace_of(run[0]), sid(first.ordinal), pid_, first.name, first.start, end, attrs)
-        )
+        label = name + suffix
+        span = Span(first.ordinal, st.trace_of(run[0]), sid(first.ordinal), pid_, label, first.start, end, attrs)
+        agg_spans.append(span)
         st.stats["aggregated_events"] += len(run)
     st.stats["aggregate_spans"] = len(agg_spans)
     st.agg_spans = agg_spans
 
 
 def hidden_counts(st: _BuildState) -> None:
-    """What each parent says of the spans hidden under it (volume.hidden_attributes)."""
-    ev, keep, aggregated, reason, stats = st.ev, st.keep, st.aggregated, st.reason, st.stats
+    """What each parent says of the spans hidden under it (volume.hidden_attributes), and what
+    each trace's root says its trace folded: hidden and aggregated events, per owner."""
+    ev, keep, aggregated, reason, stats, owner = st.ev, st.keep, st.aggregated, st.reason, st.stats, st.owner
     hidden: dict[bytes, list[int]] = {}
+    folded: dict[bytes, list[int]] = {}  # the owner's root -> [hidden, aggregated]
     for i, e in enumerate(ev):
-        if keep[i] or aggregated[i]:
+        if keep[i]:
+            continue
+        if aggregated[i]:
+            folded.setdefault(st.level_target(owner[i]), [0, 0])[1] += 1
             continue
         why = reason[i] or (volume.HIDDEN_PYTHON if e.kind == Kind.PYTHON else volume.HIDDEN_SHORT)
         stats[volume.HIDDEN_STAT[why]] += 1
@@ -653,11 +716,19 @@ def hidden_counts(st: _BuildState) -> None:
         target = st.parent_of(i)
         if target:
             hidden.setdefault(target, []).append(i)
+            folded.setdefault(st.level_target(owner[i]), [0, 0])[0] += 1
     opts = st.opts
     st.hidden_attrs = {
         target: volume.hidden_attributes(ev, members, reason, opts.min_duration_ns, opts.trace_span_budget)
         for target, members in hidden.items()
     }
+    st.root_attrs = {}
+    for root, (n_hidden, n_aggregated) in folded.items():
+        attrs = st.root_attrs[root] = []
+        if n_hidden:
+            attrs.append(("otelprof.trace.hidden_events", n_hidden))
+        if n_aggregated:
+            attrs.append(("otelprof.trace.aggregated_events", n_aggregated))
 
 
 def op_self_times(st: _BuildState) -> None:
@@ -693,17 +764,31 @@ def memory_span_events(st: _BuildState) -> None:
 
 
 def fwdbwd_links(st: _BuildState) -> None:
-    """Forward -> backward links between kept spans (tree.fwdbwd_pairs)."""
+    """Forward -> backward links: an op that is not a span is stood for by what holds it (its
+    aggregate, else the op span it folds into; not a step or window root); a link that would
+    join a span to itself goes."""
     ev, keep, sid = st.ev, st.keep, st.sid
+    leader = {r: run[0] for run in st.aggs for r in run}
+
+    def held_by(x: int) -> bytes:  # a step, window root or lane stands for no op
+        if keep[x]:
+            return sid(ev[x].ordinal)
+        if x in leader:
+            return sid(ev[leader[x]].ordinal)
+        k = st.nearest_kept(st.parent[x]) if st.parent[x] >= 0 else -1
+        if k < 0 or st.owner[k] != st.owner[x] or k in st.step_num or k == st.window_root_ev:
+            return b""
+        return sid(ev[k].ordinal)
+
     links: dict[bytes, list[tuple[bytes, bytes]]] = {}
     pairs = tree.fwdbwd_pairs(ev, st.fwd_flows, st.nesting, len(st.trace.memory))
     for fw, bw in pairs:
-        # a link joins the two ops it names: when either is not a span, it is dropped and counted
-        if not keep[fw] or not keep[bw] or fw == bw:
+        source, target = held_by(bw), held_by(fw)
+        if not source or not target or source == target:
             st.stats["links_dropped"] += 1
             continue
-        bucket = links.setdefault(sid(ev[bw].ordinal), [])
-        link_target = (st.trace_of(fw), sid(ev[fw].ordinal))
+        bucket = links.setdefault(source, [])
+        link_target = (st.trace_of(fw), target)
         if link_target in bucket:
             st.stats["links_dropped"] += 1
             continue
@@ -712,8 +797,8 @@ def fwdbwd_links(st: _BuildState) -> None:
 
 
 def assemble_synthetic_roots(st: _BuildState) -> None:
-    """The synthetic roots (the window's, the iterations', the detail roots) with their
-    attributes, hidden counts, span events and limits."""
+    """The synthetic spans (the window's root, the iterations', the detail roots, the GPU lanes)
+    with their attributes, hidden counts, links, span events and limits."""
     ev, step_num, synthetic, hidden_attrs, sid = st.ev, st.step_num, st.synthetic, st.hidden_attrs, st.sid
     for s in st.steps if st.split else ():
         synthetic.append(
@@ -730,9 +815,44 @@ def assemble_synthetic_roots(st: _BuildState) -> None:
             )
         )
     for sp in synthetic:  # "otelprof.synthetic" stays last
-        if sp.span_id in hidden_attrs:
-            sp.attrs[len(sp.attrs) - 1 : len(sp.attrs) - 1] = hidden_attrs[sp.span_id]
+        sp.attrs[len(sp.attrs) - 1 : len(sp.attrs) - 1] = [
+            *hidden_attrs.get(sp.span_id, ()),
+            *_root_attrs(st, sp.span_id),
+        ]
+        sp.links.extend((t, s_, [("otelprof.link.kind", "fwdbwd")]) for t, s_ in st.links.get(sp.span_id, []))
         st.finish_span(sp)
+    span_of = {sid(ordinal): k for k, (_o, ordinal, _lead) in enumerate(st.lanes)}
+    held: dict[int, list[int]] = {}  # lane -> [start, end] of what went under it
+    for i, e in enumerate(ev):
+        if i in st.lane_of:  # kept, aggregated or folded: all of it under its parent (lane or op)
+            k = span_of.get(st.parent_of(i), -1)
+            if k >= 0:
+                lo_hi = held.setdefault(k, [e.start, e.end])
+                lo_hi[0], lo_hi[1] = min(lo_hi[0], e.start), max(lo_hi[1], e.end)
+    for k, (o, ordinal, lead) in enumerate(st.lanes):
+        if k not in held:
+            continue
+        e = ev[lead]
+        attrs: Attrs = [("pytorch.event.category", "otelprof")]
+        if isinstance(e.pid, int):
+            attrs.append(("pytorch.gpu.device", e.pid))
+        if isinstance(e.tid, int):
+            attrs.append(("pytorch.gpu.stream", e.tid))
+        lane_id = sid(ordinal)
+        attrs.extend(hidden_attrs.get(lane_id, ()))
+        attrs.append(("otelprof.synthetic", True))
+        name = f"gpu {e.pid} \N{MIDDLE DOT} stream {e.tid}"
+        lane = Span(-1, st.trace_of(lead), lane_id, st.level_target(o), name, held[k][0], held[k][1], attrs)
+        st.finish_span(lane)
+        synthetic.append(lane)
+
+
+def _root_attrs(st: _BuildState, span_id: bytes) -> Attrs:
+    """What a trace root adds: what its trace folded (hidden_counts), the source file."""
+    attrs = list(st.root_attrs.get(span_id, ()))
+    if st.opts.source_file is not None:
+        attrs.append(("otelprof.source.file", st.opts.source_file))
+    return attrs
 
 
 def assemble_event_spans(st: _BuildState) -> None:
@@ -742,15 +862,18 @@ def assemble_event_spans(st: _BuildState) -> None:
     split, hidden_attrs, sid = st.split, st.hidden_attrs, st.sid
     in_a, child_dur, self_dev = st.times.in_a, st.times.child_dur, st.times.self_dev
     by_order: list[Span] = list(st.agg_spans)
+    for sp in by_order:
+        sp.links = [(t, s_, [("otelprof.link.kind", "fwdbwd")]) for t, s_ in st.links.get(sp.span_id, [])]
+        st.finish_span(sp)
     for i, e in enumerate(ev):
         if not keep[i]:
             continue
         attrs: Attrs = [("pytorch.event.category", e.cat)]
         if not e.device and isinstance(e.tid, int):
             attrs.append(("thread.id", e.tid))
-        name = fold_kernel_name(e.name) if e.kind == Kind.KERNEL else e.name
+        name = _shown(e, SPAN_NAME_CHARS)
         if name != e.name:
-            attrs.append(("pytorch.gpu.kernel_name", e.name))
+            attrs.append(_full_name(e))
         attrs.extend(_arg_attributes(e.args))
         if in_a[i]:
             attrs.append(("pytorch.op.self_cpu_time_ns", e.dur - child_dur[i]))
@@ -761,7 +884,10 @@ def assemble_event_spans(st: _BuildState) -> None:
         if my_id in hidden_attrs:
             attrs.extend(hidden_attrs[my_id])
         if i in step_num or i == st.window_root_ev:
+            attrs.extend(_root_attrs(st, my_id))
             pid_ = live_of[i].span_id if i in live_of else b""
+        elif i in st.lane_of:
+            pid_ = st.parent_of(i)
         elif parent[i] >= 0 and (k := st.nearest_kept(parent[i])) >= 0 and owner[k] == owner[i]:
             pid_ = st.parent_span(k) or st.level_target(owner[i])
         else:
@@ -777,6 +903,21 @@ def assemble_event_spans(st: _BuildState) -> None:
         by_order.append(span)
     by_order.sort(key=lambda sp: sp.order)
     st.by_order = by_order
+
+
+#: Characters of a span name a trace UI's tree can show (a kernel's is folded to fit: names.py).
+SPAN_NAME_CHARS = 128
+
+
+def _shown(e: Event, limit: int) -> str:
+    """An event's span name: a kernel's folded, any name cut to ``limit`` characters (``…``)."""
+    name = fold_kernel_name(e.name) if e.kind == Kind.KERNEL else e.name
+    return name if len(name) <= limit else name[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
+
+
+def _full_name(e: Event) -> tuple[str, str]:
+    """The whole name of an event whose span name is not it: a kernel's demangled name, any other's."""
+    return ("pytorch.gpu.kernel_name" if e.kind == Kind.KERNEL else "pytorch.event.name", e.name)
 
 
 def _step_attributes(st: _BuildState, i: int, e: Event) -> Attrs:

@@ -25,6 +25,14 @@ HIDDEN_STAT = {
 #: Names a hidden-spans summary lists, and the characters kept of each.
 HIDDEN_NAMES_SHOWN = 3
 HIDDEN_NAME_CHARS = 64
+#: What hidden events a parent accounts for, by class (``otelprof.folded.<class>.count`` and
+#: ``.duration_ns``): CPU-side ops and annotations, python functions, runtime calls, kernels,
+#: memcpys, memsets, other device activity (syncs, device annotations).
+FOLD_CLASSES = ("op", "python", "runtime", "kernel", "memcpy", "memset", "device_other")
+FOLD_CLASS = {
+    Kind.OTHER: 0, Kind.CPU_OP: 0, Kind.ANNOTATION: 0, Kind.TRACE: 0, Kind.PYTHON: 1, Kind.RUNTIME: 2,
+    Kind.KERNEL: 3, Kind.MEMCPY: 4, Kind.MEMSET: 5, Kind.SYNC: 6, Kind.GPU_ANNOTATION: 6,
+}  # fmt: skip
 #: Kinds that never count as the op that launched device work.
 _NOT_OPS = frozenset({Kind.RUNTIME, Kind.PYTHON, Kind.TRACE})
 
@@ -48,7 +56,8 @@ def keep_rule(ev: list[Event], parent: list[int], step_num: dict[int, int], min_
     other CPU-side event stays when it ran at least ``min_ns``, or (not a runtime call) when
     the device work it launched did. Then, for each kernel/memcpy/memset whose launch has no
     kept op between it and the trace root, the op that launched it (the innermost enclosing
-    event that is no runtime call, python function or window) stays too."""
+    event that is no runtime call, python function or window) stays too, or, where no op
+    encloses the launch (an Nsight Systems export without NVTX ranges), the runtime call."""
     launched = launched_device_time(ev, parent)
     base = [
         e.device
@@ -68,8 +77,8 @@ def keep_rule(ev: list[Event], parent: list[int], step_num: dict[int, int], min_
             if op < 0 and ev[j].kind not in _NOT_OPS:
                 op = j
             j = parent[j]
-        if op >= 0 and (j < 0 or j in step_num or ev[j].kind == Kind.TRACE):
-            keep[op] = True
+        if j < 0 or j in step_num or ev[j].kind == Kind.TRACE:
+            keep[op if op >= 0 else parent[d]] = True  # no op encloses the launch: the launch itself
     return keep
 
 
@@ -81,9 +90,10 @@ def significance(ev: list[Event], parent: list[int]) -> list[int]:
 
 
 class Budget:
-    """At most ``budget`` spans per trace. A trace over it first has every run of two or more
-    consecutive leaf siblings with one name and category aggregated (as short siblings are),
-    then loses its least significant non-root spans (ties: the deeper, then the later in the
+    """At most ``budget`` spans per trace (its roots and GPU lanes in use count; once it is
+    trimmed, its ``spare`` lanes too). A trace over it first has the leaf siblings of one
+    name and category aggregated (two or more, consecutive or not: one span per name), then
+    loses its least significant non-root spans (ties: the deeper, then the later in the
     file) until it fits. Hidden events are marked ``HIDDEN_BUDGET``."""
 
     def __init__(
@@ -102,6 +112,7 @@ class Budget:
     def apply(
         self,
         roots: dict[bytes, int],
+        spare: dict[bytes, int],
         is_root: Callable[[int], bool],
         trace_of: Callable[[int], bytes],
         parent_of: Callable[[int], bytes],
@@ -123,7 +134,7 @@ class Budget:
             self._aggregate_leaves(events, agg_of.get(trace, []), parent_of, span_id, agg_of, trace)
             forget()
             kept = [i for i in events if keep[i]]
-            self._drop(kept, roots.get(trace, 0), agg_of.get(trace, []), parent_of, span_id)
+            self._drop(kept, roots.get(trace, 0) + spare.get(trace, 0), agg_of.get(trace, []), parent_of, span_id)
 
     def _aggregate_leaves(
         self,
@@ -142,19 +153,17 @@ class Budget:
             groups.setdefault(parents[i], []).append(i)
         for group in groups.values():
             group.sort(key=lambda i: (ev[i].start, ev[i].ordinal))
-            run: list[int] = []
-            for c in [*group, -1]:
-                leaf = c >= 0 and span_id(c) not in has_child
-                if leaf and run and ev[c].name == ev[run[0]].name and ev[c].cat == ev[run[0]].cat:
-                    run.append(c)
-                    continue
+            repeats: dict[tuple[str, str], list[int]] = {}  # leaves of one name and category
+            for c in group:
+                if span_id(c) not in has_child:
+                    repeats.setdefault((ev[c].name, ev[c].cat), []).append(c)
+            for run in repeats.values():
                 if len(run) >= 2:
                     for r in run:
                         self.keep[r] = False
                         self.aggregated[r] = True
                     self.aggs.append(run)
                     agg_of.setdefault(trace, []).append(len(self.aggs) - 1)
-                run = [c] if leaf else []
 
     def _drop(
         self,
@@ -225,4 +234,14 @@ def hidden_attributes(
     shown = ", ".join(f"{name[:HIDDEN_NAME_CHARS]} \N{MULTIPLICATION SIGN}{c}" for name, c in top)
     rest = len(members) - sum(c for _, c in top)
     text = f"{len(members)} hidden ({', '.join(texts)}): {shown}" + (f" and {rest} more" if rest else "")
-    return [("otelprof.hidden_spans", len(members)), ("otelprof.hidden", text)]
+    out: list[tuple[str, int | str]] = [("otelprof.hidden_spans", len(members)), ("otelprof.hidden", text)]
+    by_class = [[0, 0] for _ in FOLD_CLASSES]
+    for i in members:
+        held = by_class[FOLD_CLASS[ev[i].kind]]
+        held[0] += 1
+        held[1] += ev[i].dur
+    for name, (count, total) in zip(FOLD_CLASSES, by_class, strict=True):
+        if count:
+            out.append((f"otelprof.folded.{name}.count", count))
+            out.append((f"otelprof.folded.{name}.duration_ns", total))
+    return out
