@@ -1,4 +1,4 @@
-"""nvprof profiles (``nvprof -o trace.nvvp``, SQLite) -> OTLP spans, as the nsys reader builds them.
+"""nvprof profiles (``nvprof -o trace.nvvp``, SQLite) -> OTLP spans, as Kineto traces like nsys exports.
 
 nvprof writes CUPTI activity records one table per kind (``CUPTI_ACTIVITY_KIND_RUNTIME``,
 ``..._CONCURRENT_KERNEL``, ``..._MARKER`` …) with strings in ``StringTable``; this is the format
@@ -16,22 +16,26 @@ import ctypes
 import ctypes.util
 import functools
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
 from ..otlp._text import clean
-from ..otlp.spans import Attrs
-from .nsys import (
-    STAT_KEYS,
-    _Db,
-    _Item,
-    _Process,
-    _resource,
-    build_requests,
-    device_span,
-    nvtx_item,
+from ..otlp.resource import ResourceFacts
+from ._kineto import (
+    IMPORT_STAT_KEYS,
+    ProcessDoc,
+    Range,
+    add_ranges,
+    convert_processes,
+    event,
+    file_meta,
+    members,
+    quote,
+    valid_times,
 )
+from .nsys import _MEM_KIND, _Db, activity_fields, device_event, kernel_args
 
 _RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 _DRIVER = "CUPTI_ACTIVITY_KIND_DRIVER"
@@ -108,116 +112,137 @@ def demangle(name: str) -> str:
         ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
 
 
-def convert(db: _Db, path: Path, opts: ConvertOptions) -> ConvertResult:
-    stats = dict.fromkeys(STAT_KEYS, 0)
-    strings = {int(i): clean(str(v)) for i, v in db.db.execute("SELECT _id_, value FROM StringTable")}
-    procs: dict[int, _Process] = {}
-    launches: dict[tuple[int, int], _Item] = {}
-    launch_pid: dict[int, int] = {}
+class _Reader:
+    """A profile's rows into per-process documents, counted as read."""
 
-    def proc(pid: int) -> _Process:
-        return procs.setdefault(pid, _Process(pid))
+    def __init__(self, db: _Db) -> None:
+        self.db = db
+        self.stats = dict.fromkeys(IMPORT_STAT_KEYS, 0)
+        self.docs: dict[int, ProcessDoc] = {}
+        self.strings = {int(i): clean(str(v)) for i, v in db.db.execute("SELECT _id_, value FROM StringTable")}
+        self.launch_pid: dict[int, int] = {}  # correlation id -> the process of its call
+        self._kernel_names: dict[object, str] = {}
 
-    def times(r: dict[str, object], start: str = "start", end: str = "end") -> tuple[int, int] | None:
-        s, e = _int(r[start]), _int(r[end])
-        return None if s is None or e is None else (s, max(s, e))
+    def doc(self, pid: int) -> ProcessDoc:
+        doc = self.docs.get(pid)
+        if doc is None:
+            doc = self.docs[pid] = ProcessDoc(pid)
+        return doc
 
-    # --- runtime and driver calls ----------------------------------------------------------
-    for table, category, names in ((_RUNTIME, "cuda_runtime", _RUNTIME_NAMES), (_DRIVER, "cuda_driver", _DRIVER_NAMES)):
-        for r in db.rows(table, ("cbid", "start", "end", "processId", "threadId", "correlationId")):
-            stats["events_total"] += 1
-            pid, tid, cbid, t = _int(r["processId"]), _int(r["threadId"]), _int(r["cbid"]), times(r)
-            if pid is None or tid is None or t is None:
-                stats["ignored_events"] += 1
+    def markers(self) -> None:
+        """NVTX ranges: start/end marker pairs."""
+        starts: dict[int, tuple[object, ...]] = {}
+        ends: dict[int, int] = {}
+        for r in self.db.rows(_MARKER, ("flags", "timestamp", "id", "objectKind", "objectId", "name")):
+            self.stats["events_total"] += 1
+            flags, mid = _int(r[1]) or 0, _int(r[3])
+            if mid is not None and flags & _FLAG_START and r[6] != 0 and mid not in starts:
+                starts[mid] = r
+            elif mid is not None and flags & _FLAG_END and (ts := _int(r[2])) is not None and mid not in ends:
+                ends[mid] = ts
+            else:  # instantaneous markers, repeated or malformed rows
+                self.stats["ignored_events"] += 1
+                self.stats["nvtx_marks"] += bool(flags & _FLAG_INSTANT)
+        self.stats["events_total"] -= len(ends)  # a range is one event, as in nsys
+        ranges: dict[int, list[Range]] = {}
+        for mid, r in starts.items():
+            where, t = _thread(r[4], r[5]), _times(r[2], ends.get(mid))
+            if where is None or t is None:
+                self.stats["ignored_events"] += 1  # unterminated, or not on a thread
                 continue
-            tid &= 0xFFFFFFFF  # stored signed
-            name = names.get(cbid or -1) or f"{category} cbid {cbid}"
-            corr = _int(r["correlationId"])
-            attrs: Attrs = [("pytorch.event.category", category), ("thread.id", tid)]
-            if corr is not None:
-                attrs.append(("pytorch.gpu.correlation_id", corr))
-            if cbid is not None:
-                attrs.append(("pytorch.gpu.cbid", cbid))
-            item = _Item(table, int(str(r["rowid"])), name, *t, pid, tid, corr, attrs)
-            proc(pid).cpu.append(item)
-            if corr is not None:
-                launches.setdefault((pid, corr), item)
-                launch_pid.setdefault(corr, pid)
-            stats["runtime_calls"] += 1
+            text = self.strings.get(_int(r[6]) or -1, "")
+            ranges.setdefault(where[0], []).append(Range(*t, where[1], text))
+            self.stats["nvtx_ranges"] += 1
+        for pid, items in ranges.items():
+            add_ranges(self.doc(pid), items, self.stats)
 
-    # --- NVTX ranges: start/end marker pairs ------------------------------------------------
-    starts: dict[int, dict[str, object]] = {}
-    ends: dict[int, int] = {}
-    for r in db.rows(_MARKER, ("flags", "timestamp", "id", "objectKind", "objectId", "name", "domain")):
-        stats["events_total"] += 1
-        flags, mid = _int(r["flags"]) or 0, _int(r["id"])
-        if mid is not None and flags & _FLAG_START and r["name"] != 0:
-            starts[mid] = r
-        elif mid is not None and flags & _FLAG_END and (ts := _int(r["timestamp"])) is not None:
-            ends[mid] = ts
-        else:
-            stats["nvtx_marks" if flags & _FLAG_INSTANT else "ignored_events"] += 1
-    for mid, r in starts.items():
-        where, start = _thread(r["objectKind"], r["objectId"]), _int(r["timestamp"])
-        if where is None or start is None or mid not in ends:
-            stats["ignored_events"] += 1  # unterminated, or not on a thread
-            continue
-        attrs = [("pytorch.event.category", "nvtx"), ("thread.id", where[1])]
-        if (domain := strings.get(_int(r["domain"]) or 0)) is not None:
-            attrs.append(("nvtx.domain", domain))
-        text = strings.get(_int(r["name"]) or -1)
-        item = nvtx_item(_MARKER, int(str(r["rowid"])), text, (start, max(start, ends[mid])), *where, attrs)
-        proc(item.pid).cpu.append(item)
-        stats["nvtx_ranges"] += 1
-    stats["events_total"] -= len(ends)  # a range is one event, as in nsys
+    def calls(self) -> None:
+        """Runtime and driver calls."""
+        cols = ("cbid", "start", "end", "processId", "threadId", "correlationId")
+        for table, category, names in (
+            (_RUNTIME, "cuda_runtime", _RUNTIME_NAMES),
+            (_DRIVER, "cuda_driver", _DRIVER_NAMES),
+        ):
+            for _, raw_cbid, start, end, raw_pid, raw_tid, raw_corr in self.db.rows(table, cols):
+                self.stats["events_total"] += 1
+                pid, tid, cbid, corr, t = (
+                    _int(raw_pid),
+                    _int(raw_tid),
+                    _int(raw_cbid),
+                    _int(raw_corr),
+                    _times(start, end),
+                )
+                if pid is None or tid is None or t is None:
+                    self.stats["ignored_events"] += 1
+                    continue
+                name = names.get(cbid or -1) or f"{category} cbid {cbid}"
+                args = members((("correlation", corr), ("cbid", cbid)))
+                self.doc(pid).add(event(category, quote(name), pid, tid & 0xFFFFFFFF, *t, args), *t)  # stored signed
+                if corr is not None:
+                    self.launch_pid.setdefault(corr, pid)
+                self.stats["runtime_calls"] += 1
 
-    # --- device work --------------------------------------------------------------------------
-    device = ("start", "end", "deviceId", "contextId", "streamId", "correlationId")
-    grid = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
-    kernel = (*device, "name", *grid, "registersPerThread", "staticSharedMemory", "dynamicSharedMemory")
-    specs: list[tuple[str, tuple[str, ...], str]] = [(t, kernel, "kernels") for t in _KERNELS]
-    specs += [(_MEMCPY, (*device, "bytes", "copyKind", "srcKind", "dstKind"), "memcpys")]
-    specs += [(_MEMSET, (*device, "bytes", "memoryKind"), "memsets"), (_SYNC, (*device, "type"), "syncs")]
-    fallback_pid = min(procs) if procs else None
-    for table, cols, stat in specs:
-        for r in db.rows(table, cols):
-            stats["events_total"] += 1
-            t, corr = times(r), _int(r["correlationId"])
-            pid = launch_pid.get(corr, fallback_pid) if corr is not None else fallback_pid
-            if t is None or pid is None:
-                stats["ignored_events"] += 1
-                continue
-            name, attrs = device_span(_nsys_table(table), _as_nsys_row(r), strings, corr, demangle)
-            proc(pid).device.append(_Item(table, int(str(r["rowid"])), name, *t, pid, -1, corr, attrs))
-            stats[stat] += 1
+    def device(self) -> None:
+        """Device work, each row in its call's process (else the lowest pid)."""
+        device = ("start", "end", "deviceId", "contextId", "streamId", "correlationId")
+        grid = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
+        kernel = (*device, "name", *grid, "registersPerThread", "staticSharedMemory", "dynamicSharedMemory")
+        specs: list[tuple[str, tuple[str, ...], str]] = [(t, kernel, "kernels") for t in _KERNELS]
+        specs += [(_MEMCPY, (*device, "bytes", "copyKind", "srcKind", "dstKind"), "memcpys")]
+        specs += [(_MEMSET, (*device, "bytes", "memoryKind"), "memsets"), (_SYNC, (*device, "type"), "syncs")]
+        fallback = min(self.docs) if self.docs else None
+        for table, cols, stat in specs:
+            for r in self.db.rows(table, cols):
+                self.stats["events_total"] += 1
+                t, corr = _times(r[1], r[2]), _int(r[6])
+                pid = self.launch_pid.get(corr, fallback) if corr is not None else fallback
+                if t is None or pid is None:
+                    self.stats["ignored_events"] += 1
+                    continue
+                if table in _KERNELS:
+                    cat, name, own = "kernel", self._kernel_name(r[7]), kernel_args(*r[8:])
+                else:
+                    cat, name, own = activity_fields(table, r[7:], _mem_kind)
+                self.doc(pid).add(device_event(cat, name, r[3], r[4], r[5], corr, t, own), *t)
+                self.stats[stat] += 1
 
-    if not procs:
+    def _kernel_name(self, string_id: object) -> str:
+        name = self._kernel_names.get(string_id)
+        if name is None:
+            text = demangle(self.strings.get(_int(string_id) or -1) or "kernel")
+            name = self._kernel_names[string_id] = quote(text)
+        return name
+
+
+def _times(start: object, end: object) -> tuple[int, int] | None:
+    """CUPTI nanoseconds, used as they are."""
+    s, e = _int(start), _int(end)
+    return None if s is None or e is None or not valid_times(s, e) else (s, max(s, e))
+
+
+def convert(db: _Db, path: Path, opts: ConvertOptions, engine: str = "auto") -> ConvertResult:
+    reader = _Reader(db)
+    reader.markers()  # first: at equal times a range encloses the call it wraps (lower ordinal)
+    reader.calls()
+    reader.device()
+    if not reader.docs:
         raise TraceFormatError(f"{path}: no CUDA or NVTX events (nvprof profile)")
+    reader.stats["processes"] = len(reader.docs)
     version = db.scalar("SELECT version FROM Version") if "Version" in db.tables else None
     source = f"nvprof-sqlite {version}" if version is not None else "nvprof-sqlite"
     run_id = clean(opts.run_id) if opts.run_id is not None else f"nvprof|{path.name}"
-    gpus = _gpu_models(db, strings)
 
-    def resource(pid: int) -> tuple[Attrs, int]:
-        return _resource(opts, run_id, pid, "", opts.host_name, gpus, source)
+    def process(pid: int) -> tuple[str, ResourceFacts]:
+        return f"process {pid}", ResourceFacts(pid=pid, source_format=source)  # nvprof records no executable
 
-    requests = build_requests(procs, launches, path, opts, run_id, "nvprof", {}, resource, stats)
-    return ConvertResult(requests, [], stats, "nvprof")
-
-
-def _nsys_table(table: str) -> str:
-    return "CUPTI_ACTIVITY_KIND_KERNEL" if table in _KERNELS else table
+    meta = file_meta(None, _gpu_models(db, reader.strings))
+    return convert_processes(reader.docs, meta, replace(opts, run_id=run_id), process, reader.stats, engine)
 
 
-def _as_nsys_row(r: dict[str, object]) -> dict[str, object]:
-    """nvprof's columns under nsys's names; CUPTI memory kinds count from 1 (0 = unknown),
-    nsys's from 0."""
-    out = dict(r)
-    out["demangledName"], out["shortName"], out["syncType"] = r.get("name"), None, r.get("type")
-    for src, dst in (("srcKind", "srcKind"), ("dstKind", "dstKind"), ("memoryKind", "memKind")):
-        kind = _int(r.get(src))
-        out[dst] = kind - 1 if kind else None  # None: unknown
-    return out
+def _mem_kind(value: object) -> str | None:
+    """CUPTI's memory kinds count from 1 (0 = unknown), nsys's from 0."""
+    kind = _int(value)
+    return _MEM_KIND.get(kind - 1) if kind else None
 
 
 def _gpu_models(db: _Db, strings: dict[int, str]) -> list[str]:

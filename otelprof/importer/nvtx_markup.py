@@ -46,17 +46,17 @@ class OpMarkup:
     input_dims: list[list[int]] | None
     input_op_ids: list[list[int]] | None
 
-    def attributes(self) -> list[tuple[str, str | int | float | bool]]:
-        """Span attributes, named as for Kineto ops (docs/semantic-conventions.md)."""
-        out: list[tuple[str, str | int | float | bool]] = []
+    def kineto_args(self, fwd_thread_id: int | None = None) -> list[tuple[str, object]]:
+        """The op's Kineto ``args`` (what torch's profiler writes on a ``cpu_op``), for the
+        converter: ``Sequence number``, ``Fwd thread id`` (given for a backward op) and
+        ``Input Dims``. ``op_id`` and ``input_op_ids`` have no Kineto argument."""
+        out: list[tuple[str, object]] = []
         if self.sequence_number is not None:
-            out.append(("pytorch.op.sequence_number", self.sequence_number))
+            out.append(("Sequence number", self.sequence_number))
+            if fwd_thread_id is not None:
+                out.append(("Fwd thread id", fwd_thread_id))
         if self.input_dims is not None:
-            out.append(("pytorch.op.input_dims", json.dumps(self.input_dims, separators=(",", ":"))))
-        if self.op_id is not None:
-            out.append(("pytorch.op.id", self.op_id))
-        if self.input_op_ids is not None:
-            out.append(("pytorch.op.input_op_ids", json.dumps(self.input_op_ids, separators=(",", ":"))))
+            out.append(("Input Dims", self.input_dims))
         return out
 
 

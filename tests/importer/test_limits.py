@@ -1,7 +1,8 @@
 """Length limits on imports: an Nsight Systems export and an nvprof profile whose strings are
-huge (a 5,000,000-character NVTX range; kernel, CUDA API, process, host, GPU and NVTX domain
-names; ``emit_nvtx`` shapes) send what the Kineto converter sends for the same strings: names
-and values cut to the same characters, requests under ``max_request_bytes``, no span lost."""
+huge (a 5,000,000-character NVTX range; kernel, CUDA API, process, host and GPU names;
+``emit_nvtx`` shapes; an NVTX domain name, read and not sent) send what the Kineto converter
+sends for the same strings: names and values cut to the same characters, requests under
+``max_request_bytes``, no span lost (full detail: every row a span)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def _many(i: int) -> str:
 
 
 def _nsys_fixture(dst: Path) -> int:
-    """The shared saxpy export with the huge strings; returns its spans' count (by plain SQL)."""
+    """The shared saxpy export with the huge strings; returns its spans' count at full detail
+    (by plain SQL; the domain's name is no span's)."""
     dst.write_bytes(shared(SAXPY, NSYS).read_bytes())
     with closing(sqlite3.connect(dst)) as db, db:
         tid, pid, s1, e1, s2, e2, last = db.execute(
@@ -156,7 +158,7 @@ def _check(spans: list[Got], count: int, max_bytes: int, nvprof: bool) -> None:
     assert len(spans) == count
     assert len({g.span.span_id for g in spans}) == count
     huge = _named(spans, "range-")
-    assert (huge.span.name, huge.attr("nvtx.domain")) == (kineto["range"], DOMAIN[:LIMIT])
+    assert huge.span.name == kineto["range"]
     assert len(huge.span.name) == SPAN_NAME_LENGTH_LIMIT
     [kernel] = [g for g in spans if str(g.attr("pytorch.gpu.kernel_name")).startswith("void huge")]
     assert (kernel.span.name, kernel.attr("pytorch.gpu.kernel_name")) == (kineto["kernel"], kineto["kernel_name"])
@@ -186,7 +188,7 @@ def test_otelprof_import_cuts_as_the_converter_and_stays_under_the_request_limit
 
     folder, counts = files
     with http_receiver(HttpReceiver(max_body_bytes=COLLECTOR_LIMIT)) as rec, import_env(tmp_path, rec.port):
-        assert run_import(folder, "--ledger", tmp_path / "ledger.json", "-q") == 0
+        assert run_import(folder, "--detail", "full", "--ledger", tmp_path / "ledger.json", "-q") == 0
     assert rec.requests and all(r.ByteSize() <= HTTP_IMPORT_REQUEST_BYTES for r in rec.requests)
     spans = received(rec.requests)
     for name, nvprof in (("huge.nvvp", True), ("saxpy.sqlite", False)):
@@ -202,11 +204,11 @@ def test_small_request_limits_bound_every_request_and_count_each_cut(
     the span holding the cut 5M-character range fits with them in one request."""
     folder, counts = files
     max_bytes = 64 * 1024
-    result = convert_nsys(folder / name, ConvertOptions(run_id="limits", max_request_bytes=max_bytes))
+    result = convert_nsys(folder / name, ConvertOptions(run_id="limits", max_request_bytes=max_bytes, detail="full"))
     assert max(map(len, result.requests)) <= max_bytes
     assert result.stats["spans"] == counts[name]
     _check(decode(result.requests), counts[name], max_bytes, name.endswith(".nvvp"))
-    # range, its domain, kernel_name, input_dims, the MANY ranges and the GPU model; nsys adds
-    # the CUDA call, the root's name and the host, executable path and source format
-    cuts = 5 + MANY + (0 if name.endswith(".nvvp") else 5)
+    # range, kernel_name, input_dims, the MANY ranges and the GPU model; nsys adds the CUDA
+    # call, the root's name and the host, executable path and source format
+    cuts = 4 + MANY + (0 if name.endswith(".nvvp") else 5)
     assert result.stats["values_truncated"] == cuts

@@ -60,12 +60,10 @@ def test_backward_is_the_node_inside_its_engine_range_or_a_stashed_one() -> None
     assert old is not None and is_backward(old, None)
 
 
-def test_attributes_use_the_kineto_names() -> None:
+def test_kineto_args_are_what_torch_writes_on_a_cpu_op() -> None:
     op = parse("aten::addmm, seq = 8, op_id = 103, sizes = [[3], []], input_op_ids = [(102,0), (0,-1)]")
     assert op is not None
-    assert op.attributes() == [
-        ("pytorch.op.sequence_number", 8),
-        ("pytorch.op.input_dims", "[[3],[]]"),
-        ("pytorch.op.id", 103),
-        ("pytorch.op.input_op_ids", "[[102,0],[0,-1]]"),
-    ]
+    assert op.kineto_args() == [("Sequence number", 8), ("Input Dims", [[3], []])]
+    assert op.kineto_args(4243) == [("Sequence number", 8), ("Fwd thread id", 4243), ("Input Dims", [[3], []])]
+    no_seq = parse("aten::empty, op_id = 5")
+    assert no_seq is not None and no_seq.kineto_args(7) == []  # no sequence number: nothing to link

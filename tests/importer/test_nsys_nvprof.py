@@ -22,7 +22,7 @@ from .make_nvtx_fixture import KERNEL, NVPROF_PID, NVPROF_TID, Call, Op, make_nv
 def nvprof_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Op], list[Call], list[Got]]:
     path = tmp_path_factory.mktemp("nvprof") / "emit-nvtx.nvvp"
     ops, calls = make_nvprof_fixture(path)
-    result = convert_nsys(path, ConvertOptions(run_id="nvprof"))
+    result = convert_nsys(path, ConvertOptions(run_id="nvprof", detail="full"))
     assert result.stats["links"] == 3
     return path, ops, calls, decode(result.requests)
 
@@ -39,7 +39,9 @@ def test_ops_calls_and_kernels_become_one_process_trace(
     by_id = {g.span.span_id: g for g in spans}
     assert len({g.span.trace_id for g in spans}) == 1
     [root] = [g for g in spans if not g.span.parent_span_id]
-    assert (root.span.name, root.resource["process.pid"]) == (f"process {NVPROF_PID}", NVPROF_PID)
+    assert (root.span.name, root.category, root.resource["process.pid"]) == (
+        f"process {NVPROF_PID}", "Trace", NVPROF_PID,
+    )  # fmt: skip
     assert root.resource["otelprof.source.format"] == "nvprof-sqlite 11"
     assert len(spans) == 1 + len(ops) + 2 * len(calls)
     by_key = {op.key: _span_at(spans, op.start, op.end) for op in ops}
@@ -119,7 +121,8 @@ def test_import_finds_nvprof_files_in_folders(tmp_path: Path) -> None:
 
 def test_otelprof_import_sends_both_fixtures_to_a_real_receiver(tmp_path: Path) -> None:
     """``otelprof import FOLDER`` finds the nvprof profile and the nsys copy and sends the ops,
-    links included, to an OTLP/HTTP receiver."""
+    links included, to an OTLP/HTTP receiver (full detail: at default detail the shortest ops,
+    under 10 µs, fold into their parents)."""
     from export.receivers import http_receiver
 
     from .helpers import NSYS, import_env, received, run_import, shared
@@ -130,7 +133,7 @@ def test_otelprof_import_sends_both_fixtures_to_a_real_receiver(tmp_path: Path) 
     nvprof_ops, _ = make_nvprof_fixture(folder / "emit-nvtx.nvvp")
     nsys_ops = make_nsys_fixture(NSYS, folder / shared(SAXPY, NSYS).name)
     with http_receiver() as rec, import_env(tmp_path, rec.port):
-        assert run_import(folder, "--ledger", tmp_path / "ledger.json", "-q") == 0
+        assert run_import(folder, "--detail", "full", "--ledger", tmp_path / "ledger.json", "-q") == 0
     spans = received(rec.requests)
     formats = {g.resource["otelprof.source.format"] for g in spans}
     assert formats == {"nvprof-sqlite 11", "nsys-sqlite 2.9.1"}

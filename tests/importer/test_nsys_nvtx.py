@@ -1,9 +1,11 @@
 """emit_nvtx ranges in an Nsight Systems export (a copy of the shared saxpy export with torch's
-NVTX rows added, tests/importer/make_nvtx_fixture.py): op names, attributes, parents, links."""
+NVTX rows added, tests/importer/make_nvtx_fixture.py): op names, attributes, parents, links,
+at full detail (every row a span)."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ def nsys_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[O
 
 
 def _convert(path: Path) -> tuple[list[Got], dict[str, int]]:
-    result = convert_nsys(path, ConvertOptions(run_id="nvtx"))
+    result = convert_nsys(path, ConvertOptions(run_id="nvtx", detail="full"))
     return decode(result.requests), result.stats
 
 
@@ -33,6 +35,7 @@ def test_ops_get_their_names_attributes_parents_and_links(nsys_fixture: tuple[Pa
     spans, stats = _convert(path)
     with sqlite3.connect(path) as db:
         (base,) = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+        (tid,) = db.execute("SELECT DISTINCT globalTid & 16777215 FROM NVTX_EVENTS WHERE textId IS NOT NULL").fetchone()
     by_id = {g.span.span_id: g for g in spans}
     by_key: dict[str, Got] = {}
     for op in ops:
@@ -45,15 +48,16 @@ def test_ops_get_their_names_attributes_parents_and_links(nsys_fixture: tuple[Pa
         assert got.span.name == op.name, op.key
         assert got.attr("pytorch.op.sequence_number") == op.seq, op.key
         assert got.attr("pytorch.op.input_dims") == op.dims, op.key
-        assert got.attr("pytorch.op.id") == op.op_id, op.key
-        assert got.category == ("nvtx" if op.key == "user" else "cpu_op"), op.key
+        assert got.attr("pytorch.op.fwd_thread_id") == (tid if op.link is not None else None), op.key
+        assert got.attr("thread.id") == tid, op.key
+        assert got.category == ("user_annotation" if op.key == "user" else "cpu_op"), op.key
     for op in ops:
         got = by_key[op.key]
         parent = by_id[got.span.parent_span_id]
         if op.parent is not None:
             assert parent.span.span_id == by_key[op.parent].span.span_id, op.key
         else:  # inside the saxpy range the export already had
-            assert (parent.category, parent.span.name) == ("nvtx", "saxpy"), op.key
+            assert (parent.category, parent.span.name) == ("user_annotation", "saxpy"), op.key
         links = [(link.trace_id, link.span_id) for link in got.span.links]
         if op.link is None:
             assert links == [], op.key
@@ -67,24 +71,22 @@ def test_ops_get_their_names_attributes_parents_and_links(nsys_fixture: tuple[Pa
             [kernel] = [g for g in spans if g.span.parent_span_id == launch.span.span_id]
             assert (kernel.category, kernel.span.name) == ("kernel", "saxpy")  # the name folded, in full below
             assert kernel.attr("pytorch.gpu.kernel_name") == "saxpy(double *, double *, double *, double, int)"
-    assert by_key["addmm"].attr("pytorch.op.input_op_ids") == "[[0,-1],[0,-1],[102,0],[0,-1],[0,-1]]"
     assert stats["links"] == 3
     assert stats["nvtx_ops"] == len(ops) - 1  # all but the user range
 
 
 def test_the_original_spans_are_unchanged(nsys_fixture: tuple[Path, list[Op]]) -> None:
-    """The added rows change nothing else: every original span keeps its ids, name, category."""
+    """The added rows change nothing else: every original row is still a span of the same name,
+    category and times (ids change: the converter derives them from the whole trace)."""
     path, ops = nsys_fixture
-    before = {
-        g.span.span_id: g for g in decode(convert_nsys(shared(SAXPY, NSYS), ConvertOptions(run_id="nvtx")).requests)
-    }
-    after, _ = _convert(path)
-    added = [g for g in after if g.span.span_id not in before]
-    assert len(added) == len(ops)
-    for g in after:
-        if g.span.span_id in before:
-            old = before[g.span.span_id]
-            assert (g.span.name, g.category, g.span.trace_id) == (old.span.name, old.category, old.span.trace_id)
+
+    def key(g: Got) -> tuple[str, object, int, int]:
+        return (g.span.name, g.category, g.span.start_time_unix_nano, g.span.end_time_unix_nano)
+
+    before = Counter(map(key, decode(convert_nsys(shared(SAXPY, NSYS), ConvertOptions(detail="full")).requests)))
+    after = Counter(map(key, _convert(path)[0]))
+    assert sum(after.values()) - sum(before.values()) == len(ops)
+    assert not before - after
 
 
 def test_import_discovers_the_fixture_as_an_nsys_export(nsys_fixture: tuple[Path, list[Op]]) -> None:
