@@ -35,6 +35,7 @@ from otelprof.capture.config import settings_from_env, windows_from_env
 from otelprof.capture.distributed.identity import identity_from_env
 from otelprof.capture.distributed.ranks import straggler_steps
 from otelprof.capture.metrics import otlp_metrics
+from otelprof.capture.windows.keep import keep_from_env
 from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import spool_dir_from_env
 from otelprof.resource import options_from_env, resource_attributes_from_env
@@ -71,6 +72,7 @@ HOSTILE: dict[str, str] = {
 READERS: dict[str, Callable[[Mapping[str, str]], Any]] = {
     "settings_from_env": settings_from_env,
     "windows_from_env": windows_from_env,
+    "keep_from_env": keep_from_env,
     "exporter_config_from_env": exporter_config_from_env,
     "spool_dir_from_env": spool_dir_from_env,
     "options_from_env": options_from_env,

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import calendar
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from converter_helpers import shared_trace
 from export.receivers import http_receiver
 from importer.helpers import import_env, run_import
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otelprof.cli import main
 
@@ -54,3 +59,94 @@ def test_export_disabled_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixtu
         mp.setenv("OTEL_SDK_DISABLED", "true")
         assert run_import(shared_trace("cpu_only")) == 1
     assert "OTEL_SDK_DISABLED" in capsys.readouterr().err
+
+
+# --- findable imports: the time range of what was sent, and how to see it ------------------
+
+_RANGE = re.compile(r"^spans sent: from (\S+) to (\S+) \(UTC\), (.+) ago$", re.M)
+_IDS = re.compile(r"look up a trace id: ([0-9a-f, ]+)$", re.M)
+
+
+def _ns(iso: str) -> int:
+    """``2023-09-27T17:25:35.123456789Z`` back to Unix nanoseconds."""
+    whole, fraction = iso.removesuffix("Z").split(".")
+    return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) * 1_000_000_000 + int(fraction)
+
+
+def _printed(err: str) -> tuple[int, int, str, list[bytes]]:
+    [(start, end, ago)] = _RANGE.findall(err)
+    [ids] = _IDS.findall(err)
+    return _ns(start), _ns(end), ago, [bytes.fromhex(t) for t in ids.split(", ")]
+
+
+def _first_traces(spans: list[Span], n: int = 3) -> list[bytes]:
+    out: list[bytes] = []
+    for span in spans:
+        if span.trace_id not in out and len(out) < n:
+            out.append(span.trace_id)
+    return out
+
+
+def test_the_time_range_sent_to_a_receiver_is_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = shared_trace("alexnet")
+    with http_receiver() as rec, import_env(tmp_path, rec.port):
+        assert run_import(trace, "--ledger", tmp_path / "a.json") == 0
+    err = capsys.readouterr().err
+    start, end, ago, ids = _printed(err)
+    spans = rec.spans
+    assert (start, end) == (min(s.start_time_unix_nano for s in spans), max(s.end_time_unix_nano for s in spans))
+    assert ago.endswith("years")  # recorded in 2023: a UI's default last hours shows none of it
+    assert ids == _first_traces(spans)
+    assert "Jaeger" in err and "Grafana Tempo" in err and "Phoenix" in err and "MLflow" in err
+    assert f"from={start // 1_000_000}&to={-(-end // 1_000_000)}" in err  # Grafana's range, in ms
+
+
+def test_the_time_range_spans_every_file_spooled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two files recorded two years apart, no endpoint: the range covers both, as spooled."""
+    traces = [shared_trace("alexnet"), shared_trace("resnet50_num_workers_0__worker0.16")]
+    with import_env(tmp_path, None):
+        assert run_import(*traces, "--ledger", tmp_path / "a.json") == 0
+    start, end, _ago, ids = _printed(capsys.readouterr().err)
+    spans = [
+        s
+        for record in sorted((tmp_path / "spool").glob("*.otlp"))
+        for rs in ExportTraceServiceRequest.FromString(record.read_bytes()).resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+    ]
+    assert (start, end) == (min(s.start_time_unix_nano for s in spans), max(s.end_time_unix_nano for s in spans))
+    assert end - start > 365 * 86400 * 10**9  # 2021's ResNet and 2023's AlexNet
+    assert ids == _first_traces(spans)
+
+
+def test_nothing_sent_prints_no_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = shared_trace("cpu_only")
+    with import_env(tmp_path, None):
+        assert run_import(trace, "--ledger", tmp_path / "a.json") == 0
+        capsys.readouterr()
+        assert run_import(trace, "--ledger", tmp_path / "a.json", "--resume") == 0  # all in the ledger
+    err = capsys.readouterr().err
+    assert "already imported" in err and not _RANGE.search(err)
+
+
+@pytest.mark.parametrize("fragment", ["alexnet", "resnet50_num_workers_0__worker0.16", "nccl_data"])
+def test_the_dating_reads_what_a_whole_decode_reads(fragment: str) -> None:
+    """``span_times`` skips every field but three: its times and trace ids are a whole decode's."""
+    from otelprof import ConvertOptions, convert
+    from otelprof.importer.session import span_times
+
+    result = convert(shared_trace(fragment), options=ConvertOptions(detail="full", max_request_bytes=64 * 1024))
+    assert len(result.requests) > 1
+    for request in result.requests:
+        spans = [
+            s
+            for rs in ExportTraceServiceRequest.FromString(request).resource_spans
+            for ss in rs.scope_spans
+            for s in ss.spans
+        ]
+        times = span_times(request, 3)
+        assert times is not None
+        assert times.start_ns == min(s.start_time_unix_nano for s in spans)
+        assert times.end_ns == max(s.end_time_unix_nano for s in spans)
+        assert list(times.trace_ids) == _first_traces(spans)
+        assert span_times(request).trace_ids == ()  # type: ignore[union-attr]

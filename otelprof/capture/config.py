@@ -31,6 +31,7 @@ from ..export.config import sdk_disabled
 from ..settings import EntryWarnings, quoted, text, value
 from ..settings.variables import OTELPROF_PROFILE_MAX_STEPS, OTELPROF_PROFILE_MIN_INTERVAL, OTELPROF_PROFILE_TOKEN
 from .metrics.server import TriggerGuard
+from .windows.keep import keep_from_env
 from .windows.profiling import WindowSettings
 
 PROFILER_OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
@@ -97,6 +98,7 @@ def windows_from_env(environ: Mapping[str, str]) -> WindowSettings:
         trigger_signal=_signal(environ),
         on_demand_steps=value(environ, OTELPROF_ON_DEMAND_STEPS, _log),
         anomaly_factor=value(environ, OTELPROF_ANOMALY_FACTOR, _log),
+        keep=keep_from_env(environ),
         **options,
     )
 

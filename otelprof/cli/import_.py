@@ -3,7 +3,8 @@ to the configured OTLP endpoint, or to the spool, resumably.
 
 The work is in ``otelprof/importer/``; this module is the command line around it: flags,
 signals (the first SIGINT/SIGTERM stops after the batch in flight, a second quits at once),
-the progress line and the summary.
+the progress line and the summary, which ends with when the spans sent were recorded and how
+to find them: traces keep their recording time, and trace UIs open on the last hours.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -300,6 +302,45 @@ def _print_summary(report: Report, files: int, counters: ExporterCounters, expor
             f"{spooled} requests spooled to {exporter.spool.directory}{why}; `otelprof spool replay` sends them"
         )
     print("; ".join(parts), file=sys.stderr)
+    if report.first_start_ns is not None and report.last_end_ns is not None:
+        for line in findable(report.first_start_ns, report.last_end_ns, report.trace_ids, time.time_ns()):
+            print(line, file=sys.stderr)
+
+
+def findable(start_ns: int, end_ns: int, trace_ids: list[bytes], now_ns: int) -> list[str]:
+    """Two lines: the time range of the spans sent, and how to see them in the common UIs
+    (each opens its trace list on the last hours or days; an import keeps its recording time)."""
+    ago = _duration(now_ns - start_ns)
+    grafana = f"from={start_ns // 1_000_000}&to={-(-end_ns // 1_000_000)}"
+    ids = ", ".join(t.hex() for t in trace_ids)
+    return [
+        f"spans sent: from {iso_time(start_ns)} to {iso_time(end_ns)} (UTC), {ago} ago",
+        f"to see them, set the trace list's time range to cover that, not its default last hours (a lookback of "
+        f"at least {ago}): Jaeger's Lookback > Custom Time Range, Grafana Tempo's time picker ({grafana} in an "
+        f"Explore URL), Phoenix's and MLflow's time range filter; or look up a trace id: {ids}",
+    ]
+
+
+def iso_time(ns: int) -> str:
+    """ISO-8601 in UTC to the nanosecond: 2023-09-27T17:25:35.123456789Z."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{fraction:09d}Z"
+
+
+def _duration(ns: int) -> str:
+    """How long ago, roughly, in the unit a person would use."""
+    s = max(0, ns) / 1e9
+    for limit, unit, size in (
+        (90, "seconds", 1),
+        (90 * 60, "minutes", 60),
+        (36 * 3600, "hours", 3600),
+        (60 * 86400, "days", 86400),
+        (730 * 86400, "months", 30.44 * 86400),
+    ):
+        if s < limit:
+            count = round(s / size)
+            return f"{count} {unit if count != 1 else unit[:-1]}"
+    return f"{s / (365.25 * 86400):.1f} years"
 
 
 __all__ = ["add_parser"]

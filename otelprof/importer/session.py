@@ -20,10 +20,15 @@ the spool that it replays later).
   batch is on its way.
 - ``stop`` (set by the CLI on SIGINT/SIGTERM) is honoured between batches: the batch in flight
   is finished and recorded, nothing new is submitted.
+- What was delivered is also dated (``Report.first_start_ns``, ``last_end_ns``, the first trace
+  ids): imported traces keep their recording time, so a UI opened on its last hours shows none
+  of them until its time range covers that. Each request's spans are read for it on the
+  conversion thread (``span_times``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -31,7 +36,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from operator import attrgetter
+from typing import Any, Protocol
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError, convert
 from .discover import NSYS, Source
@@ -48,6 +54,10 @@ DEFAULT_BATCH_BYTES = 8 * 1024 * 1024
 AHEAD_BATCHES = 4
 
 
+#: Trace ids the report keeps, in the order their first span was delivered.
+FIRST_TRACES = 3
+
+
 class Sink(Protocol):
     def submit(self, request: bytes) -> None: ...
     def flush(self, timeout_s: float = 10.0) -> bool: ...
@@ -57,7 +67,7 @@ class Sink(Protocol):
 def convert_source(source: Source, options: ConvertOptions, engine: str = "auto") -> ConvertResult:
     """One file's requests; raises TraceFormatError (one line, naming the file) for bad input."""
     if source.kind == NSYS:
-        return convert_nsys(source.path, options)
+        return convert_nsys(source.path, options, engine)
     try:
         return convert(source.path, options=options, engine=engine)
     except TraceFormatError as exc:
@@ -65,6 +75,64 @@ def convert_source(source: Source, options: ConvertOptions, engine: str = "auto"
         raise TraceFormatError(
             message if message.startswith(str(source.path)) else f"{source.path}: {message}"
         ) from None
+
+
+@dataclass(frozen=True)
+class SpanTimes:
+    """A request's earliest span start, latest span end (Unix ns) and first trace ids."""
+
+    start_ns: int
+    end_ns: int
+    trace_ids: tuple[bytes, ...]
+
+
+def span_times(request: bytes, traces: int = 0) -> SpanTimes | None:
+    """A request's times and its first ``traces`` trace ids; None for a request without spans.
+    Read through messages holding only those fields (``_lite_request``): the rest, attributes
+    above all, is skipped unparsed: the parse costs about a fifth of a whole decode, the
+    reading with it about two fifths (some 450 MB/s of requests)."""
+    start, end = -1, -1
+    ids: dict[bytes, None] = {}
+    for rs in _lite_request().FromString(request).resource_spans:
+        for ss in rs.scope_spans:
+            spans = ss.spans
+            if not spans:
+                continue
+            a, b = min(map(_START, spans)), max(map(_END, spans))
+            start = a if start < 0 else min(start, a)
+            end = max(end, b)
+            if len(ids) < traces:
+                ids.update(dict.fromkeys(map(_TRACE_ID, spans)))
+    return SpanTimes(start, end, tuple(ids)[:traces]) if start >= 0 else None
+
+
+_START, _END, _TRACE_ID = attrgetter("start"), attrgetter("end"), attrgetter("trace_id")
+
+
+@functools.cache
+def _lite_request() -> Any:
+    """``ExportTraceServiceRequest`` down to each span's trace id (field 1), start (7) and end
+    (8), in a pool of its own: the same bytes parse into it, every other field left unread."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="otelprof_span_times.proto", package="otelprof_lite")
+    for name, fields in (
+        ("Span", [("trace_id", 1, field.TYPE_BYTES, ""), ("start", 7, field.TYPE_FIXED64, ""),
+                  ("end", 8, field.TYPE_FIXED64, "")]),
+        ("ScopeSpans", [("spans", 2, field.TYPE_MESSAGE, "Span")]),
+        ("ResourceSpans", [("scope_spans", 2, field.TYPE_MESSAGE, "ScopeSpans")]),
+        ("Request", [("resource_spans", 1, field.TYPE_MESSAGE, "ResourceSpans")]),
+    ):  # fmt: skip
+        message = proto.message_type.add(name=name)
+        for fname, number, kind, of in fields:
+            label = field.LABEL_REPEATED if of else field.LABEL_OPTIONAL
+            entry = message.field.add(name=fname, number=number, type=kind, label=label)
+            if of:
+                entry.type_name = f".otelprof_lite.{of}"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("otelprof_lite.Request"))
 
 
 @dataclass
@@ -79,6 +147,21 @@ class Report:
     stopped: bool = False
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    first_start_ns: int | None = None  # of the spans delivered this run
+    last_end_ns: int | None = None
+    trace_ids: list[bytes] = field(default_factory=list)  # the first FIRST_TRACES delivered
+
+    def dated(self, times: SpanTimes | None) -> None:
+        """Widens the delivered range by a delivered request's spans."""
+        if times is None:
+            return
+        if self.first_start_ns is None or times.start_ns < self.first_start_ns:
+            self.first_start_ns = times.start_ns
+        if self.last_end_ns is None or times.end_ns > self.last_end_ns:
+            self.last_end_ns = times.end_ns
+        for trace in times.trace_ids:
+            if len(self.trace_ids) < FIRST_TRACES and trace not in self.trace_ids:
+                self.trace_ids.append(trace)
 
 
 @dataclass
@@ -91,6 +174,7 @@ class _Batch:
     nbytes: float
     last: bool
     losses_before: int  # the sink's losses() when the batch was submitted
+    times: list[SpanTimes | None]  # of each request
 
 
 @dataclass
@@ -105,6 +189,7 @@ class _Prepared:
     entry: Entry | None = None
     result: ConvertResult | None = None
     error: str | None = None
+    times: list[SpanTimes | None] = field(default_factory=list)  # of each request
 
     @property
     def nbytes(self) -> int:
@@ -233,6 +318,12 @@ class Importer:
             prepared.result = convert_source(source, options, self.engine)
         except (TraceFormatError, RuntimeError) as exc:  # RuntimeError: engine="native" without the module
             prepared.error = " ".join(str(exc).splitlines())
+            return prepared
+        seen: set[bytes] = set()  # trace ids are read until the file has given FIRST_TRACES
+        for request in prepared.result.requests:
+            times = span_times(request, FIRST_TRACES if len(seen) < FIRST_TRACES else 0)
+            seen.update(times.trace_ids if times is not None else ())
+            prepared.times.append(times)
         return prepared
 
     def _import(self, prepared: _Prepared) -> None:
@@ -298,6 +389,7 @@ class Importer:
                 source.size * (j - i) / total,
                 j == total,
                 losses,
+                prepared.times[i:j],
             )
             self._record(done)  # the ledger is written while this batch is sent
             done = None
@@ -338,6 +430,8 @@ class Importer:
         self.report.requests += batch.count
         self.report.events += batch.events
         self.report.spans += batch.spans
+        for times in batch.times:
+            self.report.dated(times)
         if batch.last:
             self.report.files_sent += 1
         self._advance(events=batch.events, nbytes=batch.nbytes, files=1 if batch.last else 0)
@@ -353,4 +447,4 @@ class Importer:
             self.progress.advance(events, nbytes, files)
 
 
-__all__ = ["DEFAULT_BATCH_BYTES", "Importer", "Report", "Sink", "convert_source"]
+__all__ = ["DEFAULT_BATCH_BYTES", "Importer", "Report", "Sink", "SpanTimes", "convert_source", "span_times"]

@@ -442,6 +442,36 @@ OTELPROF_ANOMALY_FACTOR = define(
     "windows",
 )
 
+OTELPROF_KEEP_TRACES = define(
+    "OTELPROF_KEEP_TRACES",
+    Int(0, 1_000_000),
+    5,
+    "How many of otelprof's own profiling windows each rank keeps as raw Kineto traces"
+    " (``.pt.trace.json.gz``, for Perfetto, TensorBoard, HTA or ``otelprof convert``; named on"
+    " the window's trace roots as ``otelprof.source.file``), the oldest removed first; ``0``"
+    " keeps none. Your own profiler's windows are never copied.",
+    "windows",
+)
+OTELPROF_KEEP_TRACES_MAX_BYTES = define(
+    "OTELPROF_KEEP_TRACES_MAX_BYTES",
+    Int(1),
+    512 * 1024 * 1024,
+    "The most bytes of kept traces in ``OTELPROF_TRACE_DIR``, all ranks together; the oldest go"
+    " first, and a trace bigger than this alone is not kept (counted).",
+    "windows",
+    shown="``536870912`` (512 MiB)",
+)
+OTELPROF_TRACE_DIR = define(
+    "OTELPROF_TRACE_DIR",
+    PathKind(),
+    None,
+    "Where the kept window traces go: a private folder (made 0700, files 0600; one that is a"
+    " symbolic link, another user's or writable by others is refused, logged once). A trace not"
+    " kept is counted in ``otelprof_window_traces_not_kept_total``; the window is sent all the same.",
+    "windows",
+    shown="``~/.cache/otelprof/traces``",
+)
+
 # --- distributed jobs ------------------------------------------------------------------------
 
 OTELPROF_STRAGGLER_STEPS = define(

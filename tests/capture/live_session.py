@@ -19,6 +19,7 @@ def start(receiver_port: int, spool_dir: Path, **env: str) -> Session:
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver_port}",
         "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
         "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+        "OTELPROF_TRACE_DIR": f"{spool_dir}-traces",  # kept window traces beside the spool, not in ~
         **env,
     }
     registry = CollectorRegistry()

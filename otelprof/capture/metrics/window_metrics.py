@@ -83,6 +83,7 @@ class WindowMetrics(Collector):
         self._failed = 0
         self._skipped: dict[str, int] = {"user_profiler": 0}
         self._overhead_s = 0.0
+        self._not_kept = 0  # windows whose raw trace was not kept (capture/windows/keep.py)
         self._last: WindowSummary | None = None
         self._last_time: float | None = None
 
@@ -100,6 +101,10 @@ class WindowMetrics(Collector):
         with self._lock:
             self._failed += 1
 
+    def trace_not_kept(self) -> None:
+        with self._lock:
+            self._not_kept += 1
+
     def window_skipped(self, reason: str) -> None:
         with self._lock:
             self._skipped[reason] = self._skipped.get(reason, 0) + 1
@@ -112,7 +117,7 @@ class WindowMetrics(Collector):
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         with self._lock:
             done, failed, last, when = dict(self._done), self._failed, self._last, self._last_time
-            overhead = self._overhead_s
+            overhead, not_kept = self._overhead_s, self._not_kept
             skipped = dict(self._skipped)
         names, values = self._names, self._values
         windows = CounterMetricFamily(
@@ -144,6 +149,14 @@ class WindowMetrics(Collector):
             names,
             values,
             overhead,
+        )
+        yield _counter(
+            "otelprof_window_traces_not_kept",
+            "Profiling windows whose raw Kineto trace was not kept (OTELPROF_TRACE_DIR unwritable, full or "
+            "refused, or the trace over OTELPROF_KEEP_TRACES_MAX_BYTES; logged once); the window was still sent.",
+            names,
+            values,
+            not_kept,
         )
         if last is None or when is None:
             return

@@ -4,7 +4,9 @@ One thread, started when the first window begins (a process that never profiles 
 the training thread gets the CPU first, and run on one converter thread: a window's conversion
 runs beside training and must not take a second core. ``pause()`` stops it once what is queued
 is converted (see ``coexist.quiet``); the next trace starts another. otelprof's own windows
-(``profiling.py``) and the user's (``handler.py``) both come here.
+(``profiling.py``) and the user's (``handler.py``) both come here. otelprof's own are also kept
+as gzip-compressed Kineto traces (``keep.py``) before they are converted, the kept file named on
+their trace roots.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import queue
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +27,7 @@ from typing import Any
 from ...converter import ConvertOptions, LiveStep, convert
 from ...converter._options import LiveMatch
 from ..metrics.window_metrics import WindowMetrics, summarize
+from .keep import TraceKeeper, trace_name
 
 _log = logging.getLogger(__name__)
 
@@ -37,6 +41,7 @@ class Job:
     live: tuple[LiveStep, ...] = ()
     live_match: LiveMatch = "number"  # "time" for the user's windows: their steps have their own numbers
     unfinished: int | None = None  # ProfilerStep#N of the step the run ended in: not sent
+    ended_ns: int = dataclasses.field(default_factory=time.time_ns)  # when the window was handed over
 
 
 class Conversions:
@@ -45,10 +50,12 @@ class Conversions:
         options: ConvertOptions,
         submit: Callable[[bytes], None],
         metrics: WindowMetrics | None = None,
+        keeper: TraceKeeper | None = None,
     ) -> None:
         self._options = dataclasses.replace(options, threads=1)
         self._submit = submit
         self.metrics = metrics
+        self.keeper = keeper  # otelprof's own windows' raw traces (never the user's)
         self.save_threads: deque[str] = deque(maxlen=16)  # where each window's trace was saved
         self.done = 0
         self.failed = 0
@@ -132,6 +139,9 @@ class Conversions:
                     job.source.save(str(path))  # Kineto writes the JSON with the GIL released
                     self.save_threads.append(threading.current_thread().name)
                 options = self._options
+                kept = self._keep(job, path)
+                if kept is not None:
+                    options = dataclasses.replace(options, source_file=str(kept))
                 if job.live:
                     options = dataclasses.replace(options, live_steps=job.live, live_match=job.live_match)
                 trigger, unfinished = job.trigger, job.unfinished
@@ -152,6 +162,17 @@ class Conversions:
                 job = None
                 if path is not None:
                     path.unlink(missing_ok=True)
+
+    def _keep(self, job: Job, path: Path) -> Path | None:
+        """The window's trace kept (otelprof's own windows only); its path, or None. A window
+        whose only step is the one the run ended in sends nothing: it is not kept either."""
+        if self.keeper is None or not self.keeper.enabled or job.trigger == "user":
+            return None
+        if not job.live and job.unfinished is not None:
+            return None
+        first = job.live[0].number if job.live else None
+        name = trace_name(self._options.run_id, self._options.rank, first, job.ended_ns)
+        return self.keeper.keep(path, name)
 
     def _drop_unfinished(self, requests: list[bytes], number: int) -> list[bytes]:
         """``requests`` without the step trace of ``ProfilerStep#number``, a step the run ended

@@ -17,12 +17,12 @@ counted in ``otelprof_windows_skipped_total``. Steps another profiler ran beside
 
 When a window ends, Kineto stops on the training thread (unavoidable: the profiler is that
 thread's) and the results go to the conversion thread (``conversions.py``): it saves the trace
-(Kineto writes it, GIL released), converts it with the native core (GIL released), hands the
-requests to the exporter and frees the results there. ``ProfilerStep#N`` numbers follow the
-tracker's, and each recorded step's live span ids go with the window (``LiveStep``): its
-operators land under that step's ``train.step`` span, in the phase span that ran them. Steps
-inside a window and the one after it (it pays the profiler's stop) are marked and never feed or
-trigger the slow-step (anomaly) detection.
+(Kineto writes it, GIL released), keeps a gzip-compressed copy (``keep.py``), converts it with
+the native core (GIL released), hands the requests to the exporter and frees the results
+there. ``ProfilerStep#N`` numbers follow the tracker's, and each recorded step's live span ids
+go with the window (``LiveStep``): its operators land under that step's ``train.step`` span,
+in the phase span that ran them. Steps inside a window and the one after it (it pays the
+profiler's stop) are marked and never feed or trigger the slow-step (anomaly) detection.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from ...converter import ConvertOptions, LiveStep
 from .. import coexist
 from ..metrics.window_metrics import WindowMetrics
 from .conversions import Conversions, Job, temp_path
+from .keep import KeepSettings, TraceKeeper
 
 _log = logging.getLogger(__name__)
 #: Cores at which a window's trace is saved off the training thread. Below, a background save
@@ -80,6 +81,8 @@ class WindowSettings:
     on_demand_steps: int = 2
     anomaly_factor: float = 0.0  # profile after a step slower than factor x rolling median (0: off)
     anomaly_cooldown_s: float = 600.0
+    # the windows' raw traces kept on disk (keep.py)
+    keep: KeepSettings = dataclasses.field(default_factory=KeepSettings)
 
 
 class OnDemand:
@@ -179,7 +182,8 @@ class Windows:
         self._activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             self._activities.append(ProfilerActivity.CUDA)
-        self.conversions = Conversions(options, submit, metrics)
+        keeper = TraceKeeper(settings.keep, metrics.trace_not_kept if metrics is not None else lambda: None)
+        self.conversions = Conversions(options, submit, metrics, keeper)
         # steps another profiler ran beside (start and end set), for trace_handler()'s windows
         self.user_steps: deque[LiveStep] = deque(maxlen=MAX_LIVE_STEPS)
         self._pending_user: Path | None = None  # the user's saved window, queued when its step ends

@@ -1,0 +1,260 @@
+"""Each live window's raw Kineto trace, kept gzip-compressed beside the spans made of it.
+
+The readable trace is a summary (a span budget, roll-ups); the kept file is the whole window,
+for Perfetto, TensorBoard, HTA or ``otelprof convert``. Its path goes on the window's trace
+roots (``otelprof.source.file``). On by default and bounded: the last ``count`` windows of
+each rank (ranks of a host sharing the folder keep theirs each) and ``max_bytes`` in the
+folder, oldest removed first. Only otelprof's own windows are kept; the user's profiler
+windows (``trace_handler()``) are the user's.
+
+Written on the conversion thread (zlib releases the GIL) as temp file -> rename, so a crash
+leaves no half trace under a final name. The folder is private as the spool's is: made 0700,
+files 0600, nothing followed through a symlink, and a folder that is a symlink, another
+user's or writable by others is refused. Nothing here harms the job: a file not kept (full
+disk, unwritable or refused folder, a trace bigger than the bound) is logged once per reason
+and counted (``otelprof_window_traces_not_kept_total``); the window is converted and sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import stat
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...settings import value
+from ...settings.variables import OTELPROF_KEEP_TRACES, OTELPROF_KEEP_TRACES_MAX_BYTES, OTELPROF_TRACE_DIR
+
+_log = logging.getLogger(__name__)
+
+SUFFIX = ".pt.trace.json.gz"  # the name TensorBoard's profiler plugin and HTA look for
+DEFAULT_COUNT = 5
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+#: zlib level 1: about 400 MB/s and 13x smaller on Kineto's JSON (level 6: half the speed, a
+#: quarter smaller), beside a training loop on the conversion thread
+LEVEL = 1
+CHUNK = 1 << 20
+
+#: Why a trace was not kept (the log line's key; the counter sums them).
+UNWRITABLE, UNSAFE, TOO_LARGE = "unwritable", "unsafe", "too_large"
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# <run>_rank<r>[_step<n>]_<UTC time>.pt.trace.json.gz: the time orders them
+_NAME = re.compile(r"_rank(\d+)(?:_step\d+)?_(\d{8}T\d{6}\.\d{3}Z)" + re.escape(SUFFIX) + "$")
+_TEMP = re.compile(r"^\.keep-(\d+)-\d+\.tmp$")
+
+
+@dataclass(frozen=True)
+class KeepSettings:
+    count: int = DEFAULT_COUNT  # per rank; 0: nothing kept
+    max_bytes: int = DEFAULT_MAX_BYTES  # in the folder
+    directory: Path | None = None  # None: default_directory()
+
+
+def default_directory() -> Path:
+    """``traces/`` beside the default spool (``~/.cache/otelprof/``), at the time of asking."""
+    return Path(os.path.expanduser("~/.cache/otelprof/traces"))
+
+
+def keep_from_env(environ: Mapping[str, str]) -> KeepSettings:
+    return KeepSettings(
+        count=value(environ, OTELPROF_KEEP_TRACES, _log),
+        max_bytes=value(environ, OTELPROF_KEEP_TRACES_MAX_BYTES, _log),
+        directory=value(environ, OTELPROF_TRACE_DIR, _log),
+    )
+
+
+def trace_name(run_id: str | None, rank: int | None, first_step: int | None, at_ns: int) -> str:
+    """A name a person can tell apart: run id, rank, first recorded step, UTC time (ms)."""
+    run = re.sub(r"[^A-Za-z0-9._-]", "-", run_id or "run")[:64].lstrip(".") or "run"
+    step = "" if first_step is None else f"_step{first_step}"
+    when = time.strftime("%Y%m%dT%H%M%S", time.gmtime(at_ns // 1_000_000_000))
+    return f"{run}_rank{rank or 0}{step}_{when}.{at_ns // 1_000_000 % 1000:03d}Z{SUFFIX}"
+
+
+class Refused(Exception):
+    """The folder is not private (the message says why and what to do)."""
+
+
+class TraceKeeper:
+    """Keeps window traces in one folder. Used from the conversion thread only."""
+
+    def __init__(self, settings: KeepSettings, not_kept: Callable[[], None] = lambda: None) -> None:
+        self.settings = settings
+        self.directory = settings.directory or default_directory()
+        self.kept = 0
+        self.not_kept: dict[str, int] = {}  # by reason
+        self._count_not_kept = not_kept
+        self._refused: str | None = None  # once refused, for good (logged once)
+        self._warned: set[str] = set()
+        self._swept = False
+        self._seq = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.count > 0
+
+    def keep(self, source: Path, name: str) -> Path | None:
+        """``source`` (a saved Kineto JSON trace) gzip-compressed into the folder as ``name``,
+        then the bounds applied; its final path, or None when it was not kept (counted)."""
+        if not self.enabled:
+            return None
+        try:
+            with self._folder() as fd:
+                if not self._swept:
+                    self._swept = True
+                    _sweep(fd)
+                size = self._write(fd, source, name)
+                if size > self.settings.max_bytes:
+                    _unlink(fd, name)
+                    limit = self.settings.max_bytes
+                    self._failed(TOO_LARGE, f"{size} bytes compressed, over OTELPROF_KEEP_TRACES_MAX_BYTES={limit}")
+                    return None
+                self._evict(fd, name)
+        except Refused as exc:
+            self._failed(UNSAFE, str(exc))
+            return None
+        except OSError as exc:  # full disk, read-only mount, not a folder, no permission, ...
+            self._failed(UNWRITABLE, f"cannot write to {self.directory}: {exc.strerror or exc}")
+            return None
+        self.kept += 1
+        return self.directory / name
+
+    def _write(self, fd: int, source: Path, name: str) -> int:
+        """Compresses ``source`` to a temp file of the folder and renames it; the bytes kept."""
+        self._seq += 1
+        temp = f".keep-{os.getpid()}-{self._seq}.tmp"
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        try:
+            deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)  # 31: a gzip member
+            with os.fdopen(out, "wb") as dst, open(source, "rb") as src:
+                while chunk := src.read(CHUNK):
+                    dst.write(deflate.compress(chunk))
+                dst.write(deflate.flush())
+                dst.flush()
+                os.fsync(dst.fileno())
+                size = dst.tell()
+            os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            _unlink(fd, temp)
+            raise
+        return size
+
+    def _evict(self, fd: int, new: str) -> None:
+        """The oldest kept traces go until this rank has ``count`` and the folder ``max_bytes``
+        (``new`` stays). Only regular files of ours with kept traces' names are looked at."""
+        found = _kept(fd)
+        rank = _NAME.search(new)
+        mine = [f for f in found if rank is not None and f[2] == rank.group(1)]
+        gone = {f[1] for f in mine[: max(0, len(mine) - self.settings.count)] if f[1] != new}
+        used = sum(f[3] for f in found if f[1] not in gone)
+        for f in found:
+            if used <= self.settings.max_bytes:
+                break
+            if f[1] != new and f[1] not in gone:
+                gone.add(f[1])
+                used -= f[3]
+        for old in gone:
+            _unlink(fd, old)  # another rank may have removed it first
+
+    @contextlib.contextmanager
+    def _folder(self) -> Iterator[int]:
+        """A descriptor of the folder, made where missing, opened without following a symlink
+        and checked private (else ``Refused``, for good)."""
+        if self._refused is not None:
+            raise Refused(self._refused)
+        try:
+            fd = os.open(self.directory, _DIR_FLAGS)
+        except FileNotFoundError:
+            self._create()
+            fd = os.open(self.directory, _DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and self.directory.is_symlink():
+                self._refuse(f"{self.directory} is a symbolic link")
+            raise
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                self._refuse(f"{self.directory} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
+            if st.st_mode & 0o022:
+                self._refuse(f"{self.directory} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+            if st.st_mode & 0o077:  # ours, readable by others: the traces hold the program's names
+                os.fchmod(fd, 0o700)
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _create(self) -> None:
+        """The folder 0700; ~/.cache/otelprof (otelprof's own) 0700 too, other parents as the umask makes them."""
+        parent = self.directory.parent
+        if parent == Path(os.path.expanduser("~/.cache/otelprof")):
+            parent.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(parent, 0o700)
+        else:
+            parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another rank made it meanwhile: checked when opened
+            os.mkdir(self.directory, 0o700)
+
+    def _refuse(self, problem: str) -> None:
+        self._refused = f"{problem}: set OTELPROF_TRACE_DIR to a private folder of your own"
+        raise Refused(self._refused)
+
+    def _failed(self, reason: str, why: str) -> None:
+        self.not_kept[reason] = self.not_kept.get(reason, 0) + 1
+        self._count_not_kept()
+        if reason not in self._warned:
+            self._warned.add(reason)
+            _log.warning(
+                "otelprof: a profiling window's trace was not kept (%s); the window is still converted and "
+                "sent (further ones counted in otelprof_window_traces_not_kept_total)",
+                why,
+            )
+
+
+def _kept(fd: int) -> list[tuple[str, str, str, int]]:
+    """(time, name, rank, bytes) of the kept traces in the folder, oldest first."""
+    out = []
+    for name in os.listdir(fd):
+        match = _NAME.search(name)
+        if match is None:
+            continue
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            out.append((match.group(2), name, match.group(1), st.st_size))
+    return sorted(out)
+
+
+def _sweep(fd: int) -> None:
+    """Temp files of writers that died mid-write (their pid is in the name)."""
+    for name in os.listdir(fd):
+        match = _TEMP.match(name)
+        if match is not None and not _alive(int(match.group(1))):
+            _unlink(fd, name)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # alive, someone else's
+        return True
+    return True
+
+
+def _unlink(fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=fd)
