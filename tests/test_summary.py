@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otelprof import convert
 from otelprof.cli import main
@@ -269,20 +271,101 @@ def test_several_paths_add_up(kineto_trace: FindTrace, capsys: pytest.CaptureFix
 # --- the table ---------------------------------------------------------------------------
 
 
+def _span_names(trace: Path) -> dict[str, str]:
+    """Each kernel's event name -> the name its spans have in the converted trace."""
+    names: dict[str, str] = {}
+    for data in convert(trace, detail="full").requests:
+        for rs in ExportTraceServiceRequest.FromString(data).resource_spans:
+            for span in (span for ss in rs.scope_spans for span in ss.spans):
+                attrs = {kv.key: kv.value.string_value for kv in span.attributes}
+                if attrs.get("pytorch.event.category") in ("kernel", "Kernel"):
+                    names[attrs.get("pytorch.gpu.kernel_name") or span.name] = span.name
+    return names
+
+
+def _table(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[list[str], int]:
+    """The Name cells of a table's rows, and the Name column's width."""
+    assert main(["summary", *argv]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    width = len(lines[0].split("  ")[0])
+    end = lines.index(lines[0], 3)
+    return [line[:width].rstrip() for line in lines[3:end]], width
+
+
+def _reads_as(cell: str, span_name: str) -> bool:
+    """``cell`` shows ``span_name``: whole, or cut with ``...``, a `` (k)`` number after either."""
+    text = re.sub(r" \(\d+\)$", "", cell)
+    return text == span_name or (text.endswith("...") and span_name.startswith(text[:-3]))
+
+
 def test_table_sort_and_limit(kineto_trace: FindTrace, capsys: pytest.CaptureFixture[str]) -> None:
-    trace = str(kineto_trace(ALEXNET))
-    rows = _summary_json(capsys, trace)["rows"]
+    trace = kineto_trace(ALEXNET)
+    rows = _summary_json(capsys, str(trace))["rows"]
     by_calls = sorted(rows, key=lambda r: (-r["calls"], r["name"], r["kind"]))[:4]
-    assert main(["summary", trace, "--sort", "count", "-n", "4"]) == 0  # torch's name for calls
+    assert main(["summary", str(trace), "--sort", "count", "-n", "4"]) == 0  # torch's name for calls
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:4] == ["Name", "Self", "CPU", "%"]
     assert "Self Device" in lines[1] and lines[1].endswith("# of Calls")
     body = lines[3:7]
     assert [int(line.split()[-1]) for line in body] == [r["calls"] for r in by_calls]
+    spans = _span_names(trace)  # a kernel's row reads as its spans do
     for line, row in zip(body, by_calls, strict=True):  # names longer than the column (55) end in ...
-        assert line.startswith(row["name"][:52])
+        assert line.startswith(spans.get(row["name"], row["name"])[:52])
     assert lines[8].startswith("Self CPU time total: ") and lines[9].startswith("Self Device time total: ")
     assert lines[10] == f"4 of {len(rows)} rows shown"
+
+
+@pytest.mark.parametrize(
+    "name", ["trace_filter__sampled_rank-0", AMD_MI250, DLRM_RANK0, pytest.param(MI300, marks=pytest.mark.slow)]
+)
+def test_kernel_rows_read_as_their_spans_and_apart(
+    name: str, kineto_trace: FindTrace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kernel's row shows the name its spans have (what tells kernels apart first, not the
+    signature's first 52 characters); no two device rows read alike, and the Name column widens
+    past 55 only as far as that needs."""
+    trace = kineto_trace(name)
+    rows = _summary_json(capsys, str(trace))["rows"]
+    cells, width = _table(capsys, str(trace), "-n", "0")
+    assert len(cells) == len(rows)
+    spans = _span_names(trace)
+    device = [(cell, row) for cell, row in zip(cells, rows, strict=True) if row["kind"] == "device"]
+    kernels = [(cell, spans[row["name"]]) for cell, row in device if row["name"] in spans]
+    assert len(kernels) > 10
+    assert all(_reads_as(cell, span_name) for cell, span_name in kernels)
+    assert all(cell == row["name"] for cell, row in device if row["name"] not in spans)  # memcpy, memset
+    assert len({cell for cell, _ in device}) == len(device)
+    if width > 55:  # one character less and two device rows would read alike (torch's cut: ...)
+        shown = [(spans.get(row["name"], row["name"]), re.findall(r" \(\d+\)$", cell)) for cell, row in device]
+        narrower = {
+            text + "".join(n) if len(text) + len("".join(n)) < width - 4 else text[: width - 4 - len("".join(n))]
+            for text, n in shown
+        }
+        assert len(narrower) < len(device)
+
+
+def test_kernels_with_one_span_name_are_numbered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two kernels whose names fold alike are numbered in the order of their names; two that
+    differ only past the column's 55th character widen it."""
+    long = "k<" + "a" * 60
+    names = [
+        "_ZN19cutlass_cudnn_train6KernelINS_4conv6kernelIBEE",
+        "_ZN19cutlass_cudnn_train6KernelINS_4conv6kernelIAEE",
+        f"void {long}, 1>(int)",
+        f"void {long}, 2>(int)",
+        "Memcpy HtoD (Pinned -> Device)",
+    ]
+    events = [
+        {"ph": "X", "cat": "gpu_memcpy" if n.startswith("Memcpy") else "kernel", "name": n, "pid": 0, "tid": 7,
+         "ts": 10 * k, "dur": 5 - k, "args": {"device": 0, "stream": 7, "correlation": k + 1}}
+        for k, n in enumerate(names)
+    ]  # fmt: skip
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    cells, width = _table(capsys, str(trace))
+    assert cells[:2] == ["Kernel<…> · cutlass_cudnn_train (2)", "Kernel<…> · cutlass_cudnn_train (1)"]
+    assert cells[2:4] == [f"{long}, 1...", f"{long}, 2..."] and width == len(long) + 6
+    assert cells[4] == "Memcpy HtoD (Pinned -> Device)"
 
 
 def test_default_sort_is_self_device_time_then_cpu(kineto_trace: FindTrace, capsys: pytest.CaptureFixture[str]) -> None:

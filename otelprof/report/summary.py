@@ -4,7 +4,8 @@ from OTLP requests (the operator spans in a spool), sorted, cut and rendered as 
 Percentages follow torch's ``_build_table``: self and total CPU shares are of the summed self
 CPU time of all rows; the device share is of the summed self device time of the device rows
 (kernels, memcpys, memsets), so that op rows, which also carry their kernels' time, do not
-count it twice.
+count it twice. A kernel's row is named in the table as its spans are (``fold_kernel_name``:
+what tells kernels apart first); rows keep the event's whole name (JSON).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from ..converter import ConvertOptions, OpStats, TraceFormatError, convert
+from ..otlp.names import fold_kernel_name
 from ..otlp.schema import (
     CATEGORY_KIND,
     DEVICE_TIME_KINDS,
@@ -140,9 +142,10 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
                     self_device = attrs.get("pytorch.op.self_device_time_ns")
                     dims = attrs.get("pytorch.op.input_dims")
                     thread = attrs.get("thread.id")
-                    kernel_name = attrs.get("pytorch.gpu.kernel_name")  # the event's name, when folded
+                    # the event's name where the span's differs: a kernel's folded, another's cut
+                    whole = attrs.get("pytorch.gpu.kernel_name", attrs.get("pytorch.event.name"))
                     spans[key] = _Span(
-                        span.name if kernel_name is None else kernel_name.string_value,
+                        span.name if whole is None else whole.string_value,
                         CATEGORY_KIND.get(category.string_value, Kind.OTHER),
                         (span.trace_id, span.parent_span_id),
                         span.start_time_unix_nano,
@@ -328,8 +331,48 @@ def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.2f}%" if whole else "NaN"
 
 
+#: How Kineto (and the nsys/nvprof importer) names memory operations: the other device rows are kernels.
+_MEMORY_PREFIXES = ("Memcpy", "Memset")
+
+
+def _label(row: OpStats) -> str:
+    """A row's name as a trace shows it: a kernel's span name, else the name itself."""
+    return (
+        fold_kernel_name(row.name) if row.kind == "device" and not row.name.startswith(_MEMORY_PREFIXES) else row.name
+    )
+
+
+def _cell(text: str, suffix: str, width: int) -> str:
+    """``text`` and ``suffix`` in a column ``width`` wide: cut before the suffix, ``...`` marking the cut."""
+    if len(text) + len(suffix) < width - 3:
+        return text + suffix
+    return text[: max(width - 3 - len(suffix), 0)] + "..." + suffix
+
+
+def _name_cells(summary: Summary, rows: Sequence[OpStats], width: int) -> list[str]:
+    """The Name cell of each row: its label cut at ``width``, or at the narrowest wider column
+    where no two device rows read alike. Kernels whose span names are equal (different event
+    names folded alike) are numbered `` (1)``, `` (2)``, … in the order of their event names,
+    over all rows, so a row keeps its number whichever rows are shown."""
+    folded: dict[str, list[str]] = {}
+    for r in summary.rows:
+        if r.kind == "device":
+            folded.setdefault(_label(r), []).append(r.name)
+    labels = [_label(r) for r in rows]
+    suffixes = []
+    for r, label in zip(rows, labels, strict=True):
+        alike = sorted(folded.get(label, [])) if r.kind == "device" else []
+        suffixes.append(f" ({alike.index(r.name) + 1})" if len(alike) > 1 else "")
+    device = [k for k, r in enumerate(rows) if r.kind == "device"]
+    longest = max((len(labels[k]) + len(suffixes[k]) for k in device), default=0)
+    while width - 3 <= longest and len({_cell(labels[k], suffixes[k], width) for k in device}) < len(device):
+        width += 1
+    return [_cell(label, suffix, width) for label, suffix in zip(labels, suffixes, strict=True)]
+
+
 def to_table(summary: Summary, rows: Sequence[OpStats], name_width: int = 55) -> str:
-    """The layout of torch's ``key_averages().table()``."""
+    """The layout of torch's ``key_averages().table()``; the Name column widens past
+    ``name_width`` only where two device rows would read alike."""
     cpu, device = summary.self_cpu_total_ns, summary.self_device_total_ns
     has_device = any(r.self_device_ns or r.device_total_ns for r in summary.rows)
     has_shapes = any(r.input_shapes for r in rows)
@@ -338,8 +381,7 @@ def to_table(summary: Summary, rows: Sequence[OpStats], name_width: int = 55) ->
         headers += ["Self Device", "Self Device %", "Device total", "Device time avg"]
     headers.append("# of Calls")
     table: list[list[str]] = []
-    for r in rows:
-        name = r.name if len(r.name) < name_width - 3 else r.name[: name_width - 3] + "..."
+    for r, name in zip(rows, _name_cells(summary, rows, name_width), strict=True):
         cells = [
             name,
             _pct(r.self_cpu_ns, cpu),
@@ -362,7 +404,7 @@ def to_table(summary: Summary, rows: Sequence[OpStats], name_width: int = 55) ->
     if has_shapes:
         headers.append("Input Shapes")
     widths = [max([len(headers[i])] + [len(row[i]) for row in table]) for i in range(len(headers))]
-    widths[0] = min(max(widths[0], 4), name_width)
+    widths[0] = max(widths[0], 4)
 
     def line(cells: Sequence[str]) -> str:
         numbers = len(headers) - 1 - has_shapes

@@ -7,8 +7,9 @@
 
 namespace otelprof {
 
-// The span name of a kernel called `name`: return type, parameter list and namespaces of
-// template arguments dropped, long template argument lists folded to <…>, at most 128 characters.
+// The span name of a kernel called `name`: what tells kernels apart first (the operation lifted
+// out of the template arguments, noise words and platform prefixes out of the lead, the tile
+// within 32 characters), parts joined by " · ", at most 128 characters (otlp/names.py states the rules).
 std::string fold_kernel_name(std::string_view name);
 
 // "cpu", "cuda:0", … for a c10::DeviceType number and device index (has_id false: no index);
