@@ -217,8 +217,9 @@ class DSpan:
 
     @property
     def event_name(self) -> str:
-        """The event's own name: a kernel's is in ``pytorch.gpu.kernel_name`` when it was folded."""
-        return str(self.attrs.get("pytorch.gpu.kernel_name", self.name))
+        """The event's own name: a kernel's is in ``pytorch.gpu.kernel_name`` when it was folded,
+        any other's in ``pytorch.event.name`` when it was cut."""
+        return str(self.attrs.get("pytorch.gpu.kernel_name", self.attrs.get("pytorch.event.name", self.name)))
 
     @property
     def device(self) -> bool:

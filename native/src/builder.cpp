@@ -1254,7 +1254,10 @@ void assemble_synthetic_roots(BuildState& st) {
         auto ident = [&](const Ident& id) {
             return id.is_str ? std::string(st.trace.ident_texts[static_cast<size_t>(id.value)]) : std::to_string(id.value);
         };
-        sp.name = st.keep_str("gpu " + ident(e.pid) + " \xc2\xb7 stream " + ident(e.tid));
+        // (old traces' tid says "stream 7" itself)
+        const std::string tid = ident(e.tid);
+        const bool says_stream = e.tid.is_str && tid.rfind("stream ", 0) == 0;
+        sp.name = st.keep_str("gpu " + ident(e.pid) + " \xc2\xb7 " + (says_stream ? tid : "stream " + tid));
         sp.start = lane.start;
         sp.end = lane.end;
         st.add(sp, kCategoryKey, AttrValue::str("otelprof"));

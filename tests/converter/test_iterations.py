@@ -58,7 +58,7 @@ def _training(iterations: int = 3, profiler_trace: bool = True, tail: bool = Tru
         corr = 100 + k
         events.append(_x("aten::conv2d", "cpu_op", t + 10, 200))
         events.append(_x("cudaLaunchKernel", "cuda_runtime", t + 20, 20, correlation=corr))
-        events.append(_x("conv_kernel", "kernel", t + 900, 250, tid=7, pid=0, correlation=corr))
+        events.append(_x("conv_fwd", "kernel", t + 900, 250, tid=7, pid=0, correlation=corr))
         for j in range(3):
             events.append(_x("aten::empty", "cpu_op", t + 300 + 3 * j, 2))
         events.append(_x("Optimizer.zero_grad#SGD.zero_grad", "user_annotation", t + 400, 40))
@@ -166,7 +166,7 @@ def test_optimizer_iterations(detail: str, variant: str) -> None:
         else:  # short, and their parent (the python_function) is dropped: counted on the root
             assert root.attrs["otelprof.hidden_spans"] == 3
         assert children == expected
-        assert by_name["conv_kernel"][k].trace_id == root.trace_id, "a kernel follows its launch"
+        assert by_name["conv_fwd"][k].trace_id == root.trace_id, "a kernel follows its launch"
         cpu_step = [s for s in by_name["Optimizer.step#SGD.step"] if s.category == "user_annotation"][k]
         assert cpu_step.trace_id == root.trace_id
         gpu_step = [s for s in by_name["Optimizer.step#SGD.step"] if s.category == "gpu_user_annotation"][k]

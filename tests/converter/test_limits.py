@@ -15,7 +15,7 @@ import pytest
 from converter_helpers import all_spans_pb, decode, read_json_bytes, shared_trace, skip_unless_native
 
 from otelprof.converter import ConvertResult, convert
-from otelprof.converter._options import DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT, SPAN_NAME_LENGTH_LIMIT
+from otelprof.converter._options import DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
 from otelprof.resource import options_from_env
 
 HUGE = 1_000_000
@@ -100,15 +100,20 @@ def test_names_and_attribute_values_are_cut_in_characters(engine: str, char: str
     result = convert(data, engine=engine, detail="full")
     [span] = _spans_named(result, char)
     attrs = {kv.key: kv.value.string_value for kv in span.attributes}
-    assert span.name == char * SPAN_NAME_LENGTH_LIMIT
+    # the name a tree shows: 128 characters, the last an ellipsis; the whole, cut to the
+    # attribute limit, in pytorch.event.name
+    assert span.name == char * 127 + "\N{HORIZONTAL ELLIPSIS}"
+    assert attrs["pytorch.event.name"] == char * LIMIT
     assert attrs["code.stacktrace"] == char * LIMIT
     assert attrs["pytorch.op.input_dims"] == json.dumps([[1] * 40_000], separators=(",", ":"))[:LIMIT]
     assert attrs["pytorch.op.module_hierarchy"] == char * 10
-    assert result.stats["values_truncated"] == 3
+    assert result.stats["values_truncated"] == 3  # stack, dims, the whole name (the short one loses nothing)
     unlimited = convert(data, engine=engine, detail="full", attribute_value_length_limit=None)
     [span] = _spans_named(unlimited, char)
-    assert len(span.name) == SPAN_NAME_LENGTH_LIMIT  # names are always bounded
-    assert {kv.key: kv.value.string_value for kv in span.attributes}["code.stacktrace"] == char * 50_000
+    assert len(span.name) == 128  # names are always bounded
+    unlimited_attrs = {kv.key: kv.value.string_value for kv in span.attributes}
+    assert unlimited_attrs["code.stacktrace"] == char * 50_000
+    assert unlimited_attrs["pytorch.event.name"] == char * 100_000
 
 
 def _spans_named(result: ConvertResult, char: str) -> list[Any]:

@@ -147,7 +147,7 @@ def _lanes_trace() -> bytes:
         _x("ProfilerStep#3", "user_annotation", 0, 1000),
         _x("aten::mm", "cpu_op", 10, 50),
         _x("cudaLaunchKernel", "cuda_runtime", 20, 5, correlation=1),
-        _x("mm_kernel", "kernel", 100, 40, pid=0, tid=7, correlation=1, device=0, stream=7),
+        _x("mm_fwd", "kernel", 100, 40, pid=0, tid=7, correlation=1, device=0, stream=7),
         # launched by nothing in the trace: two streams of device 0, one of device 1
         _x("nccl_kernel", "kernel", 200, 300, pid=0, tid=20, correlation=99, device=0, stream=20),
         _x("nccl_kernel", "kernel", 600, 100, pid=0, tid=20, device=0, stream=20),
@@ -180,7 +180,7 @@ def test_device_work_without_a_launch_goes_under_a_lane(engine: str) -> None:
     assert (s20.start, s20.end) == (200_000, 700_000)  # covering the activity under it
     s7 = lanes["gpu 0 \N{MIDDLE DOT} stream 7"]
     assert by["Memcpy HtoD"].parent_id == s7.span_id and (s7.start, s7.end) == (150_000, 180_000)
-    assert d.by_id[by["mm_kernel"].parent_id].name == "aten::mm"  # launched: under the op that did
+    assert d.by_id[by["mm_fwd"].parent_id].name == "aten::mm"  # launched: under the op that did
     assert d.by_id[by["lone_kernel"].parent_id].name == "cudaLaunchKernel"
     # lane ids: E + S + 1 + I + j (E events, S steps, I iterations; j in order of first event)
     base = ids.span_base("lanes", "", d.result.window_id)
@@ -282,3 +282,16 @@ def test_real_trace_roots_report_their_folds() -> None:
     under = Counter(s.parent_id for s in d.spans)
     assert all(under[lane.span_id] > 0 or "otelprof.hidden_spans" in lane.attrs for lane in lanes)
     check_readable(d)
+
+
+def test_a_lane_of_a_trace_whose_stream_ids_are_text(engine: str) -> None:
+    """2021 traces name a device event's tid "stream 7": the lane says it once."""
+    events = [
+        _x("ProfilerStep#1", "user_annotation", 0, 1000),
+        {"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, "tid": "stream 7", "ts": 10, "dur": 5},
+        {"ph": "X", "cat": "Kernel", "name": "k", "pid": 0, "tid": "stream 9", "ts": 20, "dur": 5},
+    ]
+    d = decode(convert(json.dumps({"traceEvents": events}).encode(), engine=engine))
+    lanes = sorted(s.name for s in d.spans if s.name.startswith("gpu "))
+    assert lanes == ["gpu 0 \N{MIDDLE DOT} stream 7", "gpu 0 \N{MIDDLE DOT} stream 9"]
+    assert not any("pytorch.gpu.stream" in s.attrs for s in d.spans if s.name.startswith("gpu "))

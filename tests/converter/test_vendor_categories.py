@@ -17,7 +17,7 @@ def _trace(runtime_cat: str, device_cat: str) -> bytes:
          "args": {"External id": 3}},
         {"ph": "X", "cat": runtime_cat, "name": "launch", "pid": 1, "tid": 1, "ts": 120, "dur": 20,
          "args": {"correlation": 42, "External id": 3}},
-        {"ph": "X", "cat": device_cat, "name": "mm_kernel", "pid": 0, "tid": 3, "ts": 150, "dur": 30,
+        {"ph": "X", "cat": device_cat, "name": "mm_fwd", "pid": 0, "tid": 3, "ts": 150, "dur": 30,
          "args": {"correlation": 42, "device": 0, "stream": 3}},
     ]  # fmt: skip
     return json.dumps({"traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}).encode()
@@ -30,7 +30,7 @@ def _trace(runtime_cat: str, device_cat: str) -> bytes:
 def test_device_work_hangs_under_its_launch(engine: str, runtime_cat: str, device_cat: str) -> None:
     result = convert(_trace(runtime_cat, device_cat), engine=engine, detail="full")
     spans = {s.name: s for s in decode(result).spans}
-    kernel, launch, op, step = spans["mm_kernel"], spans["launch"], spans["aten::mm"], spans["ProfilerStep#7"]
+    kernel, launch, op, step = spans["mm_fwd"], spans["launch"], spans["aten::mm"], spans["ProfilerStep#7"]
     assert kernel.parent_id == launch.span_id
     assert launch.parent_id == op.span_id
     assert op.parent_id == step.span_id

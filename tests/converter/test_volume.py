@@ -44,14 +44,14 @@ def test_ops_kept_for_their_device_time_and_kernels_under_their_op(engine: str) 
         _ev("ProfilerStep#6", 0, 1000, cat="user_annotation"),
         # 7 µs on the CPU, but its kernel ran 15 µs: kept for the device time
         _ev("aten::mul", 100, 7),
-        *_launch("mul_kernel", 102, 3, 1, 200, 15),
+        *_launch("mul_fwd", 102, 3, 1, 200, 15),
         # 6 µs on the CPU, a 3 µs kernel, nothing kept around it: kept as the kernel's launching op
         _ev("aten::add", 120, 6),
-        *_launch("add_kernel", 121, 3, 2, 220, 3),
+        *_launch("add_fwd", 121, 3, 2, 220, 3),
         # a 30 µs op holding a short op with a short kernel: the kernel hangs under aten::linear
         _ev("aten::linear", 300, 30),
         _ev("aten::addmm", 305, 5),
-        *_launch("gemm_kernel", 306, 3, 3, 400, 4),
+        *_launch("gemm_fwd", 306, 3, 3, 400, 4),
         # a 2 µs op launching nothing stays hidden
         _ev("aten::view", 500, 2),
     )
@@ -59,15 +59,15 @@ def test_ops_kept_for_their_device_time_and_kernels_under_their_op(engine: str) 
     assert set(spans) == {
         "ProfilerStep#6",
         "aten::mul",
-        "mul_kernel",
+        "mul_fwd",
         "aten::add",
-        "add_kernel",
+        "add_fwd",
         "aten::linear",
-        "gemm_kernel",
+        "gemm_fwd",
     }
-    assert spans["mul_kernel"].parent_id == spans["aten::mul"].span_id
-    assert spans["add_kernel"].parent_id == spans["aten::add"].span_id
-    assert spans["gemm_kernel"].parent_id == spans["aten::linear"].span_id
+    assert spans["mul_fwd"].parent_id == spans["aten::mul"].span_id
+    assert spans["add_fwd"].parent_id == spans["aten::add"].span_id
+    assert spans["gemm_fwd"].parent_id == spans["aten::linear"].span_id
     step = spans["ProfilerStep#6"]
     assert step.attrs["otelprof.hidden"] == "1 hidden (shorter than 10 µs): aten::view ×1"
     assert spans["aten::mul"].attrs["otelprof.hidden"] == "1 hidden (shorter than 10 µs): cudaLaunchKernel ×1"
@@ -76,7 +76,7 @@ def test_ops_kept_for_their_device_time_and_kernels_under_their_op(engine: str) 
     )
     # at full detail every event is a span, the kernel under its runtime call
     full, _ = _spans(data, engine, detail="full")
-    assert full["gemm_kernel"].parent_id == full["cudaLaunchKernel"].span_id or "aten::addmm" in full
+    assert full["gemm_fwd"].parent_id == full["cudaLaunchKernel"].span_id or "aten::addmm" in full
 
 
 def test_device_copy_of_the_step_is_not_a_span(engine: str) -> None:

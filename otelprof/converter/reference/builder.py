@@ -841,7 +841,8 @@ def assemble_synthetic_roots(st: _BuildState) -> None:
         lane_id = sid(ordinal)
         attrs.extend(hidden_attrs.get(lane_id, ()))
         attrs.append(("otelprof.synthetic", True))
-        name = f"gpu {e.pid} \N{MIDDLE DOT} stream {e.tid}"
+        stream = e.tid if isinstance(e.tid, str) and e.tid.startswith("stream ") else f"stream {e.tid}"
+        name = f"gpu {e.pid} \N{MIDDLE DOT} {stream}"  # (old traces' tid says "stream 7" itself)
         lane = Span(-1, st.trace_of(lead), lane_id, st.level_target(o), name, held[k][0], held[k][1], attrs)
         st.finish_span(lane)
         synthetic.append(lane)
