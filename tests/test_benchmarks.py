@@ -58,6 +58,19 @@ def test_convert_benchmark_prints_every_figure() -> None:
     assert "targets    :" in text and "peak RSS <= 3x payload" in text and "critical_path" in text
 
 
+def test_default_detail_benchmark_compares_two_builds() -> None:
+    """Against itself as the baseline (a second build needs a wheel built): both workers convert
+    the trace and the figures come back."""
+    from otelprof._native_module import native
+
+    if native is None:
+        pytest.skip("the native module did not load")
+    trace = str(shared_trace("critical_path"))
+    text, figures = _run("convert_default.py", trace, "--baseline", native.__file__, "--repeat", "2")
+    assert figures["this_ms"] > 0 and figures["baseline_ms"] > 0 and figures["ratio"] > 0
+    assert "alexnet" in text and "(1 / 1 requests)" in text and "target <= 1.1" in text
+
+
 def test_overhead_benchmark_runs_both_loops() -> None:
     quick = ("--rounds", "2", "--steps", "3", "--window-steps", "2", "--tiny-rounds", "3", "--window-rounds", "2")
     frameworks = ("--framework-rounds", "1", "--framework-steps", "3", "--start-rounds", "2")
