@@ -14,19 +14,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from converter_helpers import decode
 from converter_helpers import shared_trace as shared_trace
 
-from otelprof.converter import ConvertOptions
+from otelprof.converter import ConvertOptions, convert
 from otelprof.converter._options import DEFAULT_SPAN_BUDGET
 from otelprof.environment_variables import OTELPROF_SPAN_BUDGET
+from otelprof.resource import options_from_env
+
+from . import trees
 
 ROOT = Path(__file__).resolve().parents[2]
 #: ``otelprof demo`` profiles steps 6-8 (``otelprof.cli.demo.DEMO_SCHEDULE``); 9 is the fewest it takes.
 DEMO_STEPS = 9
 PROFILED_STEPS = (6, 7, 8)
-#: Shared GPU traces imported per test id: H100 BERT inference (kernels, no backward) and A100
-#: training with NCCL (kernels, fwdbwd flows, three steps of ~6,500 spans each at default detail).
-IMPORTED = {"bert-h100": "bert-small", "nccl-a100": "nccl_data"}
+#: Shared GPU traces imported per test id: H100 BERT inference (kernels, no backward), A100
+#: training with NCCL (kernels, fwdbwd flows, three steps of ~1,000 spans each at default detail)
+#: and rank 1 of 8-V100 DLRM training, whose step converts to all a person must find in a UI: ops
+#: with their kernels, a GPU lane (``gpu 1 · stream 7``: optimizer kernels whose launches are not
+#: in the trace) and aggregate spans (five ``aten::record_stream`` as one), in 925 spans.
+IMPORTED = {"bert-h100": "bert-small", "nccl-a100": "nccl_data", "dlrm-v100": "dlrm_kineto__worker1"}
+#: The import whose GPU step the browser tests open.
+GPU_STEP = "dlrm-v100"
 TIMEOUT_S = 300
 
 
@@ -101,3 +110,20 @@ def imported(tmp: Path, key: str, run_id: str, **otel: str) -> Sent:
     command = [sys.executable, "-m", "otelprof", "import", "--ledger", str(tmp / f"{key}.ledger.json"), str(path)]
     done, seconds = _run(command, env)
     return Sent(run_id, span_budget(), seconds, done.stdout + done.stderr, path=path)
+
+
+def converted(path: Path, run_id: str, tmp: Path) -> list[trees.ReadSpan]:
+    """What ``otelprof import`` sends for ``path`` under ``run_id``: the trace converted here with
+    the options the import takes from the same environment, as :class:`trees.ReadSpan`."""
+    result = convert(path, options=options_from_env(environ(tmp, run_id)))
+    return [
+        trees.ReadSpan(
+            s.trace_id.hex(),
+            s.span_id.hex(),
+            s.parent_id.hex() or None,
+            s.name,
+            s.attrs,
+            tuple(trees.ReadLink(link.trace_id.hex(), link.span_id.hex(), link.attrs) for link in s.links),
+        )
+        for s in decode(result).spans
+    ]

@@ -5,12 +5,15 @@ experiment, over OTLP/HTTP and configured only by ``OTEL_EXPORTER_OTLP_TRACES_*`
 
 - ``live-demo``: ``otelprof demo --steps 9`` (a real CPU training loop under ``otelprof run``,
   steps 6-8 profiled);
-- ``bert-h100``, ``nccl-a100``: ``otelprof import`` of shared GPU traces.
+- ``bert-h100``, ``nccl-a100``, ``dlrm-v100``: ``otelprof import`` of shared GPU traces.
 
 Everything is read back with MLflow's client and held to ``tests/ui/trees.py``'s rules (one
-root per trace, kernels under CPU ops, fwdbwd links between named ops, spans per trace within
-the span budget). A last test opens the profiled step in MLflow's trace view in Debian's
-chromium (playwright, ``executable_path``), waits for the span tree and saves a screenshot.
+root per trace, kernels under CPU ops or GPU lanes, no device span under a root, fwdbwd links
+between named ops, spans per trace within the span budget, lanes and aggregates intact). The
+last tests open, in MLflow's trace view in Debian's chromium (playwright, ``executable_path``),
+the profiled live step (its span tree drawn) and the DLRM GPU step, where an op with a kernel
+under it, a GPU lane and an aggregate span are found from the page (``tests/ui/gpu_step.py``);
+each saves screenshots.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otelprof.converter import convert
 from otelprof.resource import options_from_env
 
-from . import sources, trees
+from . import gpu_step, outline, sources, trees
 from .browser import chromium, screenshot_dir
 
 pytest.importorskip("mlflow", reason="mlflow is not installed (it is in the 'test' extra: pip install -e '.[test]')")
@@ -174,9 +177,29 @@ def test_one_root_per_step_trace(delivery: ReadBack) -> None:
 
 
 @pytest.mark.slow
-def test_kernels_hang_under_cpu_ops(delivery: ReadBack) -> None:
+def test_kernels_hang_under_cpu_ops_or_lanes(delivery: ReadBack) -> None:
     exempt = trees.launches_without_enclosing_op(delivery.sent.path) if delivery.sent.path else frozenset()
     trees.require(trees.kernels_under_ops(delivery.spans, exempt))
+
+
+@pytest.mark.slow
+def test_no_device_span_under_a_root_and_lanes_under_roots(delivery: ReadBack) -> None:
+    trees.require(trees.device_work_and_lanes(delivery.spans))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(sources.IMPORTED))
+def test_lanes_and_aggregates_arrive_intact(imports: Callable[[str], ReadBack], key: str, tmp_path: Path) -> None:
+    """Every lane and aggregate span sent is read back from MLflow's store with its name, parent
+    and attributes (``otelprof.aggregated_*``, the lane's device and stream), types kept."""
+    read = imports(key)
+    assert read.sent.path is not None
+    sent = sources.converted(read.sent.path, read.sent.run_id, tmp_path)
+    report = trees.rollups_arrive_intact(read.spans, sent)
+    trees.require(report)
+    assert report.looked_at > 0, trees.summary(sent)
+    if key == sources.GPU_STEP:
+        assert any(map(trees.is_lane, sent)) and any(map(trees.is_aggregate, sent)), trees.summary(sent)
 
 
 @pytest.mark.slow
@@ -228,3 +251,45 @@ def test_the_profiled_step_renders_in_mlflows_trace_view(
     line = f"MLflow trace view of step {OPENED_STEP} rendered in {rendered_s:.1f} s; screenshot: {kept}"
     with capsys.disabled():  # shown in a passing run too, not only with -s or -rP
         print(f"\n{line}")
+
+
+@pytest.mark.slow
+def test_a_gpu_step_shows_an_op_with_its_kernels_a_lane_and_an_aggregate(
+    mlflow_server: MlflowServer,
+    imports: Callable[[str], ReadBack],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """MLflow's trace view of the DLRM GPU step draws every span under the parent it was sent
+    under, and a person finds there an op with a kernel under it, the ``gpu 1 · stream 7`` lane
+    and an aggregate span, each confirmed by the details pane (``tests/ui/gpu_step.py``)."""
+    executable = chromium()
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the 'test' extra)")
+    read = imports(sources.GPU_STEP)
+    assert read.sent.path is not None
+    step = gpu_step.expected(sources.converted(read.sent.path, read.sent.run_id, tmp_path))
+    trace_id = f"tr-{step.trace_id}"
+    url = (
+        f"{mlflow_server.url}/#/experiments/{read.experiment_id}/traces"
+        f"?selectedEvaluationId={trace_id}&traceId={trace_id}"
+    )
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            started = time.monotonic()
+            page.goto(url, timeout=RENDER_TIMEOUT_S * 1000)
+            walked = gpu_step.walk(page, outline.MLFLOW, step, tmp_path, started)
+        finally:
+            browser.close()
+    kept = [screenshot_dir() / shot.name for shot in walked.screenshots]
+    for shot, copy in zip(walked.screenshots, kept, strict=True):
+        shutil.copyfile(shot, copy)
+    with capsys.disabled():  # shown in a passing run too
+        print(
+            f"\nMLflow drew the GPU step {step.root.name} in {walked.drawn_s:.1f} s: {len(walked.rows)} rows, "
+            f"{walked.expanded} shown closed, {walked.reopened} closed and reopened by the test; "
+            f"found {walked.found}; screenshots: {', '.join(map(str, kept))}"
+        )

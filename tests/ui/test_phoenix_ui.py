@@ -5,7 +5,10 @@ of its own, run offline on 127.0.0.1) receives, each in a project of its own
 (``openinference.project.name`` resource attribute), over OTLP/HTTP configured only by
 ``OTEL_*`` variables: a live ``otelprof demo`` run with its profiled steps, and ``otelprof
 import`` of the shared GPU traces. Spans are read back through Phoenix's REST API
-(``GET /v1/projects/{project}/spans``) and held to ``tests/ui/trees.py``'s rules.
+(``GET /v1/projects/{project}/spans``) and held to ``tests/ui/trees.py``'s rules. A last test
+opens the DLRM GPU step in Phoenix's trace page (``/redirects/traces/<trace id>``, which leads to
+``/projects/<project>/traces/<trace id>``) in Debian's chromium and finds there, from the page,
+an op with a kernel under it, a GPU lane and an aggregate span (``tests/ui/gpu_step.py``).
 
 Phoenix 20.26 keeps no span links (its span model, REST and GraphQL alike, has none), so the
 fwdbwd rule cannot be checked there: that test is skipped with the reason while nothing read
@@ -14,6 +17,7 @@ back carries a link.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,14 +30,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otelprof.converter import convert
 from otelprof.resource import options_from_env
 
-from . import sources, trees
+from . import gpu_step, outline, sources, trees
+from .browser import chromium, screenshot_dir
 from .phoenix_server import PhoenixServer, ensure_installed, running_server
 
 #: Phoenix stores spans from a queue after it answered the export: read back until complete.
 INGEST_TIMEOUT_S = 120.0
-#: Phoenix stored about 70 spans/s on two shared cores (nccl-a100's 19,596 spans: ~5 min), so
-#: an import larger than this is skipped with its count; every trace within the span budget
-#: fits (three steps of at most 1,000 spans).
+#: Phoenix stored about 70 spans/s on two shared cores (19,596 spans took ~5 min), so an import
+#: larger than this is skipped with its count; every import here fits at default detail
+#: (nccl-a100: three steps of at most 1,000 spans).
 PHOENIX_MAX_SPANS = 5_000
 
 
@@ -170,9 +175,29 @@ def test_one_root_per_step_trace(delivery: ReadBack) -> None:
 
 
 @pytest.mark.slow
-def test_kernels_hang_under_cpu_ops(delivery: ReadBack) -> None:
+def test_kernels_hang_under_cpu_ops_or_lanes(delivery: ReadBack) -> None:
     exempt = trees.launches_without_enclosing_op(delivery.sent.path) if delivery.sent.path else frozenset()
     trees.require(trees.kernels_under_ops(delivery.spans, exempt))
+
+
+@pytest.mark.slow
+def test_no_device_span_under_a_root_and_lanes_under_roots(delivery: ReadBack) -> None:
+    trees.require(trees.device_work_and_lanes(delivery.spans))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(sources.IMPORTED))
+def test_lanes_and_aggregates_arrive_intact(imports: Callable[[str], ReadBack], key: str, tmp_path: Path) -> None:
+    """Every lane and aggregate span sent is read back from Phoenix's store with its name,
+    parent and attributes (``otelprof.aggregated_*``, the lane's device and stream), types kept."""
+    read = imports(key)
+    assert read.sent.path is not None
+    sent = sources.converted(read.sent.path, read.sent.run_id, tmp_path)
+    report = trees.rollups_arrive_intact(read.spans, sent)
+    trees.require(report)
+    assert report.looked_at > 0, trees.summary(sent)
+    if key == sources.GPU_STEP:
+        assert any(map(trees.is_lane, sent)) and any(map(trees.is_aggregate, sent)), trees.summary(sent)
 
 
 @pytest.mark.slow
@@ -185,3 +210,41 @@ def test_fwdbwd_links_join_named_ops(delivery: ReadBack) -> None:
 @pytest.mark.slow
 def test_spans_per_trace_within_the_budget(delivery: ReadBack) -> None:
     trees.require(trees.spans_within_budget(delivery.spans, delivery.sent.span_budget))
+
+
+@pytest.mark.slow
+def test_a_gpu_step_shows_an_op_with_its_kernels_a_lane_and_an_aggregate(
+    phoenix: PhoenixServer,
+    imports: Callable[[str], ReadBack],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Phoenix's trace page of the DLRM GPU step draws every span under the parent it was sent
+    under, and a person finds there an op with a kernel under it, the ``gpu 1 · stream 7`` lane
+    and an aggregate span, each confirmed by the span's details (``tests/ui/gpu_step.py``)."""
+    executable = chromium()
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the 'test' extra)")
+    read = imports(sources.GPU_STEP)
+    assert read.sent.path is not None
+    step = gpu_step.expected(sources.converted(read.sent.path, read.sent.run_id, tmp_path))
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            started = time.monotonic()
+            page.goto(f"{phoenix.url}/redirects/traces/{step.trace_id}", timeout=gpu_step.WAIT_S * 1000)
+            walked = gpu_step.walk(page, outline.PHOENIX, step, tmp_path, started)
+            assert f"/traces/{step.trace_id}" in page.url, page.url
+        finally:
+            browser.close()
+    kept = [screenshot_dir() / shot.name for shot in walked.screenshots]
+    for shot, copy in zip(walked.screenshots, kept, strict=True):
+        shutil.copyfile(shot, copy)
+    with capsys.disabled():  # shown in a passing run too
+        print(
+            f"\nPhoenix drew the GPU step {step.root.name} in {walked.drawn_s:.1f} s: {len(walked.rows)} rows, "
+            f"{walked.expanded} shown closed, {walked.reopened} closed and reopened by the test; "
+            f"found {walked.found}; screenshots: {', '.join(map(str, kept))}"
+        )

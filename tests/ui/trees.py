@@ -5,13 +5,20 @@ the checks here, so both UIs are held to one definition:
 
 - **one root per trace**: each step trace (and the window trace) has exactly one span without a
   parent, and every other span's parent was read back in the same trace;
-- **kernels under ops**: a kernel (category ``kernel``/``Kernel`` with a correlation id) hangs
-  under a CPU op, a span that is not the trace root and not a runtime/driver call (the launch
-  between them is fine); directly under the step root (or under a launch that is) only where the
-  source trace offers no enclosing op for its launch (``exempt`` correlation ids);
+- **kernels under ops or lanes**: a kernel (category ``kernel``/``Kernel`` with a correlation
+  id) hangs under a CPU op (the launch between them is fine) or a GPU lane (``gpu D · stream S``,
+  synthetic, for device work with no op above it), never directly under its trace root; under a
+  launch under the root only where the source trace offers no enclosing op for that launch
+  (``exempt`` correlation ids);
+- **lanes and device work**: no device span (kernel, memcpy, memset, sync, device annotation)
+  hangs directly under a trace root; a lane hangs off its trace's root and holds device work
+  only: device spans, or device work folded into it (the span budget may fold all of it);
+- **roll-ups intact**: every lane and aggregate span (its members' name and count,
+  ``otelprof.aggregated_*``) the converter sent is read back with its name, parent and attributes;
 - **fwdbwd links**: every ``otelprof.link.kind = fwdbwd`` link joins a backward op to a forward
   op with the same ``pytorch.op.sequence_number``, both read back, neither a step span (the
-  trace root, or ``ProfilerStep#N`` under a live ``train.step``);
+  trace root, or ``ProfilerStep#N`` under a live ``train.step``) nor a lane; where an op is no
+  span, an end is what stands for it (its aggregate, or the span it was folded into);
 - **budget**: spans per trace at most the span budget (``ConvertOptions.span_budget``).
 
 Each check returns a :class:`Report` (what it looked at, what broke, with examples) and
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,7 +49,16 @@ CATEGORY = "pytorch.event.category"
 CORRELATION = "pytorch.gpu.correlation_id"
 SEQUENCE = "pytorch.op.sequence_number"
 LINK_KIND = "otelprof.link.kind"
+SYNTHETIC = "otelprof.synthetic"
+AGGREGATED_COUNT = "otelprof.aggregated_count"
+HIDDEN_SPANS = "otelprof.hidden_spans"
+#: A GPU lane's name (the stream may be a name: ``gpu 0 · stream stream 7`` in 2021 traces).
+LANE_NAME = re.compile(r"gpu \S+ · stream \S.*")
+#: An aggregate span's name: its members' name, then how many.
+AGGREGATE_NAME = re.compile(r"(?P<name>.+) ×(?P<count>[1-9][0-9]*)")
 EXAMPLES = 5
+#: What a span says of the device work folded into it (``otelprof.folded.<class>.count``).
+FOLDED_DEVICE_COUNTS = tuple(f"otelprof.folded.{c}.count" for c in ("kernel", "memcpy", "memset", "device_other"))
 
 
 @dataclass(frozen=True)
@@ -142,11 +159,33 @@ def is_kernel(span: ReadSpan) -> bool:
     return span.category in KERNEL_CATEGORIES and span.attributes.get(CORRELATION) is not None
 
 
+def is_lane(span: ReadSpan) -> bool:
+    """A GPU lane: the synthetic ``gpu D · stream S`` span that holds device work with no op above it."""
+    return bool(span.attributes.get(SYNTHETIC)) and LANE_NAME.fullmatch(span.name) is not None
+
+
+def is_aggregate(span: ReadSpan) -> bool:
+    """An aggregate span: named for its members and their count N (:data:`AGGREGATE_NAME`), with
+    ``otelprof.aggregated_count`` = N."""
+    match = AGGREGATE_NAME.fullmatch(span.name)
+    return match is not None and span.attributes.get(AGGREGATED_COUNT) == int(match["count"])
+
+
+def _is_op(span: ReadSpan) -> bool:
+    """A span that can enclose a launch: neither a runtime call, nor device work, nor synthetic
+    (a lane, or a root the converter made)."""
+    return (
+        span.category not in RUNTIME_CATEGORIES
+        and span.category not in DEVICE_CATEGORIES
+        and not span.attributes.get(SYNTHETIC)
+    )
+
+
 def kernels_under_ops(spans: Iterable[ReadSpan], exempt: frozenset[int] = frozenset()) -> Report:
-    """Every kernel has, between itself and its trace root, a CPU op (neither the root nor a
-    runtime/driver call nor device work). ``exempt``: correlation ids whose launch has no
-    enclosing op in the source trace; those may hang under the root (or a launch under it)."""
-    report = Report("kernels under CPU ops")
+    """Every kernel has, between itself and its trace root, a CPU op or a GPU lane; none hangs
+    directly under its root. ``exempt``: correlation ids whose launch has no enclosing op in the
+    source trace; those may hang under a launch under the root (nothing else)."""
+    report = Report("kernels under CPU ops or GPU lanes")
     for trace in by_trace(spans).values():
         for span in trace.values():
             if not is_kernel(span):
@@ -156,16 +195,68 @@ def kernels_under_ops(spans: Iterable[ReadSpan], exempt: frozenset[int] = frozen
             where = f"{span.name[:48]} (corr {span.attributes.get(CORRELATION)}) in {root_name(trace)}"
             if not chain or chain[-1].parent_id is not None:
                 report.problem("kernels whose parent chain was not read back", where)
+            elif len(chain) == 1:
+                report.problem("kernels directly under the trace root", where)
+            elif any(_is_op(a) or is_lane(a) for a in chain[:-1]):
                 continue
-            below_root = chain[:-1]
-            if any(a.category not in RUNTIME_CATEGORIES and a.category not in DEVICE_CATEGORIES for a in below_root):
-                continue
-            if int(span.attributes[CORRELATION]) in exempt:
-                continue
-            parent = chain[0]
-            direct = parent is chain[-1]
-            kind = "kernels directly under the trace root" if direct else "kernels under a launch under the root"
-            report.problem(kind, f"{where}, parent {parent.name}")
+            elif int(span.attributes[CORRELATION]) not in exempt:
+                report.problem("kernels under no CPU op or lane", f"{where}, parent {chain[0].name}")
+    return report
+
+
+def device_work_and_lanes(spans: Iterable[ReadSpan]) -> Report:
+    """No device span directly under a trace root; each lane directly under its trace's root,
+    holding device spans only, at least one unless device work was folded into it."""
+    report = Report("no device span under a root; lanes under the root, holding device work")
+    for trace in by_trace(spans).values():
+        children: dict[str, list[ReadSpan]] = defaultdict(list)
+        for span in trace.values():
+            if span.parent_id is not None:
+                children[span.parent_id].append(span)
+        for span in trace.values():
+            parent = trace.get(span.parent_id) if span.parent_id is not None else None
+            under_root = parent is not None and parent.parent_id is None
+            where = f"{span.name[:48]} in {root_name(trace)}"
+            if span.category in DEVICE_CATEGORIES:
+                report.looked_at += 1
+                if under_root:
+                    report.problem("device spans directly under the trace root", where)
+            elif is_lane(span):
+                report.looked_at += 1
+                held = children[span.span_id]
+                folded = sum(int(span.attributes.get(key) or 0) for key in FOLDED_DEVICE_COUNTS)
+                if not under_root:
+                    report.problem("lanes not directly under the trace root", where)
+                if any(c.category not in DEVICE_CATEGORIES for c in held):
+                    kinds = sorted({str(c.category) for c in held})
+                    report.problem("lanes holding other spans than device work", f"{where}: {kinds}")
+                elif not held and not folded:
+                    report.problem("lanes holding nothing, nothing folded into them", where)
+    return report
+
+
+def rollups_arrive_intact(read: Iterable[ReadSpan], sent: Iterable[ReadSpan]) -> Report:
+    """Every lane and aggregate span sent is read back with its name, parent and every attribute
+    it was sent with (value and type)."""
+    report = Report("lanes and aggregates read back intact")
+    index = {(s.trace_id, s.span_id): s for s in read}
+    for span in sent:
+        if not (is_lane(span) or is_aggregate(span)):
+            continue
+        report.looked_at += 1
+        got = index.get((span.trace_id, span.span_id))
+        if got is None:
+            report.problem("not read back", span.name)
+            continue
+        if (got.name, got.parent_id) != (span.name, span.parent_id):
+            report.problem("name or parent changed", f"{span.name} -> {got.name}")
+        changed = {
+            key: got.attributes.get(key)
+            for key, value in span.attributes.items()
+            if (type(value), value) != (type(got.attributes.get(key)), got.attributes.get(key))
+        }
+        if changed:
+            report.problem("attributes changed or missing", f"{span.name}: {changed}")
     return report
 
 
@@ -175,13 +266,22 @@ def is_step_span(span: ReadSpan) -> bool:
 
 
 def _backward(span: ReadSpan) -> bool:
-    return "backward" in span.name.lower()
+    """A backward op (or what stands for one) by its name: autograd's ``…Backward…`` nodes and
+    its engine's calls (``autograd::engine::evaluate_function: torch::autograd::CppNode<…>`` too)."""
+    return "backward" in span.name.lower() or span.name.startswith("autograd::engine::evaluate_function:")
+
+
+def _stands_in(span: ReadSpan) -> bool:
+    """What a link to an op that is no span goes to: its aggregate, or a span ops were folded into."""
+    return is_aggregate(span) or int(span.attributes.get(HIDDEN_SPANS) or 0) > 0
 
 
 def fwdbwd_links_join_ops(spans: Iterable[ReadSpan]) -> Report:
     """Every fwdbwd link goes from a backward op to a forward op of the same sequence number,
-    both ends read back and neither a trace root."""
-    report = Report("fwdbwd links join a backward op to its forward op")
+    both ends read back, neither a trace root, a step or a lane. Where an end's op is no span
+    (default detail aggregates and folds), what stands for it does: an aggregate span, or the
+    span the op was folded into (one with ``otelprof.hidden_spans``)."""
+    report = Report("fwdbwd links join a backward op to its forward op (or what stands for them)")
     index = {(s.trace_id, s.span_id): s for s in spans}
     for source in index.values():
         for link in source.links:
@@ -194,16 +294,17 @@ def fwdbwd_links_join_ops(spans: Iterable[ReadSpan]) -> Report:
                 report.problem("links whose forward end was not read back", where + link.span_id)
                 continue
             where += target.name[:60]
-            if is_step_span(source) or is_step_span(target):
-                report.problem("links with a step span (trace root or ProfilerStep#N) at an end", where)
+            sequences = (source.attributes.get(SEQUENCE), target.attributes.get(SEQUENCE))
+            if is_step_span(source) or is_step_span(target) or is_lane(source) or is_lane(target):
+                report.problem("links with a step span (trace root or ProfilerStep#N) or a lane at an end", where)
             elif not _backward(source) or _backward(target):
                 report.problem("links not from a backward op to a forward op", where)
-            elif source.attributes.get(SEQUENCE) is None or source.attributes.get(SEQUENCE) != target.attributes.get(
-                SEQUENCE
+            elif (sequences[0] is None or sequences[0] != sequences[1]) and not (
+                _stands_in(source) or _stands_in(target)
             ):
                 report.problem(
-                    "links between different sequence numbers",
-                    where + f" ({source.attributes.get(SEQUENCE)} vs {target.attributes.get(SEQUENCE)})",
+                    "links between different sequence numbers, neither end standing in for a folded op",
+                    where + f" ({sequences[0]} vs {sequences[1]})",
                 )
     return report
 
@@ -251,10 +352,15 @@ def launches_without_enclosing_op(path: Path) -> frozenset[int]:
 
 
 def summary(spans: Iterable[ReadSpan]) -> str:
-    """One line per trace: root name, span count, kernels, links (for test output)."""
+    """One line per trace: root name, span count, kernels, lanes, aggregates, links (for test output)."""
     lines = []
     for trace_id, trace in sorted(by_trace(spans).items(), key=lambda item: root_name(item[1])):
         kernels = sum(is_kernel(s) for s in trace.values())
+        lanes = sum(is_lane(s) for s in trace.values())
+        aggregates = sum(is_aggregate(s) for s in trace.values())
         links = sum(len(s.links) for s in trace.values())
-        lines.append(f"{trace_id[:8]} {root_name(trace)}: {len(trace)} spans, {kernels} kernels, {links} links")
+        lines.append(
+            f"{trace_id[:8]} {root_name(trace)}: {len(trace)} spans, {kernels} kernels, {lanes} lanes, "
+            f"{aggregates} aggregates, {links} links"
+        )
     return "\n".join(lines)
