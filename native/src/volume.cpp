@@ -49,8 +49,8 @@ std::vector<char> keep_rule(const Trace& trace, const EventTree& tree, const std
             if (op < 0 && k != Kind::Runtime && k != Kind::Python && k != Kind::TraceSpan) op = j;
             j = parent[j];
         }
-        // no op encloses the launch (an Nsight Systems export without NVTX ranges): the launch itself
-        if (j < 0 || tree.is_step(j) || ev[j].kind == Kind::TraceSpan) keep[op >= 0 ? op : parent[d]] = 1;
+        // (no op encloses the launch: the kernel goes to its GPU lane, builder.cpp gpu_lanes)
+        if (op >= 0 && (j < 0 || tree.is_step(j) || ev[j].kind == Kind::TraceSpan)) keep[op] = 1;
     }
     for (int i = 0; i < n; ++i) {
         if (ev[i].kind == Kind::GpuAnnotation && tree.is_step(parent[i])) {

@@ -153,7 +153,7 @@ def _lanes_trace() -> bytes:
         _x("nccl_kernel", "kernel", 600, 100, pid=0, tid=20, device=0, stream=20),
         _x("Memcpy HtoD", "gpu_memcpy", 150, 30, pid=0, tid=7, correlation=98, device=0, stream=7),
         _x("other_kernel", "kernel", 300, 10, pid=1, tid=7, device=1, stream=7),
-        # a short launch with no op above it: the launch itself stays, the kernel under it
+        # a short launch with no op above it: folded into the step, its kernel to the lane
         _x("cudaLaunchKernel", "cuda_runtime", 700, 2, correlation=5),
         _x("lone_kernel", "kernel", 710, 20, pid=0, tid=7, correlation=5, device=0, stream=7),
     ]
@@ -179,9 +179,9 @@ def test_device_work_without_a_launch_goes_under_a_lane(engine: str) -> None:
     assert [s.parent_id for s in d.spans if s.event_name == "nccl_kernel"] == [s20.span_id] * 2
     assert (s20.start, s20.end) == (200_000, 700_000)  # covering the activity under it
     s7 = lanes["gpu 0 \N{MIDDLE DOT} stream 7"]
-    assert by["Memcpy HtoD"].parent_id == s7.span_id and (s7.start, s7.end) == (150_000, 180_000)
+    assert by["Memcpy HtoD"].parent_id == s7.span_id and (s7.start, s7.end) == (150_000, 730_000)
     assert d.by_id[by["mm_fwd"].parent_id].name == "aten::mm"  # launched: under the op that did
-    assert d.by_id[by["lone_kernel"].parent_id].name == "cudaLaunchKernel"
+    assert by["lone_kernel"].parent_id == s7.span_id and "cudaLaunchKernel" in step.attrs["otelprof.hidden"]
     # lane ids: E + S + 1 + I + j (E events, S steps, I iterations; j in order of first event)
     base = ids.span_base("lanes", "", d.result.window_id)
     order = ["gpu 0 \N{MIDDLE DOT} stream 7", "gpu 0 \N{MIDDLE DOT} stream 20", "gpu 1 \N{MIDDLE DOT} stream 7"]

@@ -17,7 +17,7 @@ import pytest
 
 from otelprof.cli.import_ import HTTP_IMPORT_REQUEST_BYTES
 from otelprof.converter import ConvertOptions, convert
-from otelprof.converter._options import DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT, SPAN_NAME_LENGTH_LIMIT
+from otelprof.converter._options import DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
 from otelprof.importer.nsys import convert_nsys
 
 from .helpers import KINETO, NSYS, Got, decode, import_env, received, run_import, shared
@@ -42,6 +42,14 @@ PROCESS = "./" + _huge("proc", 1_000_000)
 VERSION = "2.9.1" + _huge("", 1_000_000)  # EXPORT_SCHEMA_VERSION: still major 2
 DIMS = "[[" + ",".join(["7"] * 400_000) + "]]"  # pytorch.op.input_dims, compact JSON
 SHAPES_OP = "aten::cat, seq = 5, op_id = 9, sizes = [[" + ", ".join(["7"] * 400_000) + "]]"
+
+
+#: Characters of a span name (a longer one is cut, its last character an ellipsis).
+SHOWN = 128
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= SHOWN else name[: SHOWN - 1] + "\N{HORIZONTAL ELLIPSIS}"
 
 
 def _many(i: int) -> str:
@@ -159,12 +167,15 @@ def _check(spans: list[Got], count: int, max_bytes: int, nvprof: bool) -> None:
     assert len({g.span.span_id for g in spans}) == count
     huge = _named(spans, "range-")
     assert huge.span.name == kineto["range"]
-    assert len(huge.span.name) == SPAN_NAME_LENGTH_LIMIT
+    assert len(huge.span.name) == SHOWN  # the whole, cut at the attribute limit, in pytorch.event.name
+    assert huge.attr("pytorch.event.name") == str(huge.attr("pytorch.event.name"))[:LIMIT]
     [kernel] = [g for g in spans if str(g.attr("pytorch.gpu.kernel_name")).startswith("void huge")]
     assert (kernel.span.name, kernel.attr("pytorch.gpu.kernel_name")) == (kineto["kernel"], kineto["kernel_name"])
     assert _named(spans, "aten::cat").attr("pytorch.op.input_dims") == DIMS[:LIMIT]
-    assert sorted(g.span.name for g in spans if g.span.name.endswith("m" * 100)) == [
-        _many(i)[:LIMIT] for i in range(MANY)
+    whole = [str(g.attr("pytorch.event.name")) for g in spans if str(g.attr("pytorch.event.name")).endswith("m" * 100)]
+    assert sorted(whole) == [_many(i)[:LIMIT] for i in range(MANY)]
+    assert sorted(g.span.name for g in spans if str(g.attr("pytorch.event.name")).endswith("m" * 100)) == [
+        _shown(_many(i)) for i in range(MANY)
     ]
     resource = spans[0].resource
     assert resource["hw.gpu.model"] == kineto["gpu"] == GPU[:share]
@@ -175,7 +186,7 @@ def _check(spans: list[Got], count: int, max_bytes: int, nvprof: bool) -> None:
     assert resource["process.executable.path"] == PROCESS[:share]
     assert resource["otelprof.source.format"] == ("nsys-sqlite " + VERSION)[:share]
     [root] = [g for g in spans if not g.span.parent_span_id]
-    assert root.span.name == Path(PROCESS).name[:SPAN_NAME_LENGTH_LIMIT]
+    assert root.span.name == _shown(Path(PROCESS).name)
 
 
 def test_otelprof_import_cuts_as_the_converter_and_stays_under_the_request_limit(

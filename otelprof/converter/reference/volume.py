@@ -56,8 +56,8 @@ def keep_rule(ev: list[Event], parent: list[int], step_num: dict[int, int], min_
     other CPU-side event stays when it ran at least ``min_ns``, or (not a runtime call) when
     the device work it launched did. Then, for each kernel/memcpy/memset whose launch has no
     kept op between it and the trace root, the op that launched it (the innermost enclosing
-    event that is no runtime call, python function or window) stays too, or, where no op
-    encloses the launch (an Nsight Systems export without NVTX ranges), the runtime call."""
+    event that is no runtime call, python function or window) stays too; where no op encloses
+    the launch, the kernel goes to its GPU lane (builder.gpu_lanes)."""
     launched = launched_device_time(ev, parent)
     base = [
         e.device
@@ -77,8 +77,8 @@ def keep_rule(ev: list[Event], parent: list[int], step_num: dict[int, int], min_
             if op < 0 and ev[j].kind not in _NOT_OPS:
                 op = j
             j = parent[j]
-        if j < 0 or j in step_num or ev[j].kind == Kind.TRACE:
-            keep[op if op >= 0 else parent[d]] = True  # no op encloses the launch: the launch itself
+        if op >= 0 and (j < 0 or j in step_num or ev[j].kind == Kind.TRACE):
+            keep[op] = True
     return keep
 
 
