@@ -28,6 +28,7 @@ the spool that it replays later).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -40,6 +41,8 @@ from operator import attrgetter
 from typing import Any, Protocol
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError, convert
+from ..otlp.resource import ResourceFacts
+from ._kineto import ProcessOptions
 from .discover import NSYS, Source
 from .ledger import Entry, Ledger, digest, fingerprint
 from .nsys import convert_nsys
@@ -68,13 +71,22 @@ def convert_source(source: Source, options: ConvertOptions, engine: str = "auto"
     """One file's requests; raises TraceFormatError (one line, naming the file) for bad input."""
     if source.kind == NSYS:
         return convert_nsys(source.path, options, engine)
-    try:
-        return convert(source.path, options=options, engine=engine)
+    try:  # an import says so on its resource (otelprof.source.format): a Collector routes it whole
+        imported = ProcessOptions(**_fields(options), process=ResourceFacts(source_format=KINETO_FORMAT))
+        return convert(source.path, options=imported, engine=engine)
     except TraceFormatError as exc:
         message = str(exc)
         raise TraceFormatError(
             message if message.startswith(str(source.path)) else f"{source.path}: {message}"
         ) from None
+
+
+#: ``otelprof.source.format`` of an imported Kineto trace (nsys and nvprof name their own).
+KINETO_FORMAT = "kineto-json"
+
+
+def _fields(options: ConvertOptions) -> dict[str, Any]:
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(ConvertOptions)}
 
 
 @dataclass(frozen=True)

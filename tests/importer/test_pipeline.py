@@ -13,7 +13,7 @@ import pytest
 from otelprof.converter import ConvertOptions, ConvertResult
 from otelprof.importer import Importer, Ledger, find_sources
 from otelprof.importer.ledger import Entry
-from otelprof.importer.session import _Ahead, _Prepared
+from otelprof.importer.session import _Ahead, _Prepared, convert_source
 
 from .helpers import SHARED, shared
 
@@ -76,14 +76,12 @@ def _importer(sink: Sink, ledger: Ledger, **kwargs: Any) -> Importer:
 
 
 def test_every_request_in_order_and_the_ledger_never_ahead_of_delivery(tmp_path: Path) -> None:
-    from otelprof.converter import convert
-
     sources = find_sources(_files())
     sink = Sink()
     ledger = CheckedLedger(tmp_path / "ledger.json", sink)
     results: list[Any] = []
     report = _importer(sink, ledger, on_file=lambda source, result, start: results.append(result)).run(sources)
-    want = [r for s in sources for r in convert(s.path, options=OPTIONS).requests]
+    want = [r for s in sources for r in convert_source(s, OPTIONS).requests]  # (an import's resource)
     assert sink.submitted == want and report.requests == len(want) and report.files_sent == len(sources)
     assert all(r == b"" for result in results for r in result.requests)  # let go of once submitted
     assert all(e.complete for e in ledger.entries.values()) and len(ledger.entries) == len(sources)

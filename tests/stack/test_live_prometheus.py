@@ -367,9 +367,9 @@ def test_shipped_rules_evaluate_on_real_series(run: Run) -> None:
 
 @pytest.mark.slow
 def test_gateway_filters_split_real_spans_into_steps_and_operator_detail(run: Run) -> None:
-    """The attributes the Collector's filter processors test (otelcol/gateway.yaml) tell the
+    """The attributes the Collector's filter processors test (otelcol/gateway-sampled.yaml) tell the
     step-level spans from the operator detail in what a real run sends."""
-    gateway = yaml.safe_load((REPO / "collector-config" / "otelcol" / "gateway.yaml").read_text())
+    gateway = yaml.safe_load((REPO / "collector-config" / "otelcol" / "gateway-sampled.yaml").read_text())
     (condition,) = gateway["processors"]["filter/step_spans"]["traces"]["span"]
     keys = re.findall(r'attributes\["([\w.]+)"\] == nil', condition)
     assert len(keys) == 2 and " and " in condition
