@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from export.receivers import grpc_receiver, http_receiver
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
 from otelprof.capture.metrics.otlp_metrics import BRIDGED, DIRECT, exporters, otel_name
+from otelprof.capture.metrics.step_metrics import STEP_BUCKETS
 from otelprof.otlp import ids
 
 pytest.importorskip("torch")
@@ -69,7 +71,10 @@ def test_live_metrics_arrive_over_otlp_with_exemplars(protocol: str, tmp_path: P
     trace_ids = {ids.trace_id(f"step|otlp-metrics|{n}") for n in range(STEPS)}
     assert point.exemplars and all(e.trace_id in trace_ids for e in point.exemplars)
 
+    assert list(point.explicit_bounds) == list(STEP_BUCKETS)  # the scrape path's buckets
+
     (steps,) = metrics["otelprof.steps"]
+    assert steps.unit == "{step}"
     assert steps.sum.is_monotonic and [p.as_int for p in steps.sum.data_points] == [STEPS]
     (phases,) = metrics["otelprof.step.phase.duration"]
     assert {_attrs(p)["phase"]: p.count for p in phases.histogram.data_points} == dict.fromkeys(
@@ -88,7 +93,19 @@ def test_live_metrics_arrive_over_otlp_with_exemplars(protocol: str, tmp_path: P
     (last,) = metrics["otelprof.last.step.timestamp"]
     assert last.unit == "s" and last.gauge.data_points[0].as_double > 1.7e9
     (requests,) = metrics["otelprof.export.requests"]
+    assert requests.unit == "{request}"
     assert {_attrs(p)["result"] for p in requests.sum.data_points} >= {"exported", "dropped"}
+    (queue,) = metrics["otelprof.export.queue.requests"]
+    assert queue.unit == "{request}" and queue.gauge.data_points[0].as_double >= 0
+    # the exporter's latency histogram, bridged whole: the registry's buckets, one attempt or more
+    # (the step spans went to this receiver while the process ran)
+    (export,) = metrics["otelprof.export.duration"]
+    assert export.unit == "s"
+    (attempts,) = export.histogram.data_points
+    assert attempts.count >= 1 and sum(attempts.bucket_counts) == attempts.count and attempts.sum > 0
+    assert list(attempts.explicit_bounds)[:3] == [0.005, 0.01, 0.025]
+    assert len(attempts.bucket_counts) == len(attempts.explicit_bounds) + 1
+    assert not attempts.HasField("min") and not attempts.HasField("max")  # unknown to Prometheus
     resource = {kv.key: kv.value for kv in rec.metric_requests[0].resource_metrics[0].resource.attributes}
     assert resource["otelprof.run.id"].string_value == "otlp-metrics"
 
@@ -120,12 +137,17 @@ def test_skipped_updates_reach_the_otlp_push(tmp_path: Path) -> None:
 
 
 def test_names_map_back_to_the_prometheus_names() -> None:
-    """A Collector's Prometheus exporter appends the unit and _total: the dashboards' names."""
+    """A Collector's Prometheus exporter appends the unit and _total: the dashboards' names
+    (the translator's rules applied in tests/stack/test_metric_paths.py)."""
     assert otel_name("otelprof_window_gpu_busy_ratio") == ("otelprof.window.gpu.busy", "1")
-    assert otel_name("otelprof_samples_per_second") == ("otelprof.samples", "1/s")
     assert otel_name("otelprof_gpu_memory_total_bytes") == ("otelprof.gpu.memory.total", "By")
-    names = [otel_name(name)[0] for name, _ in BRIDGED] + list(DIRECT)
+    assert otel_name("otelprof_export_queue_requests") == ("otelprof.export.queue.requests", "{request}")
+    assert otel_name("otelprof_export_duration_seconds") == ("otelprof.export.duration", "s")
+    names = [otel_name(name)[0] for name, _, _ in BRIDGED] + [name for name, _ in DIRECT]
     assert len(set(names)) == len(names)  # no instrument name twice
+    # "1" only for true ratios: every other unit-less count is an annotation
+    assert {unit for _, _, unit in BRIDGED if unit == "1"} == {"1"}
+    assert all(family.endswith("_ratio") for family, _, unit in BRIDGED if unit == "1")
 
 
 def test_exporter_selection(caplog: pytest.LogCaptureFixture) -> None:
@@ -135,3 +157,25 @@ def test_exporter_selection(caplog: pytest.LogCaptureFixture) -> None:
     assert exporters({"OTEL_METRICS_EXPORTER": "none"}) == set()
     assert exporters({"OTEL_METRICS_EXPORTER": "console,otlp"}) == {"otlp"}
     assert "console" in caplog.text
+
+
+def test_bridged_histogram_points_are_the_registrys() -> None:
+    """A prometheus-client histogram's cumulative buckets become OTLP per-bucket counts."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from otelprof.capture.metrics.otlp_metrics import _histogram_points
+
+    registry = CollectorRegistry()
+    histogram = Histogram("h_seconds", "h", ["result"], buckets=(0.01, 0.1, 1), registry=registry)
+    for value in (0.003, 0.02, 0.05, 40.0):
+        histogram.labels(result="ok").observe(value)
+    histogram.labels(result="failed").observe(0.5)
+    (family,) = [m for m in registry.collect() if m.name == "h_seconds"]
+    now = time.time_ns()
+    points = {p.attributes["result"]: p for p in _histogram_points(family, now)}
+    ok, failed = points["ok"], points["failed"]
+    assert list(ok.explicit_bounds) == [0.01, 0.1, 1.0]
+    assert list(ok.bucket_counts) == [1, 2, 0, 1] and ok.count == 4 and ok.sum == pytest.approx(40.073)
+    assert list(failed.bucket_counts) == [0, 0, 1, 0] and failed.count == 1 and failed.sum == 0.5
+    assert ok.time_unix_nano == now and now - 60 * 10**9 < ok.start_time_unix_nano <= now  # from _created
+    assert ok.min is None and ok.max is None  # Prometheus keeps neither

@@ -4,9 +4,11 @@
 Step and phase durations are SDK histograms recorded at each step, with the step span as the
 current context so the SDK's trace-based exemplar filter attaches the step's trace id. Every
 other series is read from the prometheus-client registry at export time by observable
-instruments, so the two paths cannot disagree. OTel names are the Prometheus names with dots
-and a unit (``otelprof_window_gpu_busy_ratio`` -> ``otelprof.window.gpu.busy``, unit ``1``),
-so a Collector's Prometheus exporter turns them back into the names the dashboards use.
+instruments (histograms, which the API cannot observe, are added to each export), so the two
+paths cannot disagree. OTel names are the Prometheus names with dots and a unit
+(``otelprof_window_gpu_busy_ratio`` -> ``otelprof.window.gpu.busy``, unit ``1``; counts carry an
+annotation such as ``{request}``), so a Collector's Prometheus exporter turns them back into the
+names the dashboards use (tests/stack/test_metric_paths.py applies its rules).
 
 The SDK's OTLP exporter reads its own ``OTEL_EXPORTER_OTLP_METRICS_*`` / ``OTEL_EXPORTER_OTLP_*``
 settings and ``OTEL_METRIC_EXPORT_INTERVAL`` from the process environment.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -29,56 +31,71 @@ from ...environment_variables import (
 )
 from ...settings import quoted, text
 from ..steps.tracker import PHASES, Step
+from .step_metrics import STEP_BUCKETS
 
 _log = logging.getLogger(__name__)
 
-#: Recorded at each step (not bridged).
+#: Recorded at each step (not bridged): (name, unit).
 DIRECT = (
-    "otelprof.step.duration",
-    "otelprof.step.phase.duration",
-    "otelprof.steps",
-    "otelprof.samples",
-    "otelprof.tokens",
-    "otelprof.micro_batches",
+    ("otelprof.step.duration", "s"),
+    ("otelprof.step.phase.duration", "s"),
+    ("otelprof.steps", "{step}"),
+    ("otelprof.samples", "{sample}"),
+    ("otelprof.tokens", "{token}"),
+    ("otelprof.micro_batches", "{batch}"),
 )
-#: Prometheus families bridged as observable instruments: (name, counter?). The per-second
-#: gauges are left out: over OTLP, rates come from the counters.
+#: Prometheus families bridged as observable instruments: (name, counter?, unit). Counts carry
+#: an annotation, not "1": a Collector's Prometheus exporter appends _ratio to a gauge of unit
+#: "1" and drops annotations, so each family comes back under its own name
+#: (tests/stack/test_metric_paths.py). The per-second gauges are left out: over OTLP, rates
+#: come from the counters.
 BRIDGED = (
-    ("otelprof_last_step_timestamp_seconds", False),
-    ("otelprof_process_cpu_seconds", True),
-    ("otelprof_process_max_rss_bytes", False),
-    ("otelprof_gpu_memory_allocated_bytes", False),
-    ("otelprof_gpu_memory_reserved_bytes", False),
-    ("otelprof_gpu_memory_peak_bytes", False),
-    ("otelprof_gpu_memory_total_bytes", False),
-    ("otelprof_step_spans_dropped", True),
-    ("otelprof_eval_forwards", True),
-    ("otelprof_skipped_updates", True),
-    ("otelprof_profiling_windows", True),
-    ("otelprof_profiling_windows_failed", True),
-    ("otelprof_profiling_window_overhead_seconds", True),
-    ("otelprof_profiling_window_last_timestamp_seconds", False),
-    ("otelprof_window_op_self_cpu_seconds", False),
-    ("otelprof_window_op_self_device_seconds", False),
-    ("otelprof_window_kernel_device_seconds", False),
-    ("otelprof_window_gpu_busy_ratio", False),
-    ("otelprof_straggler_ratio", False),
-    ("otelprof_export_requests", True),
-    ("otelprof_export_retries", True),
-    ("otelprof_export_spans_rejected", True),
-    ("otelprof_export_spool_evicted_requests", True),
-    ("otelprof_export_queue_requests", False),
-    ("otelprof_export_spool_bytes", False),
+    ("otelprof_last_step_timestamp_seconds", False, "s"),
+    ("otelprof_process_cpu_seconds", True, "s"),
+    ("otelprof_process_max_rss_bytes", False, "By"),
+    ("otelprof_gpu_memory_allocated_bytes", False, "By"),
+    ("otelprof_gpu_memory_reserved_bytes", False, "By"),
+    ("otelprof_gpu_memory_peak_bytes", False, "By"),
+    ("otelprof_gpu_memory_total_bytes", False, "By"),
+    ("otelprof_step_spans_dropped", True, "{span}"),
+    ("otelprof_eval_forwards", True, "{forward}"),
+    ("otelprof_skipped_updates", True, "{update}"),
+    ("otelprof_profiling_windows", True, "{window}"),
+    ("otelprof_profiling_windows_failed", True, "{window}"),
+    ("otelprof_windows_skipped", True, "{window}"),
+    ("otelprof_window_traces_not_kept", True, "{window}"),
+    ("otelprof_profiling_window_overhead_seconds", True, "s"),
+    ("otelprof_profiling_window_last_timestamp_seconds", False, "s"),
+    ("otelprof_window_op_self_cpu_seconds", False, "s"),
+    ("otelprof_window_op_self_device_seconds", False, "s"),
+    ("otelprof_window_kernel_device_seconds", False, "s"),
+    ("otelprof_window_gpu_busy_ratio", False, "1"),
+    ("otelprof_straggler_ratio", False, "1"),
+    ("otelprof_profile_triggers", True, "{request}"),
+    ("otelprof_export_requests", True, "{request}"),
+    ("otelprof_export_dropped_requests", True, "{request}"),
+    ("otelprof_export_worker_errors", True, "{error}"),
+    ("otelprof_export_retries", True, "{attempt}"),
+    ("otelprof_export_spans_rejected", True, "{span}"),
+    ("otelprof_export_spool_evicted_requests", True, "{request}"),
+    ("otelprof_export_queue_requests", False, "{request}"),
+    ("otelprof_export_spool_bytes", False, "By"),
 )
-_UNITS = (("_per_second", "1/s"), ("_seconds", "s"), ("_bytes", "By"), ("_ratio", "1"))
+#: Prometheus histograms bridged whole at export time (the OTel API has no observable
+#: histogram): their buckets, sum and count as the registry holds them.
+BRIDGED_HISTOGRAMS = (("otelprof_export_duration_seconds", "s"),)
+#: The Prometheus unit suffix a unit stands for (the name keeps suffixes of annotated units).
+_SUFFIXES = {"s": "_seconds", "By": "_bytes", "1": "_ratio"}
+_UNITS = {family: unit for family, _, unit in BRIDGED} | dict(BRIDGED_HISTOGRAMS)
+_HISTOGRAMS = frozenset(family for family, _ in BRIDGED_HISTOGRAMS)
 
 
 def otel_name(prometheus_name: str) -> tuple[str, str]:
-    """(OTel instrument name, UCUM unit) of a Prometheus family name."""
-    for suffix, unit in _UNITS:
-        if prometheus_name.endswith(suffix):
-            return prometheus_name[: -len(suffix)].replace("_", "."), unit
-    return prometheus_name.replace("_", "."), "1"
+    """(OTel instrument name, UCUM unit) of a bridged Prometheus family."""
+    unit = _UNITS[prometheus_name]
+    suffix = _SUFFIXES.get(unit, "")
+    stem = prometheus_name.removesuffix(suffix)
+    return stem.replace("_", "."), unit
 
 
 def exporters(environ: Mapping[str, str]) -> set[str]:
@@ -110,23 +127,35 @@ class OtlpMetrics:
         self._registry = registry
         self._lock = threading.Lock()
         self._samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        self._histogram_families: list[Any] = []
         self._read_at = float("-inf")
-        reader = PeriodicExportingMetricReader(_exporter(environ))
+        reader = PeriodicExportingMetricReader(_with_histograms(_exporter(environ), self._histograms))
         # no exit handler of the SDK's: registered after otelprof's, it would run first and
         # export before the session closes the last step (Session.close shuts this down)
         self.provider = MeterProvider(
             resource=Resource.create(dict(resource)), metric_readers=[reader], shutdown_on_exit=False
         )
         meter = self.provider.get_meter("otelprof", __version__)
-        self._duration = meter.create_histogram("otelprof.step.duration", "s", "Training step wall time.")
-        self._phase = meter.create_histogram("otelprof.step.phase.duration", "s", "Time per step in each phase.")
-        self._steps = meter.create_counter("otelprof.steps", "1", "Training steps completed.")
-        self._samples_total = meter.create_counter("otelprof.samples", "1", "Samples processed.")
-        self._tokens_total = meter.create_counter("otelprof.tokens", "1", "Tokens processed.")
-        self._micro_batches = meter.create_counter(
-            "otelprof.micro_batches", "1", "DataLoader batches (micro-batches) of the steps completed."
+        units = dict(DIRECT)
+        # the scrape path's buckets (the SDK's default ones start at 5 s)
+        self._duration = meter.create_histogram(
+            "otelprof.step.duration", "s", "Training step wall time.", explicit_bucket_boundaries_advisory=STEP_BUCKETS
         )
-        for family, counter in BRIDGED:
+        self._phase = meter.create_histogram(
+            "otelprof.step.phase.duration",
+            "s",
+            "Time per step in each phase.",
+            explicit_bucket_boundaries_advisory=STEP_BUCKETS,
+        )
+        self._steps = meter.create_counter("otelprof.steps", units["otelprof.steps"], "Training steps completed.")
+        self._samples_total = meter.create_counter("otelprof.samples", units["otelprof.samples"], "Samples processed.")
+        self._tokens_total = meter.create_counter("otelprof.tokens", units["otelprof.tokens"], "Tokens processed.")
+        self._micro_batches = meter.create_counter(
+            "otelprof.micro_batches",
+            units["otelprof.micro_batches"],
+            "DataLoader batches (micro-batches) of the steps completed.",
+        )
+        for family, counter, _ in BRIDGED:
             name, unit = otel_name(family)
             make = meter.create_observable_counter if counter else meter.create_observable_gauge
             make(name, [self._callback(family)], unit)
@@ -191,17 +220,78 @@ class OtlpMetrics:
 
         return observe
 
+    def _histograms(self) -> list[Any]:
+        """The bridged histograms as SDK metrics, from the registry read of this export."""
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, Metric
+
+        now = time.time_ns()
+        out = []
+        for metric in self._snapshot()[1]:
+            points = _histogram_points(metric, now)
+            if points:
+                data = Histogram(points, AggregationTemporality.CUMULATIVE)
+                name, unit = otel_name(metric.name)
+                out.append(Metric(name, metric.documentation, unit, data))
+        return out
+
     def _read(self, family: str) -> list[tuple[dict[str, str], float]]:
-        """The registry's samples of ``family``, collected once per export (callbacks run in a row)."""
+        """The registry's samples of ``family``."""
+        return self._snapshot()[0].get(family, [])
+
+    def _snapshot(self) -> tuple[dict[str, list[tuple[dict[str, str], float]]], list[Any]]:
+        """(samples by family, bridged histogram families), collected once per export (the
+        callbacks, then the histograms, run in a row): one registry read, one snapshot."""
         with self._lock:
             if time.monotonic() - self._read_at > 1.0:
                 samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+                histograms = []
                 for metric in self._registry.collect():
+                    if metric.type == "histogram" and metric.name in _HISTOGRAMS:
+                        histograms.append(metric)
                     for s in metric.samples:
                         if s.name in (metric.name, metric.name + "_total"):
                             samples.setdefault(metric.name, []).append((dict(s.labels), float(s.value)))
-                self._samples, self._read_at = samples, time.monotonic()
-            return self._samples.get(family, [])
+                self._samples, self._histogram_families = samples, histograms
+                self._read_at = time.monotonic()
+            return self._samples, self._histogram_families
+
+
+def _histogram_points(metric: Any, now_ns: int) -> list[Any]:
+    """A prometheus-client histogram family as cumulative OTLP points (min and max unknown)."""
+    from opentelemetry.sdk.metrics.export import HistogramDataPoint
+
+    series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+    for s in metric.samples:
+        labels = {k: v for k, v in s.labels.items() if k != "le"}
+        point = series.setdefault(tuple(sorted(labels.items())), {"buckets": [], "start": now_ns})
+        if s.name.endswith("_bucket"):
+            point["buckets"].append((float(s.labels["le"]), s.value))
+        elif s.name.endswith("_sum"):
+            point["sum"] = s.value
+        elif s.name.endswith("_count"):
+            point["count"] = int(s.value)
+        elif s.name.endswith("_created"):
+            point["start"] = int(s.value * 1e9)
+    points = []
+    for key, point in series.items():
+        buckets = sorted(point["buckets"])
+        cumulative = [int(v) for _, v in buckets]
+        counts = [b - a for a, b in zip([0, *cumulative], cumulative, strict=False)]
+        bounds = [le for le, _ in buckets if le != float("inf")]
+        points.append(
+            HistogramDataPoint(
+                attributes=dict(key),
+                start_time_unix_nano=point["start"],
+                time_unix_nano=now_ns,
+                count=point["count"],
+                sum=point["sum"],
+                bucket_counts=counts,
+                explicit_bounds=bounds,
+                min=None,  # type: ignore[arg-type]  # unknown to Prometheus: left unset in OTLP
+                max=None,  # type: ignore[arg-type]
+            )
+        )
+    return points
 
 
 def _exporter(environ: Mapping[str, str]) -> Any:
@@ -217,3 +307,40 @@ def _exporter(environ: Mapping[str, str]) -> Any:
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
     return HttpExporter()
+
+
+def _with_histograms(inner: Any, histograms: Callable[[], list[Any]]) -> Any:
+    """The OTLP exporter, adding the bridged Prometheus histograms to each export (this SDK
+    has no metric producers). A class made here: the SDK is imported only when used."""
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricsData, ResourceMetrics, ScopeMetrics
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from ..._version import __version__
+
+    scope = InstrumentationScope("otelprof", __version__)
+
+    class WithHistograms(MetricExporter):
+        def __init__(self) -> None:
+            super().__init__(inner._preferred_temporality, inner._preferred_aggregation)
+
+        def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            extra = histograms()
+            if extra and metrics_data.resource_metrics:
+                first, *rest = metrics_data.resource_metrics
+                # into the meter's own scope (the OTLP encoder keeps one ScopeMetrics per scope)
+                scopes = [
+                    ScopeMetrics(sm.scope, [*sm.metrics, *extra], sm.schema_url) if sm.scope == scope else sm
+                    for sm in first.scope_metrics
+                ]
+                if not any(sm.scope == scope for sm in first.scope_metrics):
+                    scopes.append(ScopeMetrics(scope, extra, ""))
+                metrics_data = MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
+            return inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return bool(inner.force_flush(timeout_millis=timeout_millis))
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    return WithHistograms()
