@@ -150,3 +150,27 @@ def test_the_dating_reads_what_a_whole_decode_reads(fragment: str) -> None:
         assert times.end_ns == max(s.end_time_unix_nano for s in spans)
         assert list(times.trace_ids) == _first_traces(spans)
         assert span_times(request).trace_ids == ()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("env", "service"),
+    [
+        ({}, "otelprof-import"),
+        ({"OTEL_SERVICE_NAME": "trainer"}, "trainer"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "team=ml,service.name=bench%20job"}, "bench job"),
+    ],
+)
+def test_imports_name_their_service(tmp_path: Path, env: dict[str, str], service: str) -> None:
+    """Not the SDK's unknown_service: a backend's service list shows otelprof-import, unless the
+    user named the service."""
+    with http_receiver() as rec, import_env(tmp_path, rec.port), pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        assert run_import(shared_trace("cpu_only"), "--ledger", tmp_path / "a.json") == 0
+    resources = [rs.resource for r in rec.requests for rs in r.resource_spans]
+    assert resources
+    for resource in resources:
+        names = [kv.value.string_value for kv in resource.attributes if kv.key == "service.name"]
+        assert names == [service]
+    if "OTEL_RESOURCE_ATTRIBUTES" in env:
+        assert all(any(kv.key == "team" and kv.value.string_value == "ml" for kv in r.attributes) for r in resources)

@@ -30,7 +30,7 @@ from ..otlp.spans import Attrs
 from ..resource import options_from_env, resource_attributes_from_env
 from ..settings import value
 from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES, OTELPROF_SIGTERM_GRACE
-from . import coexist
+from . import announce, coexist
 from .config import Settings, settings_from_env
 from .distributed import ranks as distributed
 from .distributed.identity import Identity, identity_from_env
@@ -188,7 +188,26 @@ class Session:
         except Exception:  # never into the training loop
             self._failed = True
             _log.warning("otelprof could not start; steps are not recorded", exc_info=True)
+        else:
+            try:  # a line not written must not stop the recording
+                self._announce(metric_exporters)
+            except Exception:
+                _log.debug("otelprof: could not say where the data goes", exc_info=True)
         return self._window
+
+    def _announce(self, metric_exporters: set[str]) -> None:
+        """One stderr line: where this process's data goes (announce.py). Not for an exporter
+        the caller passed in: its destination is the caller's to know."""
+        if not self._owns_exporter or self.identity.local_rank != 0 or announce.quiet(self._environ):
+            return
+        assert self.exporter is not None
+        host = self.settings.metrics_host
+        metrics = announce.metrics_part(
+            metric_exporters, host, self.metrics_port, self._environ, self.identity.world_size
+        )
+        http_trigger = self.settings.http_trigger and self.metrics_server is not None
+        windows = self.settings.windows
+        announce.announce(self.exporter.config, self.exporter.spool.directory, metrics, windows, http_trigger)
 
     def _native_steps(self) -> None:
         """Steps stay in the native core from the tracker to the metrics and the span queue (no

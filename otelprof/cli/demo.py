@@ -72,6 +72,7 @@ def demo_environment(environ: Mapping[str, str]) -> dict[str, str]:
         "OTEL_SERVICE_NAME": "otelprof-demo",
         "OTELPROF_RUN_ID": f"demo-{uuid.uuid4().hex[:8]}",
         "OTEL_EXPORTER_PROMETHEUS_PORT": "0",  # a free port: never collide with a real job's 9464
+        "OTELPROF_QUIET": "true",  # the demo's own summary says where the data went
     }
     for key, value in defaults.items():
         if not env.get(key, "").strip():

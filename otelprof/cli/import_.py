@@ -48,6 +48,8 @@ _log = logging.getLogger(__name__)
 #: the exporter's 10 s default; a timed-out request is sent again, and stored twice by a backend
 #: that does not deduplicate by span id). Used when OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT is unset.
 IMPORT_TIMEOUT_S = 30.0
+#: Imported traces' ``service.name`` when the user names none.
+IMPORT_SERVICE_NAME = "otelprof-import"
 #: Over OTLP/HTTP, requests of 1 MiB rather than 3 MiB (when neither --max-request-bytes nor
 #: OTELPROF_MAX_REQUEST_BYTES says): a backend that stores a request before answering (MLflow)
 #: answers each well within the timeout.
@@ -156,6 +158,20 @@ def _stop_on_signals(stop: threading.Event, quiet: bool) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def with_import_service(options: ConvertOptions) -> ConvertOptions:
+    """``service.name=otelprof-import`` unless the user named the service
+    (``OTEL_SERVICE_NAME``, or ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``): a backend's
+    service list shows that, not the SDK's ``unknown_service``."""
+    import dataclasses
+
+    from ..resource import SERVICE_NAME
+
+    if any(key == SERVICE_NAME for key, _ in options.resource_attributes):
+        return options
+    attributes = ((SERVICE_NAME, IMPORT_SERVICE_NAME), *options.resource_attributes)
+    return dataclasses.replace(options, resource_attributes=attributes)
+
+
 def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
     """The exporter's configuration from ``OTEL_EXPORTER_OTLP_*``, with the import's longer
     timeout where no timeout variable is set."""
@@ -182,7 +198,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from ..importer.session import DEFAULT_BATCH_BYTES, Importer
     from ..settings import is_set
 
-    base = convert_options(args)
+    base = with_import_service(convert_options(args))
     try:
         sources = find_sources(args.paths, run_id=base.run_id)
     except SourceError as exc:

@@ -43,7 +43,9 @@ def add_parser(
         description="Run COMMAND with every Python process it starts instrumented (steps, metrics,\n"
         "profiling windows) once it imports torch, configured by the OTEL_* and OTELPROF_*\n"
         "environment variables. otelprof's own flags (-q, -v) go before '--'; everything after\n"
-        "it is the command. Example: otelprof run -- python train.py --epochs 3",
+        "it is the command. Each process that trains writes one line to stderr saying where its\n"
+        "spans and metrics go (-q or OTELPROF_QUIET=true silences it).\n"
+        "Example: otelprof run -- python train.py --epochs 3",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -52,9 +54,12 @@ def add_parser(
     run.set_defaults(func=_run)
 
 
-def command_environment(environ: dict[str, str]) -> dict[str, str]:
-    """``environ`` with the bootstrap directory first on PYTHONPATH."""
+def command_environment(environ: dict[str, str], quiet: bool = False) -> dict[str, str]:
+    """``environ`` with the bootstrap directory first on PYTHONPATH; ``quiet`` (``-q``) sets
+    OTELPROF_QUIET, which silences the line each process writes when its session starts."""
     env = dict(environ)
+    if quiet:
+        env["OTELPROF_QUIET"] = "true"
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *paths])
     return env
@@ -74,14 +79,14 @@ def launch(args: Sequence[str]) -> int | None:
         rest = rest[1:]
     elif rest and rest[0].startswith("-"):
         return None
-    return _exec(rest)
+    return _exec(rest, quiet=given == {"q"})
 
 
 def _run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    return _exec(command)
+    return _exec(command, quiet=bool(getattr(args, "quiet", False)))
 
 
 def _which(name: str) -> str | None:
@@ -90,7 +95,7 @@ def _which(name: str) -> str | None:
     return next((p for p in paths if os.path.isfile(p) and os.access(p, os.X_OK)), None)
 
 
-def _exec(command: list[str]) -> int:
+def _exec(command: list[str], quiet: bool = False) -> int:
     if not command:
         print("otelprof: error: run needs a command, e.g. otelprof run -- python train.py", file=sys.stderr)
         return EXIT_USAGE
@@ -100,5 +105,5 @@ def _exec(command: list[str]) -> int:
         return EXIT_NOT_FOUND
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(executable, command, command_environment(dict(os.environ)))
+    os.execve(executable, command, command_environment(dict(os.environ), quiet))
     return 0  # pragma: no cover - execve does not return

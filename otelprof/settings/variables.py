@@ -271,6 +271,15 @@ OTELPROF_ENABLED = define(
     " do nothing), as ``OTEL_SDK_DISABLED=true`` does." + _SPEC_BOOL,
     "live",
 )
+OTELPROF_QUIET = define(
+    "OTELPROF_QUIET",
+    Bool(),
+    False,
+    "``true`` silences the one line an instrumented process writes to stderr when its first step"
+    " starts (local rank 0 only): where spans and metrics go and when windows profile."
+    " ``otelprof run -q`` sets it." + _SPEC_BOOL,
+    "live",
+)
 OTELPROF_CUDA_EVENTS = define(
     "OTELPROF_CUDA_EVENTS",
     Bool(),

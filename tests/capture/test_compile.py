@@ -58,6 +58,7 @@ def _otelprof(tmp_path: Path, port: int, run_id: str) -> dict[str, str]:
         "OTELPROF_PROFILE": "false",
         "OTELPROF_RUN_ID": run_id,
         "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),
+        "OTELPROF_QUIET": "true",  # the logs are compared: without the line saying where spans go
     }
 
 
