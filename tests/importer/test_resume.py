@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from export.receivers import HttpReceiver, Reply, free_port, http_receiver, wait_until
 
+from otelprof.cli.import_ import with_import_service
 from otelprof.converter import convert
 from otelprof.export.spool import Spool
 from otelprof.importer import convert_source, find_sources
@@ -159,7 +160,7 @@ def test_resume_from_a_ledger_written_with_the_earlier_digest(tmp_path: Path) ->
         doc = json.loads(ledger.read_text())
         (key,) = doc["files"]
         (source,) = find_sources([trace])
-        options = options_from_env(os.environ, max_request_bytes=65536)  # as the CLI's
+        options = with_import_service(options_from_env(os.environ, max_request_bytes=65536))  # as the CLI's
         requests = convert_source(source, dataclasses.replace(options, run_id=source.run_id, rank=source.rank)).requests
         assert doc["files"][key]["digest"] == digest(requests)
         doc["files"][key].update(digest=_legacy_digest(requests), sent=2)  # as an earlier version wrote it
