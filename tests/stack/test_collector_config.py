@@ -29,15 +29,15 @@ COLLECTORS = {
     "gateway-sampled": OTELCOL / "gateway-sampled.yaml",
     "agent": OTELCOL / "agent.yaml",
 }
-BACKENDS = ["otlp/tempo", "otlp/jaeger"]
-COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib:0.136.0"
+BACKENDS = ["otlp_grpc/tempo", "otlp_grpc/jaeger"]
+COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib:0.144.0"
 
 
 def _names(text: str) -> set[str]:
     return set(text.split())
 
 
-#: Component types of otelcol-contrib 0.136.0 (the distribution's manifest), by kind: what a
+#: Component types of otelcol-contrib 0.144.0 (the distribution's manifest), by kind: what a
 #: configuration may name. Not exhaustive for receivers (about 90, most for other systems).
 CONTRIB = {
     "receivers": _names(
@@ -57,7 +57,7 @@ CONTRIB = {
     ),
     "exporters": _names(
         """
-        debug nop otlp otlphttp loadbalancing prometheus prometheusremotewrite kafka file zipkin
+        debug nop otlp_grpc otlp_http loadbalancing prometheus prometheusremotewrite kafka file zipkin
         elasticsearch clickhouse awsxray awsemf awss3 googlecloud datadog otelarrow splunk_hec syslog
         opensearch influxdb carbon sapm signalfx
         """
@@ -84,7 +84,7 @@ def _yaml(path: Path) -> Any:
 
 
 def _type(component_id: str) -> str:
-    return component_id.split("/", 1)[0]  # "otlp/tempo" is an otlp exporter named tempo
+    return component_id.split("/", 1)[0]  # "otlp_grpc/tempo" is an otlp_grpc exporter named tempo
 
 
 def _port(endpoint: str) -> int:
@@ -197,7 +197,7 @@ def test_agent_load_balances_by_trace_id_onto_the_gateways_headless_service() ->
     deployment = next(m for m in manifests if m["kind"] == "Deployment")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert headless["spec"]["selector"].items() <= pod_labels.items()  # it selects the gateway pods
-    metrics_endpoint = _env_default(agent["exporters"]["otlp/gateway"]["endpoint"])
+    metrics_endpoint = _env_default(agent["exporters"]["otlp_grpc/gateway"]["endpoint"])
     assert metrics_endpoint == f"otelcol-gateway.{namespace}.svc.cluster.local:4317"
     assert 4317 in [p["port"] for p in services["otelcol-gateway"]["spec"]["ports"]]
 
@@ -286,8 +286,8 @@ def test_ports_and_hosts_agree_across_compose_and_configs() -> None:
     tempo = _yaml(CONFIG / "tempo" / "tempo.yaml")
     tempo_grpc = _port(tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])
     for exporter, variable, backend, port in (
-        ("otlp/tempo", "TEMPO_OTLP_ENDPOINT", "tempo", tempo_grpc),
-        ("otlp/jaeger", "JAEGER_OTLP_ENDPOINT", "jaeger", 4317),  # Jaeger v2's OTLP gRPC port (as v1's)
+        ("otlp_grpc/tempo", "TEMPO_OTLP_ENDPOINT", "tempo", tempo_grpc),
+        ("otlp_grpc/jaeger", "JAEGER_OTLP_ENDPOINT", "jaeger", 4317),  # Jaeger v2's OTLP gRPC port (as v1's)
     ):
         endpoint = gateway["exporters"][exporter]["endpoint"]
         assert env[variable] == _env_default(endpoint) == f"{backend}:{port}"
