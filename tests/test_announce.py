@@ -23,7 +23,7 @@ STEPS = 3
 LINE = re.compile(r"^otelprof: spans → .*$", re.M)
 
 
-def _train(tmp_path: Path, command: list[str], **extra: str) -> subprocess.CompletedProcess[str]:
+def _train(tmp_path: Path, command: list[str], steps: int = STEPS, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELPROF_"))}
     env.update(
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
@@ -34,7 +34,7 @@ def _train(tmp_path: Path, command: list[str], **extra: str) -> subprocess.Compl
     )
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
-    assert f"trained {STEPS}" in out.stdout
+    assert f"trained {steps}" in out.stdout
     return out
 
 
@@ -89,6 +89,39 @@ def test_import_otelprof_auto_without_endpoint_names_the_spool(tmp_path: Path) -
     )
     assert line.endswith("; windows: off (OTELPROF_PROFILE=false)")
     assert list((tmp_path / "spool").glob("*.otlp"))  # the spans are where it says
+
+
+@pytest.mark.slow  # a training subprocess with a profiling window
+def test_a_window_says_which_steps_it_profiled(tmp_path: Path) -> None:
+    """One line per window of otelprof's own, once it is converted and sent: its steps, its
+    trigger, the spans it sent (those the receiver got beside the step spans) and its raw trace."""
+    pytest.importorskip("torch")
+    with http_receiver() as rec:
+        out = _train(
+            tmp_path,
+            [sys.executable, str(LOOP), "5", "0", "--auto"],
+            5,
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rec.port}",
+            OTEL_EXPORTER_PROMETHEUS_PORT="0",
+            OTELPROF_PROFILE_EARLY="0",
+            OTELPROF_PROFILE_SKIP_FIRST="1",  # steps count from 0: steps 1 and 2
+            OTELPROF_PROFILE_WAIT="0",
+            OTELPROF_PROFILE_WARMUP="0",
+            OTELPROF_PROFILE_ACTIVE="2",
+            OTELPROF_PROFILE_REPEAT="1",
+            OTELPROF_TRACE_DIR=str(tmp_path / "traces"),
+        )
+    lines = re.findall(r"^otelprof: profiled .*$", out.stderr, re.M)
+    assert len(lines) == 1, out.stderr
+    match = re.fullmatch(
+        r"otelprof: profiled steps 1-2 \(schedule window\): (\d+) spans sent; raw trace (.+)", lines[0]
+    )
+    assert match, lines[0]
+    step_family = {s.span_id for s in rec.spans if s.name == "train.step"}
+    phase_names = ("data", "forward", "backward", "optimizer")  # "forward Sequential": the root module
+    phases = sum(s.parent_span_id in step_family and s.name.split()[0] in phase_names for s in rec.spans)
+    assert int(match.group(1)) == len(rec.spans) - len(step_family) - phases
+    assert Path(match.group(2)).is_file()
 
 
 @pytest.mark.slow  # training subprocesses

@@ -13,13 +13,15 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..export.config import ExporterConfig
 from ..export.redact import redact_url
 from ..settings import text, value
 from ..settings.variables import OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL, OTELPROF_QUIET
-from .windows.profiling import WindowSettings
+
+if TYPE_CHECKING:  # windows/ imports this module (window_line)
+    from .windows.profiling import WindowSettings
 
 _log = logging.getLogger(__name__)
 
@@ -39,12 +41,12 @@ def _shown(raw: str) -> str:
     return one if len(one) <= SHOWN_CHARS else f"{one[:SHOWN_CHARS]}... ({len(one)} characters)"
 
 
-def _home(path: Path) -> str:
+def _home(path: Path, cut: bool = True) -> str:
     home = os.path.expanduser("~")
     shown = str(path)
     if home not in ("", "/") and shown.startswith(home + os.sep):
         shown = "~" + shown[len(home) :]
-    return _shown(shown)
+    return _shown(shown) if cut else shown
 
 
 def spans_part(config: ExporterConfig, spool: Path) -> str:
@@ -102,6 +104,30 @@ def windows_part(windows: WindowSettings, http_trigger: bool) -> str:
     return "windows: " + ", ".join(parts) + "; on demand: " + (", ".join(demand) or "off")
 
 
+def _steps(numbers: list[int]) -> str:
+    if not numbers:
+        return "no step"
+    first, last = min(numbers), max(numbers)
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
+def window_line(trigger: str, steps: list[int], spans: int, kept: Path | None) -> str:
+    """The line written when a window of otelprof's own has been converted and handed to the
+    exporter: which steps, why, how many spans, and where its raw trace was kept."""
+    raw = f"; raw trace {_home(kept, cut=False)}" if kept is not None else ""  # a name of ours, whole
+    return f"otelprof: profiled {_steps(steps)} ({trigger} window): {spans} spans sent{raw}"
+
+
+def write_line(line: str, stream: TextIO | None = None) -> None:
+    """Writes one line to stderr; never raises (a closed stderr must not stop the job)."""
+    try:
+        out = stream or sys.stderr
+        out.write(line + "\n")
+        out.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def announce(
     config: ExporterConfig,
     spool: Path,
@@ -111,10 +137,4 @@ def announce(
     stream: TextIO | None = None,
 ) -> None:
     """Writes the line; never raises (a closed stderr must not stop the job)."""
-    line = f"otelprof: {spans_part(config, spool)}; {metrics}; {windows_part(windows, http_trigger)}\n"
-    try:
-        out = stream or sys.stderr
-        out.write(line)
-        out.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
+    write_line(f"otelprof: {spans_part(config, spool)}; {metrics}; {windows_part(windows, http_trigger)}", stream)

@@ -208,6 +208,8 @@ class Session:
         http_trigger = self.settings.http_trigger and self.metrics_server is not None
         windows = self.settings.windows
         announce.announce(self.exporter.config, self.exporter.spool.directory, metrics, windows, http_trigger)
+        if self.windows is not None:
+            self.windows.conversions.announce = announce.write_line
 
     def _native_steps(self) -> None:
         """Steps stay in the native core from the tracker to the metrics and the span queue (no

@@ -26,6 +26,7 @@ from typing import Any
 
 from ...converter import ConvertOptions, LiveStep, convert
 from ...converter._options import LiveMatch
+from ..announce import window_line
 from ..metrics.window_metrics import WindowMetrics, summarize
 from .keep import TraceKeeper, trace_name
 
@@ -53,6 +54,8 @@ class Conversions:
         keeper: TraceKeeper | None = None,
     ) -> None:
         self._options = dataclasses.replace(options, threads=1)
+        # set by the session that says where data goes: one stderr line per window of its own
+        self.announce: Callable[[str], None] | None = None
         self._submit = submit
         self.metrics = metrics
         self.keeper = keeper  # otelprof's own windows' raw traces (never the user's)
@@ -145,6 +148,7 @@ class Conversions:
                 if job.live:
                     options = dataclasses.replace(options, live_steps=job.live, live_match=job.live_match)
                 trigger, unfinished = job.trigger, job.unfinished
+                steps = [step.number for step in job.live]
                 job = None  # torch's results are freed here, on this thread
                 result = convert(path, options=options)
                 requests = result.requests
@@ -155,6 +159,8 @@ class Conversions:
                 self.done += 1
                 if self.metrics is not None:
                     self.metrics.window_done(trigger, summarize(result.ops))
+                if self.announce is not None and trigger != "user":
+                    self.announce(window_line(trigger, steps, result.stats.get("spans", 0), kept))
             except Exception:
                 self.count_failure()
                 _log.warning("otelprof: converting a profiling window failed", exc_info=True)
