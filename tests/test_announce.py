@@ -23,7 +23,7 @@ STEPS = 3
 LINE = re.compile(r"^otelprof: spans → .*$", re.M)
 
 
-def _train(tmp_path: Path, command: list[str], steps: int = STEPS, **extra: str) -> subprocess.CompletedProcess[str]:
+def _train(tmp_path: Path, command: list[str], *, steps: int = STEPS, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELPROF_"))}
     env.update(
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
@@ -100,7 +100,7 @@ def test_a_window_says_which_steps_it_profiled(tmp_path: Path) -> None:
         out = _train(
             tmp_path,
             [sys.executable, str(LOOP), "5", "0", "--auto"],
-            5,
+            steps=5,
             OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rec.port}",
             OTEL_EXPORTER_PROMETHEUS_PORT="0",
             OTELPROF_PROFILE_EARLY="0",
