@@ -7,7 +7,7 @@ steps 4-5, exporting to a spool folder; the script then decodes every request an
 
 - one ``train.step`` span per step, timed by CUDA events (no CPU fallback after the first
   step), each step's device duration within the CPU-measured loop time of the run;
-- the window's kernel spans (``pytorch.event.category`` = ``kernel``) sit under the runtime
+- the window's kernel spans (``otelprof.event.category`` = ``kernel``) sit under the runtime
   call that launched them (``cudaLaunchKernel`` and friends), which sits under an ``aten::`` op,
   all in the profiled step's trace;
 - the window metrics name kernels and report a GPU busy share in (0, 1].
@@ -94,7 +94,7 @@ def main() -> int:
     steps = [s for s in spans if s.name == "train.step"]
 
     def category_of(span: Span) -> str:
-        return next((kv.value.string_value for kv in span.attributes if kv.key == "pytorch.event.category"), "")
+        return next((kv.value.string_value for kv in span.attributes if kv.key == "otelprof.event.category"), "")
 
     category = Counter(category_of(s) for s in spans)
     kernels = [s for s in spans if category_of(s) == "kernel"]

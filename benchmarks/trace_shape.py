@@ -49,12 +49,12 @@ def shape(path: Path, detail: str) -> dict[str, Any]:
     roots = {sp.span_id for sp in spans if not sp.parent_span_id}
     children: Counter[bytes] = Counter(sp.parent_span_id for sp in spans if sp.parent_span_id)
     attrs = {sp.span_id: {kv.key: kv.value for kv in sp.attributes} for sp in spans}
-    step_roots = [sid for sid in roots if "pytorch.step" in attrs[sid]]
+    step_roots = [sid for sid in roots if "otelprof.step.number" in attrs[sid]]
     off_root = 0
     for sp in spans:
         a = attrs[sp.span_id]
-        cat = a["pytorch.event.category"].string_value if "pytorch.event.category" in a else ""
-        if cat in DEVICE and "pytorch.gpu.correlation_id" in a and sp.parent_span_id in roots:
+        cat = a["otelprof.event.category"].string_value if "otelprof.event.category" in a else ""
+        if cat in DEVICE and "otelprof.gpu.correlation_id" in a and sp.parent_span_id in roots:
             off_root += 1
     links_total = sum(len(sp.links) for sp in spans)
     step_ids = set(step_roots)

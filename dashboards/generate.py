@@ -396,7 +396,7 @@ def training() -> dict[str, Any]:
     lay.add(
         _traces(
             "Slowest recent steps",
-            '{ name = "train.step" && resource.otelprof.run.id =~ "$run" && span.pytorch.step >= 0 }',
+            '{ name = "train.step" && resource.otelprof.run.id =~ "$run" && span.otelprof.step.number >= 0 }',
             "Step traces in Tempo for the selected runs; open one for its phases and, in profiled steps, operators "
             "and kernels.",
         ),

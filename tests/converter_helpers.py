@@ -78,13 +78,32 @@ def trace_id_for(path: Path) -> str:
 
 
 def native_required() -> bool:
-    return bool(os.environ.get("OTELPROF_REQUIRE_NATIVE"))
+    from otelprof.settings import value
+    from otelprof.settings.variables import OTELPROF_REQUIRE_NATIVE
+
+    return bool(value(os.environ, OTELPROF_REQUIRE_NATIVE))
+
+
+def native_module() -> Any:
+    """``otelprof._native``; a test without it is skipped, or fails where
+    ``OTELPROF_REQUIRE_NATIVE`` is set (CI): ``pytest.importorskip`` would skip even there."""
+    try:
+        import otelprof._native as native
+    except ImportError as error:
+        if native_required():
+            raise AssertionError(
+                f"OTELPROF_REQUIRE_NATIVE is set but otelprof._native does not load: {error}"
+            ) from error
+        pytest.skip(
+            "otelprof._native is not built (set OTELPROF_REQUIRE_NATIVE=true to fail instead)", allow_module_level=True
+        )
+    return native
 
 
 def skip_unless_native() -> None:
     """Skip when ``otelprof._native`` is missing, unless CI demands it (then the test fails)."""
     if not native_available() and not native_required():
-        pytest.skip("otelprof._native is not built (set OTELPROF_REQUIRE_NATIVE=1 to fail instead)")
+        pytest.skip("otelprof._native is not built (set OTELPROF_REQUIRE_NATIVE=true to fail instead)")
 
 
 # --- conversions (memoised per process: the same trace is converted once per engine/options) ---
@@ -209,7 +228,7 @@ class DSpan:
 
     @property
     def category(self) -> str:
-        return str(self.attrs.get("pytorch.event.category", ""))
+        return str(self.attrs.get("otelprof.event.category", ""))
 
     @property
     def synthetic(self) -> bool:
@@ -217,9 +236,9 @@ class DSpan:
 
     @property
     def event_name(self) -> str:
-        """The event's own name: a kernel's is in ``pytorch.gpu.kernel_name`` when it was folded,
-        any other's in ``pytorch.event.name`` when it was cut."""
-        return str(self.attrs.get("pytorch.gpu.kernel_name", self.attrs.get("pytorch.event.name", self.name)))
+        """The event's own name: a kernel's is in ``otelprof.gpu.kernel_name`` when it was folded,
+        any other's in ``otelprof.event.name`` when it was cut."""
+        return str(self.attrs.get("otelprof.gpu.kernel_name", self.attrs.get("otelprof.event.name", self.name)))
 
     @property
     def device(self) -> bool:
@@ -250,7 +269,7 @@ class Decoded:
 
     def span_id_of_event(self, ordinal: int) -> bytes:
         """The span id the span model gives the trace event at ``ordinal`` (see reference/ids.py)."""
-        rank = self.resource.get("pytorch.distributed.rank")
+        rank = self.resource.get("otelprof.distributed.rank")
         run_id, rank_s = str(self.resource["otelprof.run.id"]), "" if rank is None else str(rank)
         base = ids.span_base(run_id, rank_s, self.result.window_id)
         return ids.span_id(base, ordinal)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KINETO_DIR
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otelprof import convert
@@ -27,7 +28,6 @@ from otelprof.cli import main
 from otelprof.export.spool import Spool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-KINETO_DIR = REPO_ROOT.parent / "shared" / "traces" / "kineto"
 FindTrace = Callable[[str], Path]
 ALEXNET = "critical_path__alexnet"
 BERT_H100 = "h100__gaunernst_bert-small"  # with_stack: python frames around the steps
@@ -278,8 +278,8 @@ def _span_names(trace: Path) -> dict[str, str]:
         for rs in ExportTraceServiceRequest.FromString(data).resource_spans:
             for span in (span for ss in rs.scope_spans for span in ss.spans):
                 attrs = {kv.key: kv.value.string_value for kv in span.attributes}
-                if attrs.get("pytorch.event.category") in ("kernel", "Kernel"):
-                    names[attrs.get("pytorch.gpu.kernel_name") or span.name] = span.name
+                if attrs.get("otelprof.event.category") in ("kernel", "Kernel"):
+                    names[attrs.get("otelprof.gpu.kernel_name") or span.name] = span.name
     return names
 
 

@@ -210,7 +210,7 @@ inline void add_attr(Attrs& pool, Span& sp, AttrKey key, AttrValue value) {
 struct BuildState {
     BuildState(Trace& t, const Options& o)
         : trace(t), opts(o), ev(t.events), n(static_cast<int>(t.events.size())), full(o.full),
-          two_threads(o.parallel(t.events.size())) {
+          span_budget(o.full ? 0 : o.span_budget), two_threads(o.parallel(t.events.size())) {
         out.strings = std::move(t.strings);  // what the trace's strings and arg attributes point at
     }
 
@@ -219,6 +219,9 @@ struct BuildState {
     const std::vector<Event>& ev;
     const int n;
     const bool full;
+    // spans per trace, none at full detail (reference: trace_span_budget): the budget's stages
+    // read what volume_keep computes at default detail only
+    const int64_t span_budget;
     const bool two_threads;  // stages that split their work run it on two threads
     Built out;
     int64_t stats[kStatCount] = {};
@@ -489,7 +492,7 @@ void volume_keep(BuildState& st) {
 void window_iterations(BuildState& st) {
     st.it_base = st.n + static_cast<int>(st.tree.steps.size()) + 1;
     if (st.tree.steps.empty() && st.n)
-        st.iterations = find_iterations(st.trace, st.tree, st.keep, st.opts.span_budget, st.it_base, st.tree.owner);
+        st.iterations = find_iterations(st.trace, st.tree, st.keep, st.span_budget, st.it_base, st.tree.owner);
     st.n_iter = static_cast<int>(st.iterations.lo.size());
     st.stats[ITERATIONS] = st.n_iter;
 }
@@ -726,7 +729,7 @@ void budget_drop(BuildState& st, const std::vector<int>& kept, int64_t n_roots, 
     std::vector<int>& depth = scratch.depth;
     int64_t live_aggs = 0;
     for (int a : trace_aggs) live_aggs += !aggs[static_cast<size_t>(a)].empty();
-    const int64_t excess = n_roots + static_cast<int64_t>(kept.size()) + live_aggs - st.opts.span_budget;
+    const int64_t excess = n_roots + static_cast<int64_t>(kept.size()) + live_aggs - st.span_budget;
     if (excess <= 0) return;
     for (int i : kept) {
         member[i] = 1;
@@ -792,7 +795,7 @@ void budget_drop(BuildState& st, const std::vector<int>& kept, int64_t n_roots, 
 // The span budget per trace (reference: volume.Budget.apply): a trace over it has its repeated
 // leaves aggregated, then loses its least significant spans.
 void apply_budget(BuildState& st) {
-    const int64_t budget = st.opts.span_budget;
+    const int64_t budget = st.span_budget;
     if (budget <= 0) return;
     const int n = st.n;
     const std::vector<char>& keep = st.keep;
@@ -1270,6 +1273,26 @@ void assemble_synthetic_roots(BuildState& st) {
     }
 }
 
+// A python_function event's frame, `path(line): function` as Kineto names it, as the code.*
+// attributes (reference: _code_attributes): split at the first "): ", the line 1-9 ASCII digits
+// after the last "(" before it, path and function non-empty; any other name adds none.
+inline void add_code_attributes(BuildState& st, Span& sp, std::string_view name) {
+    const size_t sep = name.find("): ");
+    if (sep == std::string_view::npos || sep + 3 == name.size()) return;
+    const size_t open = name.rfind('(', sep);
+    if (open == std::string_view::npos || open == 0) return;
+    const std::string_view digits = name.substr(open + 1, sep - open - 1);
+    if (digits.empty() || digits.size() > 9) return;
+    int64_t line = 0;
+    for (const char c : digits) {
+        if (c < '0' || c > '9') return;
+        line = line * 10 + (c - '0');
+    }
+    st.add(sp, kCodeFunctionKey, AttrValue::str(name.substr(sep + 3)));
+    st.add(sp, kCodeFilePathKey, AttrValue::str(name.substr(0, open)));
+    st.add(sp, kCodeLineKey, AttrValue::integer(line));
+}
+
 // An event's args as attributes: those the reader digested (reader.cpp event_args).
 inline void add_arg_attributes(BuildState& st, Span& sp, const Event& e) {
     st.trace.args.visit(e.args, [&](const AttrValue& v) { st.add(sp, v.key, v); });
@@ -1347,6 +1370,7 @@ void assemble_event_spans(BuildState& st) {
                 name = shown;
             }
         }
+        if (e.kind == Kind::Python) add_code_attributes(st, sp, st.name_of(e));
         add_arg_attributes(st, sp, e);
         if (in_a[i]) {
             st.add(sp, kSelfCpuKey, AttrValue::integer(e.dur() - child_dur[i]));

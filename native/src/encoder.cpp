@@ -12,6 +12,10 @@ namespace otelprof {
 
 namespace {
 
+// Names the encoder writes itself (docs/semantic-conventions.md); sizes below derive from them.
+constexpr std::string_view kMemoryEventName = "otelprof.memory";
+constexpr std::string_view kLinkKindKey = "otelprof.link.kind";
+
 // Field tags: (number << 3) | wire type. 0 varint, 1 fixed64, 2 length-delimited.
 constexpr uint8_t tag(int number, int wire) { return static_cast<uint8_t>((number << 3) | wire); }
 
@@ -361,7 +365,7 @@ void put_span(Buf& out, const Span& sp, const Built& built, const std::vector<Ke
         const SpanEvent& e = built.events[at];
         out.message(11, [&] {
             if (e.ts) out.fixed64(1, static_cast<uint64_t>(e.ts));
-            out.bytes(2, "pytorch.memory", 14);
+            out.bytes(2, kMemoryEventName.data(), kMemoryEventName.size());
             pool.visit(e.attrs, [&](const AttrValue& v) { put_attribute(out, 3, v, keys); });
         });
     }
@@ -374,7 +378,7 @@ void put_span(Buf& out, const Span& sp, const Built& built, const std::vector<Ke
         out.message(13, [&] {
             out.bytes(1, l.trace_id.data(), 16);
             out.bytes(2, l.span_id.data(), 8);
-            put_attribute(out, 4, "otelprof.link.kind", AttrValue::str(l.kind));
+            put_attribute(out, 4, kLinkKindKey, AttrValue::str(l.kind));
         });
     }
     if (sp.dropped_links) {
@@ -394,14 +398,14 @@ size_t span_field_size(const Span& sp, const Built& built, const std::vector<Key
     built.attrs.visit(sp.attrs, [&](const AttrValue& v) { n += attribute(v); });
     for (uint32_t at = sp.events.begin; at < sp.events.begin + sp.events.count; ++at) {
         const SpanEvent& e = built.events[at];
-        size_t event = (e.ts ? 9 : 0) + field_len(14);
+        size_t event = (e.ts ? 9 : 0) + field_len(kMemoryEventName.size());
         built.attrs.visit(e.attrs, [&](const AttrValue& v) { event += attribute(v); });
         n += field_len(event);
     }
     if (sp.dropped_events) n += 1 + varint_len(sp.dropped_events);
     for (uint32_t at = sp.links.begin; at < sp.links.begin + sp.links.count; ++at) {
         const size_t kind = std::strlen(built.links[at].kind);
-        n += field_len(18 + 10 + field_len(field_len(18) + field_len(field_len(kind))));
+        n += field_len(18 + 10 + field_len(field_len(kLinkKindKey.size()) + field_len(field_len(kind))));
     }
     if (sp.dropped_links) n += 1 + varint_len(sp.dropped_links);
     return field_len(n);

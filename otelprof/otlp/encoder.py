@@ -33,7 +33,7 @@ def attributes(attrs: Attrs) -> list[KeyValue]:
 
 
 def span_message(sp: Span) -> PbSpan:
-    """The ``Span`` message of one span (its memory events named ``pytorch.memory``)."""
+    """The ``Span`` message of one span (its memory events named ``otelprof.memory``)."""
     out = PbSpan(
         trace_id=sp.trace_id,
         span_id=sp.span_id,
@@ -47,7 +47,7 @@ def span_message(sp: Span) -> PbSpan:
         dropped_links_count=sp.dropped_links,
     )
     for ts, _ordinal, attrs in sp.events:
-        out.events.add(time_unix_nano=ts, name="pytorch.memory", attributes=attributes(attrs))
+        out.events.add(time_unix_nano=ts, name="otelprof.memory", attributes=attributes(attrs))
     for trace_id, span_id, attrs in sp.links:
         out.links.add(trace_id=trace_id, span_id=span_id, attributes=attributes(attrs))
     return out

@@ -42,16 +42,16 @@ class ResourceFacts:
         if self.executable:
             out.append(("process.executable.path", clean(self.executable)))
         if self.rank is not None:
-            out.append(("pytorch.distributed.rank", self.rank))
+            out.append(("otelprof.distributed.rank", self.rank))
         if self.local_rank is not None:
-            out.append(("pytorch.distributed.local_rank", self.local_rank))
+            out.append(("otelprof.distributed.local_rank", self.local_rank))
         if self.world_size is not None:
-            out.append(("pytorch.distributed.world_size", self.world_size))
+            out.append(("otelprof.distributed.world_size", self.world_size))
         if self.backend:
-            out.append(("pytorch.distributed.backend", clean(self.backend)))
+            out.append(("otelprof.distributed.backend", clean(self.backend)))
         if self.gpu_models:
-            out.append(("hw.gpu.model", clean(self.gpu_models[0])))
-            out.append(("hw.gpu.count", len(self.gpu_models)))
+            out.append(("otelprof.gpu.model", clean(self.gpu_models[0])))
+            out.append(("otelprof.gpu.count", len(self.gpu_models)))
         if self.run_id is not None:
             out.append(("otelprof.run.id", clean(self.run_id)))
         if self.source_format:

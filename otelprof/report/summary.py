@@ -123,7 +123,7 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
                 for span in ss.spans:
                     attrs = {kv.key: kv.value for kv in span.attributes}
                     dropped += attrs["otelprof.hidden_spans"].int_value if "otelprof.hidden_spans" in attrs else 0
-                    category = attrs.get("pytorch.event.category")
+                    category = attrs.get("otelprof.event.category")
                     key = (span.trace_id, span.span_id)
                     if category is None:
                         not_profiler += 1
@@ -131,19 +131,19 @@ def add_requests(summary: Summary, requests: Iterable[tuple[str, bytes]], group_
                     if "otelprof.aggregated_count" in attrs:
                         aggregated += attrs["otelprof.aggregated_count"].int_value
                         continue
-                    if "otelprof.synthetic" in attrs and "otelprof.iteration" in attrs:
+                    if "otelprof.synthetic" in attrs and "otelprof.iteration.number" in attrs:
                         iteration_roots.add(key)
-                    if "otelprof.synthetic" in attrs and "pytorch.step" in attrs:
+                    if "otelprof.synthetic" in attrs and "otelprof.step.number" in attrs:
                         for link in span.links:
                             kinds = [kv.value.string_value for kv in link.attributes if kv.key == "otelprof.link.kind"]
                             if kinds == ["step"]:
                                 alias[key] = (link.trace_id, link.span_id)
-                    self_cpu = attrs.get("pytorch.op.self_cpu_time_ns")
-                    self_device = attrs.get("pytorch.op.self_device_time_ns")
-                    dims = attrs.get("pytorch.op.input_dims")
+                    self_cpu = attrs.get("otelprof.op.self_cpu_time_ns")
+                    self_device = attrs.get("otelprof.op.self_device_time_ns")
+                    dims = attrs.get("otelprof.op.input_dims")
                     thread = attrs.get("thread.id")
                     # the event's name where the span's differs: a kernel's folded, another's cut
-                    whole = attrs.get("pytorch.gpu.kernel_name", attrs.get("pytorch.event.name"))
+                    whole = attrs.get("otelprof.gpu.kernel_name", attrs.get("otelprof.event.name"))
                     spans[key] = _Span(
                         span.name if whole is None else whole.string_value,
                         CATEGORY_KIND.get(category.string_value, Kind.OTHER),

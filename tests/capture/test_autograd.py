@@ -46,7 +46,7 @@ def test_checkpoint_recomputation_stays_inside_its_step(tmp_path: Path) -> None:
             opt.zero_grad()
         live_session.stop(session)
     steps = [s for s in rec.spans if s.name == "train.step"]
-    assert [next(kv.value.int_value for kv in s.attributes if kv.key == "pytorch.step") for s in steps] == list(
+    assert [next(kv.value.int_value for kv in s.attributes if kv.key == "otelprof.step.number") for s in steps] == list(
         range(STEPS)
     )
     for step in steps:

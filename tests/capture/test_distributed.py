@@ -63,7 +63,7 @@ def _by_rank(rec: HttpReceiver) -> dict[int, list[tuple[dict[str, Any], Any]]]:
     for request in rec.requests:
         for rs in request.resource_spans:
             resource = {kv.key: kv.value for kv in rs.resource.attributes}
-            rank = resource["pytorch.distributed.rank"].int_value
+            rank = resource["otelprof.distributed.rank"].int_value
             out[rank].extend((resource, s) for ss in rs.scope_spans for s in ss.spans)
     return out
 
@@ -89,10 +89,10 @@ def _check_traces(rec: HttpReceiver, run_id: str) -> None:
     assert sorted(spans) == [0, 1]
     for rank, pairs in spans.items():
         for resource, _span in pairs:
-            assert resource["pytorch.distributed.world_size"].int_value == 2
+            assert resource["otelprof.distributed.world_size"].int_value == 2
             assert resource["otelprof.run.id"].string_value == run_id
         steps = {
-            next(kv.value.int_value for kv in s.attributes if kv.key == "pytorch.step"): s
+            next(kv.value.int_value for kv in s.attributes if kv.key == "otelprof.step.number"): s
             for _r, s in pairs
             if s.name == "train.step"
         }
@@ -150,7 +150,7 @@ def test_torchrun_ddp_with_run_id(tmp_path: Path) -> None:
         _run([sys.executable, "-m", "otelprof", "run", "--", *script], rec, tmp_path, OTELPROF_RUN_ID="ddp-run")
     _check_traces(rec, "ddp-run")
     local_ranks = {
-        r: {res["pytorch.distributed.local_rank"].int_value for res, s in pairs if s.name == "train.step"}
+        r: {res["otelprof.distributed.local_rank"].int_value for res, s in pairs if s.name == "train.step"}
         for r, pairs in _by_rank(rec).items()
     }
     assert local_ranks == {0: {0}, 1: {1}}  # torchrun's LOCAL_RANK
@@ -235,9 +235,9 @@ def test_a_rank_without_otelprof_never_blocks_training(tmp_path: Path) -> None:
     spans = _by_rank(rec)
     assert sorted(spans) == [0]  # rank 1 sends nothing
     steps = sorted(
-        next(kv.value.int_value for kv in s.attributes if kv.key == "pytorch.step")
+        next(kv.value.int_value for kv in s.attributes if kv.key == "otelprof.step.number")
         for _r, s in spans[0]
         if s.name == "train.step"
     )
     assert steps == list(range(STEPS))
-    assert {r["pytorch.distributed.world_size"].int_value for r, _s in spans[0]} == {2}
+    assert {r["otelprof.distributed.world_size"].int_value for r, _s in spans[0]} == {2}

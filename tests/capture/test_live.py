@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from converter_helpers import native_module
 from export.receivers import HttpReceiver, http_receiver
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
@@ -75,7 +76,7 @@ def test_steps_and_phases_arrive_as_spans(session: otelprof.instrumentation.Sess
     assert len(steps) == STEPS
     for n, step in enumerate(steps):
         attrs = {kv.key: kv.value for kv in step.attributes}
-        assert attrs["pytorch.step"].int_value == n
+        assert attrs["otelprof.step.number"].int_value == n
         assert attrs["otelprof.step.samples"].int_value == BATCH
         assert attrs["otelprof.step.tokens"].int_value == BATCH * SEQ
         assert step.trace_id == ids.trace_id(f"step|test-run|{n}")  # the converter's rule
@@ -92,7 +93,7 @@ def test_steps_and_phases_arrive_as_spans(session: otelprof.instrumentation.Sess
     resource = {kv.key: kv.value for kv in _spans(receiver)[0][0].resource.attributes}
     assert resource["service.name"].string_value == "trainer"
     assert resource["otelprof.run.id"].string_value == "test-run"
-    assert resource["pytorch.distributed.rank"].int_value == 0
+    assert resource["otelprof.distributed.rank"].int_value == 0
 
 
 def test_metrics_with_exemplars_on_the_metrics_endpoint(
@@ -206,7 +207,7 @@ def test_steps_nest_under_the_applications_current_span(
     assert nested.trace_id == ctx.trace_id.to_bytes(16, "big")
     assert nested.parent_span_id == ctx.span_id.to_bytes(8, "big")
     assert [c.name for c in spans if c.parent_span_id == nested.span_id] == ["forward Sequential"]
-    number = {kv.key: kv.value.int_value for kv in own.attributes}["pytorch.step"]
+    number = {kv.key: kv.value.int_value for kv in own.attributes}["otelprof.step.number"]
     assert own.trace_id == ids.trace_id(f"step|test-run|{number}") and own.parent_span_id == b""
 
 
@@ -267,7 +268,7 @@ def test_cuda_timed_steps_take_the_native_sink(tmp_path: Path, monkeypatch: pyte
     from otelprof.capture.steps.device_timing import DeviceTiming
     from otelprof.export.spool import Spool
 
-    pytest.importorskip("otelprof._native")
+    native_module()
     monkeypatch.setattr(session_module, "cuda_timing", lambda emit: DeviceTiming(emit, _StandInEvent, lambda: True))
     spool = tmp_path / "spool"
     environ = {"OTELPROF_SPOOL_DIR": str(spool), "OTEL_EXPORTER_PROMETHEUS_PORT": "0", "OTELPROF_PROFILE": "false"}

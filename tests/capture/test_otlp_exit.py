@@ -85,6 +85,6 @@ def test_the_last_step_reaches_the_otlp_metrics(tmp_path: Path, eval_forwards: i
         for span in spans
         if span.name == "train.step"
         for kv in span.attributes
-        if kv.key == "pytorch.step"
+        if kv.key == "otelprof.step.number"
     )
     assert steps_seen == list(range(truth["updates"]))

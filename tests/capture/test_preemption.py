@@ -85,7 +85,7 @@ def _spooled(tmp_path: Path) -> list[Span]:
 
 def _step_numbers(spans: list[Span]) -> list[int]:
     steps = [s for s in spans if s.name == "train.step"]
-    return sorted(next(kv.value.int_value for kv in s.attributes if kv.key == "pytorch.step") for s in steps)
+    return sorted(next(kv.value.int_value for kv in s.attributes if kv.key == "otelprof.step.number") for s in steps)
 
 
 def _assert_every_closed_step(spans: list[Span], truth: Path) -> None:

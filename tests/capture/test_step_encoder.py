@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from converter_helpers import native_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelprof.otlp.encoder import encode
 from otelprof.otlp.spans import Attrs, Span
 
-RESOURCE: Attrs = [("service.name", "trainer"), ("pytorch.distributed.rank", 3), ("host.name", "h\udcff")]
+RESOURCE: Attrs = [("service.name", "trainer"), ("otelprof.distributed.rank", 3), ("host.name", "h\udcff")]
 
 
 @settings(max_examples=200, deadline=None)
@@ -74,7 +75,7 @@ def _encoder(native: bool) -> Any:
 def test_native_step_records_equal_the_official_classes(records: list, max_bytes: int) -> None:
     """The native encoder's requests equal the official classes' encoding of the same spans
     (ids, parents, names, times, attributes, the split into requests)."""
-    pytest.importorskip("otelprof._native")
+    native_module()
     native, python = _encoder(native=True), _encoder(native=False)
     assert native.native is not None and python.native is None
     spans: list[Span] = []
@@ -86,7 +87,7 @@ def test_native_step_records_equal_the_official_classes(records: list, max_bytes
 
 
 def test_native_step_records_are_checked() -> None:
-    native = pytest.importorskip("otelprof._native")
+    native = native_module()
     enc = native.StepSpanEncoder(RESOURCE, "v", "step|r|", 7)
     good = ("train.step", 1, 10, 20, 0, None, None, None, None, 0, [("forward", 10, 12, "GPT2LMHeadModel")], 4, "after")
     [request] = enc.encode([good], 1 << 20)

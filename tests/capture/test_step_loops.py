@@ -58,7 +58,7 @@ def _attrs(span: PbSpan) -> dict[str, int]:
 def _steps(rec: HttpReceiver) -> list[tuple[PbSpan, list[PbSpan]]]:
     """Each train.step span (in step order) with its phase spans (in time order)."""
     spans = rec.spans
-    steps = sorted((s for s in spans if s.name == "train.step"), key=lambda s: _attrs(s)["pytorch.step"])
+    steps = sorted((s for s in spans if s.name == "train.step"), key=lambda s: _attrs(s)["otelprof.step.number"])
     out = []
     for step in steps:
         children = [s for s in spans if s.parent_span_id == step.span_id]
@@ -83,12 +83,12 @@ def _check_phases(step: PbSpan, phases: list[PbSpan]) -> None:
 
 
 def _names(phases: list[PbSpan]) -> list[str]:
-    """The phases (``otelprof.phase``); a span's name adds a forward's module: ``forward Linear``."""
+    """The phases (``otelprof.phase.name``); a span's name adds a forward's module: ``forward Linear``."""
     return [_phase(p) for p in phases]
 
 
 def _phase(span: PbSpan) -> str:
-    return next(kv.value.string_value for kv in span.attributes if kv.key == "otelprof.phase")
+    return next(kv.value.string_value for kv in span.attributes if kv.key == "otelprof.phase.name")
 
 
 # --- gradient accumulation ---------------------------------------------------------------------
@@ -137,7 +137,7 @@ def test_accumulated_micro_batches_make_one_step(receiver: HttpReceiver, tmp_pat
     assert scraped["otelprof_micro_batches_total"] == UPDATES * ACCUMULATE
     assert scraped["otelprof_step_duration_seconds_count"] == UPDATES
     steps = _steps(receiver)
-    assert [_attrs(s)["pytorch.step"] for s, _p in steps] == list(range(UPDATES))
+    assert [_attrs(s)["otelprof.step.number"] for s, _p in steps] == list(range(UPDATES))
     for step, phases in steps:
         attrs = _attrs(step)
         assert attrs["otelprof.step.samples"] == ACCUMULATE * BATCH
@@ -331,7 +331,7 @@ def test_explicit_steps_from_a_framework_sum_their_fetches(receiver: HttpReceive
     live_session.stop(session)
     assert scraped["otelprof_steps_total"] == 5 and scraped["otelprof_samples_total"] == 30
     steps = _steps(receiver)
-    assert [(_attrs(s)["pytorch.step"], _attrs(s)["otelprof.step.samples"]) for s, _p in steps] == [
+    assert [(_attrs(s)["otelprof.step.number"], _attrs(s)["otelprof.step.samples"]) for s, _p in steps] == [
         (100 + k, 6) for k in range(5)
     ]
     assert all(_attrs(s)["otelprof.step.micro_batches"] == 2 for s, _p in steps)
@@ -350,7 +350,7 @@ class ScrapingReceiver(HttpReceiver):
         with self.lock:
             new = self.requests[before:]
         numbers = [
-            _attrs(s)["pytorch.step"]
+            _attrs(s)["otelprof.step.number"]
             for r in new
             for rs in r.resource_spans
             for ss in rs.scope_spans

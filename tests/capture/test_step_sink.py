@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from converter_helpers import native_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -23,9 +24,9 @@ from otelprof.otlp.spans import Attrs
 
 from .test_step_metrics import IDENTITY, exposition
 
-native = pytest.importorskip("otelprof._native")
+native = native_module()
 
-RESOURCE: Attrs = [("service.name", "svc"), ("pytorch.distributed.rank", 3)]
+RESOURCE: Attrs = [("service.name", "svc"), ("otelprof.distributed.rank", 3)]
 PARENT = (b"\x11" * 16, b"\x22" * 8)
 OPTIMIZERS = [object(), object()]
 

@@ -80,7 +80,7 @@ def test_the_users_window_goes_under_the_live_steps_it_ran_in(receiver: HttpRece
     assert not [e for e in events if "otelprof" in json.dumps(e)]
 
     by_id = {s.span_id: s for s in receiver.spans}
-    steps = {_attrs(s)["pytorch.step"]: s for s in receiver.spans if s.name == "train.step"}
+    steps = {_attrs(s)["otelprof.step.number"]: s for s in receiver.spans if s.name == "train.step"}
     assert sorted(steps) == list(range(STEPS))
     for k in (2, 3):  # the live step that ran the user's step k: the loop's k-th iteration
         [marker] = [s for s in receiver.spans if s.name == f"ProfilerStep#{k}"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from converter_helpers import native_module
 from export.receivers import HttpReceiver, http_receiver
 
 from capture import live_session
@@ -83,7 +84,7 @@ def test_profiled_steps_nest_inside_their_steps(
     from otelprof.capture.steps.tracker import step_tracker
 
     if route == "native":
-        pytest.importorskip("otelprof._native")
+        native_module()
     else:
         monkeypatch.setattr(session_module, "step_tracker", functools.partial(step_tracker, native=False))
     session = live_session.start(receiver.port, tmp_path, **WINDOW)
@@ -98,14 +99,14 @@ def test_profiled_steps_nest_inside_their_steps(
         spans = by_trace[ids.trace_id(f"step|nesting|{n}")]
         by_id = {s.span_id: s for s in spans}
         [root] = [s for s in spans if not s.parent_span_id]
-        assert root.name == "train.step" and _attrs(root)["pytorch.step"] == n
+        assert root.name == "train.step" and _attrs(root)["otelprof.step.number"] == n
         [marker] = [s for s in spans if s.name == f"ProfilerStep#{n}"]
         assert marker.parent_span_id == root.span_id
         # the profiled step lies within its step
         assert root.start_time_unix_nano <= marker.start_time_unix_nano
         assert marker.end_time_unix_nano <= root.end_time_unix_nano
         phases = [s for s in spans if s.parent_span_id == root.span_id and s is not marker]
-        [forward] = [s for s in phases if _attrs(s).get("otelprof.phase") == "forward"]
+        [forward] = [s for s in phases if _attrs(s).get("otelprof.phase.name") == "forward"]
         [loss] = [s for s in spans if s.name == "aten::mse_loss"]  # one loss a step
         assert forward in _ancestors(loss, by_id)
         assert _ancestors(loss, by_id)[-1] is root

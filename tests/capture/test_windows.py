@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from converter_helpers import native_module
 from export.receivers import HttpReceiver, http_receiver
 from prometheus_client import CollectorRegistry
 
@@ -79,7 +80,7 @@ def _triggers(rec: HttpReceiver) -> dict[int, tuple[str, str]]:
     for span in rec.spans:
         attrs = _attrs(span)
         if span.name == "train.step" and "otelprof.window.trigger" in attrs:
-            out[attrs["pytorch.step"]] = (attrs["otelprof.step.window"], attrs["otelprof.window.trigger"])
+            out[attrs["otelprof.step.number"]] = (attrs["otelprof.step.window"], attrs["otelprof.window.trigger"])
     return out
 
 
@@ -243,7 +244,7 @@ def test_the_first_window_is_early_by_default(receiver: HttpReceiver, tmp_path: 
     assert _profiled_steps(receiver, 16) == [11, 12]
     assert _triggers(receiver) == _window(10, 2, "early")
     assert _marker_triggers(receiver) == {11: "early", 12: "early"}
-    after = next(s for s in receiver.spans if s.name == "train.step" and _attrs(s)["pytorch.step"] == 13)
+    after = next(s for s in receiver.spans if s.name == "train.step" and _attrs(s)["otelprof.step.number"] == 13)
     assert _attrs(after)["otelprof.step.window"] == "after" and "otelprof.window.trigger" not in _attrs(after)
     windows = _window_metrics(session)["otelprof_profiling_windows_total"]
     assert windows == {"early": 1, "schedule": 0, "on_demand": 0, "anomaly": 0, "user": 0}
@@ -501,7 +502,7 @@ def test_a_profiled_steps_span_and_its_window_spans_share_one_resource(
     [step] = resources["step"]
     assert resources["window"] and all(window == step for window in resources["window"])
     keys = {key for key, _kind, _value in step}
-    assert {"process.pid", "pytorch.distributed.local_rank", "telemetry.sdk.version"} <= keys
+    assert {"process.pid", "otelprof.distributed.local_rank", "telemetry.sdk.version"} <= keys
 
 
 def test_a_cuda_timed_profiled_step_keeps_its_window_under_it(
@@ -512,7 +513,7 @@ def test_a_cuda_timed_profiled_step_keeps_its_window_under_it(
     from otelprof.capture import session as session_module
     from otelprof.capture.steps.device_timing import CpuEvent, DeviceTiming
 
-    pytest.importorskip("otelprof._native")
+    native_module()
     monkeypatch.setattr(session_module, "cuda_timing", lambda emit: DeviceTiming(emit, CpuEvent, lambda: True))
     schedule = {"OTELPROF_PROFILE_SKIP_FIRST": "2", "OTELPROF_PROFILE_WAIT": "0", "OTELPROF_PROFILE_ACTIVE": "2"}
     session = _instrument(receiver, tmp_path, **schedule, OTELPROF_PROFILE_REPEAT="1")

@@ -111,15 +111,15 @@ def test_digested_values_are_the_events_own() -> None:
     native, _ = _both(_trace().encode(), detail="full")
     spans = {s.name: s for s in all_spans_pb(native.requests)}
     odd = attr_dict(spans["myéop"].attributes)
-    assert odd["pytorch.event.category"] == "custom cat"
-    assert odd["pytorch.op.module_hierarchy"] == "a.üb"
+    assert odd["otelprof.event.category"] == "custom cat"
+    assert odd["otelprof.op.module_hierarchy"] == "a.üb"
     assert odd["code.stacktrace"] == "f\nline"
     adds = [attr_dict(s.attributes) for s in all_spans_pb(native.requests) if s.name == "aten::add"]
     # last duplicate wins ("Input Dims": null renders), the alias after it is not used; compact JSON
-    assert [a.get("pytorch.op.input_dims") for a in adds] == ["null", "[[4],[]]"]
-    assert adds[0]["pytorch.external_id"] == 2
+    assert [a.get("otelprof.op.input_dims") for a in adds] == ["null", "[[4],[]]"]
+    assert adds[0]["otelprof.external_id"] == 2
     kernel = spans['k"ernel']
-    assert attr_dict(kernel.attributes)["pytorch.gpu.grid"] == "[1,2,3]"
+    assert attr_dict(kernel.attributes)["otelprof.gpu.grid"] == "[1,2,3]"
     assert kernel.parent_span_id == spans["cudaLaunchKernel"].span_id  # by correlation id
     links = {s.name: [link.span_id for link in s.links] for s in all_spans_pb(native.requests)}
     assert links["LinearBackward0"] == [spans["aten::linear"].span_id]  # sequence 7, forward thread 0

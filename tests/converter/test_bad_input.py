@@ -208,13 +208,13 @@ def test_lone_surrogate_escapes_become_replacement_char(engine: str, escaped: st
     ).encode()
     (span,) = _real(convert(raw, engine=engine, detail="full"))
     assert span.name == expected
-    assert span.attrs["pytorch.op.module_hierarchy"] == "m" + expected
+    assert span.attrs["otelprof.op.module_hierarchy"] == "m" + expected
 
 
 def test_lone_surrogate_in_category_and_thread(engine: str) -> None:
     raw = b'{"traceEvents": [{"ph":"X","cat":"c\\ud800","name":"n","pid":"p\\udc00","tid":"t","ts":1,"dur":2}]}'
     (span,) = _real(convert(raw, engine=engine, detail="full"))
-    assert span.attrs["pytorch.event.category"] == "c\ufffd"
+    assert span.attrs["otelprof.event.category"] == "c\ufffd"
     assert "thread.id" not in span.attrs  # string tids carry no thread.id
 
 
@@ -228,9 +228,9 @@ def test_unknown_category_is_a_generic_cpu_span(engine: str) -> None:
     assert mystery.category == "my_new_category"
     assert mystery.attrs["thread.id"] == 2
     assert mystery.parent_id == outer.span_id  # nests by time like any CPU-side span
-    assert mystery.attrs["pytorch.gpu.correlation_id"] == 7  # known argument keys still map
+    assert mystery.attrs["otelprof.gpu.correlation_id"] == 7  # known argument keys still map
     assert "foo" not in mystery.attrs and not any("foo" in k for k in mystery.attrs)
-    assert "pytorch.op.self_cpu_time_ns" not in mystery.attrs  # not part of key_averages
+    assert "otelprof.op.self_cpu_time_ns" not in mystery.attrs  # not part of key_averages
     assert [o.name for o in convert(data, engine=engine, detail="full").ops] == ["outer"]
 
 
@@ -301,7 +301,7 @@ def _nested_arg(depth: int) -> bytes:
 def test_moderately_deep_argument_converts(engine: str, depth: int) -> None:
     """Nesting up to the parser's limit (512 levels in all) is rendered back compactly."""
     (span,) = _real(convert(_nested_arg(depth), engine=engine, detail="full"))
-    assert span.attrs["pytorch.op.input_dims"] == "[" * depth + "]" * depth
+    assert span.attrs["otelprof.op.input_dims"] == "[" * depth + "]" * depth
 
 
 @pytest.mark.parametrize("depth", [509, 700, 2_000])

@@ -88,7 +88,7 @@ def _both(data: bytes, **fields: Any) -> Decoded:
 
 
 def _iteration_roots(d: Decoded) -> list[Any]:
-    return [s for s in d.spans if "otelprof.iteration" in s.attrs or "otelprof.window.part" in s.attrs]
+    return [s for s in d.spans if "otelprof.iteration.number" in s.attrs or "otelprof.window.part" in s.attrs]
 
 
 def _window_root(d: Decoded, iteration_root: Any) -> Any:
@@ -106,7 +106,7 @@ def _check_structure(d: Decoded, source: str) -> list[Any]:
     st = d.result.stats
     assert st["iterations"] == len(roots) and st["steps"] == 0
     run_id = str(d.resource["otelprof.run.id"])
-    rank = d.resource.get("pytorch.distributed.rank")
+    rank = d.resource.get("otelprof.distributed.rank")
     rank_s = "" if rank is None else str(rank)
     base = ids.span_base(run_id, rank_s, d.result.window_id)
     window_root = _window_root(d, roots[0])
@@ -115,15 +115,15 @@ def _check_structure(d: Decoded, source: str) -> list[Any]:
     t0 = min(s.start for s in d.spans)
     for k, root in enumerate(roots, 1):
         assert root.parent_id == b""
-        assert root.attrs["pytorch.event.category"] == "otelprof"
+        assert root.attrs["otelprof.event.category"] == "otelprof"
         if source == "span_budget":  # a part of the window: its order and the time it covers
             offsets = f"{millis(root.start - t0)}\N{EN DASH}{millis(root.end - t0)} ms"
             assert root.name == f"window part {k}/{len(roots)} ({offsets})"
             assert (root.attrs["otelprof.window.part"], root.attrs["otelprof.window.parts"]) == (k, len(roots))
-            assert "otelprof.iteration" not in root.attrs
+            assert "otelprof.iteration.number" not in root.attrs
         else:
             assert root.name == f"Iteration#{k}"
-            assert root.attrs["otelprof.iteration"] == k
+            assert root.attrs["otelprof.iteration.number"] == k
             assert root.attrs["otelprof.iteration.source"] == source
         assert list(root.attrs)[-1] == "otelprof.synthetic" and root.synthetic
         assert root.trace_id == ids.trace_id(f"iteration|{run_id}|{rank_s}|{d.result.window_id}|{k}")

@@ -56,8 +56,8 @@ def test_huge_top_level_strings_do_not_multiply_requests(engine: str) -> None:
     assert sum(map(len, result.requests)) < len(crafted) / 10
     res = decode(result).resource
     assert res["host.name"] == "h" * LIMIT
-    assert res["pytorch.distributed.backend"] == "b" * LIMIT
-    assert res["hw.gpu.model"] == "g" * LIMIT
+    assert res["otelprof.distributed.backend"] == "b" * LIMIT
+    assert res["otelprof.gpu.model"] == "g" * LIMIT
     assert res["otelprof.run.id"] == ("auto|" + "t" * HUGE)[:LIMIT]
     assert result.stats["values_truncated"] == 4
 
@@ -101,19 +101,19 @@ def test_names_and_attribute_values_are_cut_in_characters(engine: str, char: str
     [span] = _spans_named(result, char)
     attrs = {kv.key: kv.value.string_value for kv in span.attributes}
     # the name a tree shows: 128 characters, the last an ellipsis; the whole, cut to the
-    # attribute limit, in pytorch.event.name
+    # attribute limit, in otelprof.event.name
     assert span.name == char * 127 + "\N{HORIZONTAL ELLIPSIS}"
-    assert attrs["pytorch.event.name"] == char * LIMIT
+    assert attrs["otelprof.event.name"] == char * LIMIT
     assert attrs["code.stacktrace"] == char * LIMIT
-    assert attrs["pytorch.op.input_dims"] == json.dumps([[1] * 40_000], separators=(",", ":"))[:LIMIT]
-    assert attrs["pytorch.op.module_hierarchy"] == char * 10
+    assert attrs["otelprof.op.input_dims"] == json.dumps([[1] * 40_000], separators=(",", ":"))[:LIMIT]
+    assert attrs["otelprof.op.module_hierarchy"] == char * 10
     assert result.stats["values_truncated"] == 3  # stack, dims, the whole name (the short one loses nothing)
     unlimited = convert(data, engine=engine, detail="full", attribute_value_length_limit=None)
     [span] = _spans_named(unlimited, char)
     assert len(span.name) == 128  # names are always bounded
     unlimited_attrs = {kv.key: kv.value.string_value for kv in span.attributes}
     assert unlimited_attrs["code.stacktrace"] == char * 50_000
-    assert unlimited_attrs["pytorch.event.name"] == char * 100_000
+    assert unlimited_attrs["otelprof.event.name"] == char * 100_000
 
 
 def _spans_named(result: ConvertResult, char: str) -> list[Any]:

@@ -106,7 +106,7 @@ def test_markers_go_under_the_live_steps_they_overlap_most(detail: Detail) -> No
     for marker, live, number in (("ProfilerStep#3", LIVE_41, 3), ("ProfilerStep#4", LIVE_42, 4)):
         s = spans[marker]
         assert (s.trace_id, s.parent_id) == (live.trace_id, live.span_id), marker
-        assert s.attrs["pytorch.step"] == number  # the marker keeps its own name and number
+        assert s.attrs["otelprof.step.number"] == number  # the marker keeps its own name and number
         assert s.attrs.get("otelprof.window.trigger") == (live.trigger or None)
         fwd, bwd = (p[0] for p in live.phases)
         assert spans[f"aten::fwd{number}"].parent_id == fwd

@@ -17,11 +17,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import KINETO_DIR
 
 from otelprof.converter import native_available
 from otelprof.otlp.names import NAME_LIMIT, VISIBLE, device_name, fold_kernel_name, hex_address
-
-KINETO_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces" / "kineto"
 
 REAL = [
     (

@@ -45,7 +45,7 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"base_time_ns": 2**63}, "base_time_ns"),
     ({"run_id": 42}, "run_id"),
     ({"run_id": b"run"}, "run_id"),
-    ({"resource_attributes": (("service.name", 1),)}, "resource_attributes"),
+    ({"resource_attributes": (("service.name", None),)}, "resource_attributes"),
     ({"resource_attributes": (("a", "b", "c"),)}, "resource_attributes"),
     ({"resource_attributes": (["a", "b"],)}, "resource_attributes"),
 ]
@@ -203,7 +203,7 @@ def test_aggregation_of_tiny_identical_siblings(engine: str) -> None:
     assert (agg.attrs["otelprof.aggregated_min_ns"], agg.attrs["otelprof.aggregated_max_ns"]) == (1000, 2000)
     assert (agg.start, agg.end) == (10_000, 18_000 + 2_000)
     assert agg.parent_id == zeros.span_id and agg.trace_id == zeros.trace_id
-    assert agg.attrs["pytorch.event.category"] == "cpu_op" and agg.attrs["thread.id"] == 2
+    assert agg.attrs["otelprof.event.category"] == "cpu_op" and agg.attrs["thread.id"] == 2
     assert (result.stats["aggregate_spans"], result.stats["aggregated_events"]) == (1, 5)
     assert zeros.attrs["otelprof.hidden_spans"] == 3
     assert zeros.attrs["otelprof.hidden"] == "3 hidden (shorter than 10 µs): aten::view ×2, aten::fill_ ×1"
@@ -230,7 +230,7 @@ def test_aggregation_on_real_trace(engine: str) -> None:
 
 
 def _step_span(d: Decoded, number: int) -> Any:
-    return next(s for s in d.spans if s.attrs.get("pytorch.step") == number and not s.synthetic)
+    return next(s for s in d.spans if s.attrs.get("otelprof.step.number") == number and not s.synthetic)
 
 
 def test_run_id_determines_step_trace_ids(engine: str) -> None:
@@ -246,7 +246,7 @@ def test_run_id_determines_step_trace_ids(engine: str) -> None:
     again = convert(a, engine=engine, run_id="job-1")
     assert again.requests == da.result.requests
     other_rank = decode(convert(a, engine=engine, run_id="job-1", rank=35))
-    assert other_rank.resource["pytorch.distributed.rank"] == 35
+    assert other_rank.resource["otelprof.distributed.rank"] == 35
     assert _step_span(other_rank, 551).trace_id == _step_span(da, 551).trace_id
     assert _step_span(other_rank, 551).span_id != _step_span(da, 551).span_id
 
@@ -272,7 +272,7 @@ def test_split_world_size(engine: str) -> None:
     small = decode(convert(shared_trace("amd_trace__mi250"), engine=engine, world_size=2))
     assert not any(s.synthetic and not s.name.startswith("gpu ") for s in small.spans)
     big = decode(convert(shared_trace("amd_trace__mi250"), engine=engine, world_size=64))
-    assert big.resource["pytorch.distributed.world_size"] == 64
+    assert big.resource["otelprof.distributed.world_size"] == 64
     assert sum(1 for s in big.spans if s.synthetic) == 2  # one detail root per step
 
 
@@ -296,18 +296,18 @@ def test_resource_defaults_from_trace(engine: str) -> None:
     h100 = decode(convert_cached(shared_trace("h100__gaunernst"), engine, detail="full"))
     res = h100.resource
     assert res["service.name"] == "unknown_service"
-    assert res["hw.gpu.model"] == "NVIDIA H100 80GB HBM3"
-    assert res["hw.gpu.count"] == 1
+    assert res["otelprof.gpu.model"] == "NVIDIA H100 80GB HBM3"
+    assert res["otelprof.gpu.count"] == 1
     assert res["telemetry.sdk.name"] == "otelprof" and res["telemetry.sdk.language"] == "python"
-    assert "pytorch.distributed.rank" not in res  # this trace has no distributedInfo
+    assert "otelprof.distributed.rank" not in res  # this trace has no distributedInfo
     assert next(iter(res)) == "service.name"
     dlrm = decode(convert_cached(shared_trace("dlrm_kineto__worker1"), engine, detail="full")).resource
-    assert (dlrm["pytorch.distributed.rank"], dlrm["pytorch.distributed.world_size"]) == (1, 8)
-    assert dlrm["pytorch.distributed.backend"] == "nccl"
-    assert dlrm["hw.gpu.count"] == len(load_raw(shared_trace("dlrm_kineto__worker1")).doc["deviceProperties"])
+    assert (dlrm["otelprof.distributed.rank"], dlrm["otelprof.distributed.world_size"]) == (1, 8)
+    assert dlrm["otelprof.distributed.backend"] == "nccl"
+    assert dlrm["otelprof.gpu.count"] == len(load_raw(shared_trace("dlrm_kineto__worker1")).doc["deviceProperties"])
     cpu = decode(convert_cached(shared_trace("cpu_only__rank-34"), engine, detail="full")).resource
-    assert (cpu["pytorch.distributed.rank"], cpu["pytorch.distributed.world_size"]) == (34, 300)
-    assert cpu["pytorch.distributed.backend"] == "gloo"
+    assert (cpu["otelprof.distributed.rank"], cpu["otelprof.distributed.world_size"]) == (34, 300)
+    assert cpu["otelprof.distributed.backend"] == "gloo"
 
 
 def test_resource_attributes_given_first(engine: str) -> None:
@@ -323,7 +323,7 @@ def test_resource_attributes_given_first(engine: str) -> None:
     assert [d.resource[k] for k, _ in given] == [v for _, v in given]  # given values win over computed ones
     assert keys.count("host.name") == 1 and keys.count("service.name") == 1
     assert d.resource["telemetry.sdk.version"] == "1.2.3"
-    assert (d.resource["pytorch.distributed.rank"], d.resource["pytorch.distributed.world_size"]) == (5, 16)
+    assert (d.resource["otelprof.distributed.rank"], d.resource["otelprof.distributed.world_size"]) == (5, 16)
     assert d.scope_name == "otelprof" and d.scope_version == "1.2.3"
     hosted = decode(convert(shared_trace("cpu_only__rank-34"), engine=engine, host_name="option-host")).resource
     assert hosted["host.name"] == "option-host"
@@ -346,26 +346,26 @@ def test_memory_events_on_innermost_op(engine: str) -> None:
     )
     full = _by_name(decode(convert(data, engine=engine, detail="full")))
     zero, empty, step = full["aten::zero_"], full["aten::empty"], full["ProfilerStep#1"]
-    assert [(ev.name, ev.time, ev.attrs["pytorch.memory.bytes"]) for ev in zero.events] == [
-        ("pytorch.memory", 22_000, 256)
+    assert [(ev.name, ev.time, ev.attrs["otelprof.memory.bytes"]) for ev in zero.events] == [
+        ("otelprof.memory", 22_000, 256)
     ]
-    assert [(ev.time, ev.attrs["pytorch.memory.bytes"]) for ev in empty.events] == [
+    assert [(ev.time, ev.attrs["otelprof.memory.bytes"]) for ev in empty.events] == [
         (50_000, 1024),
         (60_000, 4096),
         (70_000, -4096),
     ]
     assert empty.events[1].attrs == {
-        "pytorch.memory.bytes": 4096, "pytorch.memory.total_allocated_bytes": 9_000,
-        "pytorch.memory.total_reserved_bytes": 18_000, "pytorch.memory.device_type": 1,
-        "pytorch.memory.device_id": 0, "pytorch.memory.device": "cuda:0", "pytorch.memory.addr": "0x1000",
+        "otelprof.memory.bytes": 4096, "otelprof.memory.total_allocated_bytes": 9_000,
+        "otelprof.memory.total_reserved_bytes": 18_000, "otelprof.memory.device_type": 1,
+        "otelprof.memory.device_id": 0, "otelprof.memory.device": "cuda:0", "otelprof.memory.addr": "0x1000",
     }  # fmt: skip
-    assert list(empty.events[1].attrs)[-2:] == ["pytorch.memory.device", "pytorch.memory.addr"]
-    assert (zero.events[0].attrs["pytorch.memory.device"], zero.events[0].attrs["pytorch.memory.device_id"]) == (
+    assert list(empty.events[1].attrs)[-2:] == ["otelprof.memory.device", "otelprof.memory.addr"]
+    assert (zero.events[0].attrs["otelprof.memory.device"], zero.events[0].attrs["otelprof.memory.device_id"]) == (
         "cpu",
         -1,
     )
     assert [ev.time for ev in step.events] == [500_000]
-    assert step.attrs["pytorch.memory.peak_allocated_bytes"] == 9_000  # accelerator peak wins over CPU
+    assert step.attrs["otelprof.memory.peak_allocated_bytes"] == 9_000  # accelerator peak wins over CPU
     default = _by_name(decode(convert(data, engine=engine, detail="default")))
     assert [ev.time for ev in default["aten::empty"].events] == [22_000, 50_000, 60_000, 70_000]
     limited = convert(data, engine=engine, detail="default", event_limit=2)
@@ -380,7 +380,7 @@ def test_memory_peak_cpu_only(engine: str) -> None:
         _ev("ProfilerStep#9", 0, 100, cat="user_annotation"), _mem(10, 8, 700), _mem(20, 8, 300), _mem(200, 8, 5000)
     )
     step = _by_name(decode(convert(data, engine=engine, detail="full")))["ProfilerStep#9"]
-    assert step.attrs["pytorch.memory.peak_allocated_bytes"] == 700
+    assert step.attrs["otelprof.memory.peak_allocated_bytes"] == 700
 
 
 def test_memory_events_on_real_trace(engine: str) -> None:
@@ -391,10 +391,10 @@ def test_memory_events_on_real_trace(engine: str) -> None:
     events = [ev for s in d.spans for ev in s.events]
     assert d.result.stats["memory_events"] == len(mem) > 100
     assert len(events) == len(mem) - d.result.stats["memory_events_dropped"]
-    assert all(ev.name == "pytorch.memory" and "pytorch.memory.bytes" in ev.attrs for ev in events)
-    assert sorted(ev.attrs["pytorch.memory.bytes"] for ev in events) == sorted(m["args"]["Bytes"] for m in mem)
+    assert all(ev.name == "otelprof.memory" and "otelprof.memory.bytes" in ev.attrs for ev in events)
+    assert sorted(ev.attrs["otelprof.memory.bytes"] for ev in events) == sorted(m["args"]["Bytes"] for m in mem)
     names = {0: "cpu", 1: "cuda"}
-    assert sorted((ev.attrs["pytorch.memory.addr"], ev.attrs["pytorch.memory.device"]) for ev in events) == sorted(
+    assert sorted((ev.attrs["otelprof.memory.addr"], ev.attrs["otelprof.memory.device"]) for ev in events) == sorted(
         (
             hex(m["args"]["Addr"]),
             names[m["args"]["Device Type"]] + (f":{m['args']['Device Id']}" if m["args"]["Device Type"] else ""),
@@ -416,7 +416,7 @@ def test_memory_events_on_real_trace(engine: str) -> None:
     inside = [m for m in mem if s0 <= micros_to_ns(m["ts"]) < s1]
     accel = [m["args"]["Total Allocated"] for m in inside if m["args"].get("Device Type")]
     expected = max(accel) if accel else max(m["args"]["Total Allocated"] for m in inside)
-    assert _step_span(d, 6).attrs["pytorch.memory.peak_allocated_bytes"] == expected
+    assert _step_span(d, 6).attrs["otelprof.memory.peak_allocated_bytes"] == expected
 
 
 # --- links --------------------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def test_what_a_span_can_hold() -> None:
     requests = _same_as_one_thread(data, detail="full", attribute_value_length_limit=100)
     values = [kv.value.string_value for s in _spans(requests) for kv in s.attributes]
     assert values.count(long_value[:100]) == len(range(3, 400, 97))
-    long_names = len(range(7, 400, 50))  # a cut name's whole in pytorch.event.name, cut at 100 too
+    long_names = len(range(7, 400, 50))  # a cut name's whole in otelprof.event.name, cut at 100 too
     assert (
         _convert(data, 2, detail="full", attribute_value_length_limit=100)[2]["values_truncated"]
         == values.count(long_value[:100]) + long_names

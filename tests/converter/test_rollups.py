@@ -87,7 +87,7 @@ def check_accounting(d: Decoded, events: list[dict[str, Any]]) -> None:
 
 
 def check_readable(d: Decoded, budget: int = 1000) -> None:
-    roots = {s.span_id for s in d.spans if not s.parent_id or "pytorch.step" in s.attrs}
+    roots = {s.span_id for s in d.spans if not s.parent_id or "otelprof.step.number" in s.attrs}
     for s in d.spans:
         assert len(s.name) <= 128, s.name
         if s.category in LAUNCHED_CATEGORIES:
@@ -172,9 +172,9 @@ def test_device_work_without_a_launch_goes_under_a_lane(engine: str) -> None:
     }
     for lane in lanes.values():
         assert lane.parent_id == step.span_id and lane.trace_id == step.trace_id and lane.synthetic
-        assert lane.attrs["pytorch.event.category"] == "otelprof"
+        assert lane.attrs["otelprof.event.category"] == "otelprof"
     s20 = lanes["gpu 0 \N{MIDDLE DOT} stream 20"]
-    assert (s20.attrs["pytorch.gpu.device"], s20.attrs["pytorch.gpu.stream"]) == (0, 20)
+    assert (s20.attrs["otelprof.gpu.device"], s20.attrs["otelprof.gpu.stream"]) == (0, 20)
     # two launchless kernels of one name under one lane: aggregated only over the budget
     assert [s.parent_id for s in d.spans if s.event_name == "nccl_kernel"] == [s20.span_id] * 2
     assert (s20.start, s20.end) == (200_000, 700_000)  # covering the activity under it
@@ -267,7 +267,7 @@ def test_long_names_are_cut_whole_name_kept(engine: str) -> None:
     events = [_x("ProfilerStep#1", "user_annotation", 0, 1000), _x(long, "cpu_op", 10, 50)]
     events += [_x(long, "cpu_op", 100 + 5 * k, 2) for k in range(3)]  # aggregated: named with the count
     d = decode(convert(json.dumps({"traceEvents": events}).encode(), engine=engine))
-    cut = [s for s in d.spans if s.attrs.get("pytorch.event.name") == long]
+    cut = [s for s in d.spans if s.attrs.get("otelprof.event.name") == long]
     assert len(cut) == 2 and all(len(s.name) == 128 for s in cut)
     assert cut[0].name == long[:127] + "\N{HORIZONTAL ELLIPSIS}"
     assert cut[1].name.endswith(f"\N{HORIZONTAL ELLIPSIS} {MULT}3")
@@ -294,4 +294,4 @@ def test_a_lane_of_a_trace_whose_stream_ids_are_text(engine: str) -> None:
     d = decode(convert(json.dumps({"traceEvents": events}).encode(), engine=engine))
     lanes = sorted(s.name for s in d.spans if s.name.startswith("gpu "))
     assert lanes == ["gpu 0 \N{MIDDLE DOT} stream 7", "gpu 0 \N{MIDDLE DOT} stream 9"]
-    assert not any("pytorch.gpu.stream" in s.attrs for s in d.spans if s.name.startswith("gpu "))
+    assert not any("otelprof.gpu.stream" in s.attrs for s in d.spans if s.name.startswith("gpu "))

@@ -103,7 +103,7 @@ def test_one_span_per_complete_event(raw: RawTrace, full: Decoded) -> None:
         kernel = CATEGORY_KIND.get(e.get("cat", "")) == Kind.KERNEL
         shown = fold_kernel_name(span.event_name) if kernel else span.event_name
         assert span.name == (shown if len(shown) <= 128 else shown[:127] + "\N{HORIZONTAL ELLIPSIS}")
-        whole = "pytorch.gpu.kernel_name" if kernel else "pytorch.event.name"
+        whole = "otelprof.gpu.kernel_name" if kernel else "otelprof.event.name"
         assert (whole in span.attrs) == (span.name != span.event_name)
         assert span.category == e.get("cat", "")
     for s in full.spans:
@@ -124,19 +124,19 @@ def test_resource_and_scope(raw: RawTrace, full: Decoded) -> None:
     assert isinstance(res["otelprof.run.id"], str) and res["otelprof.run.id"]
     dist = raw.doc.get("distributedInfo") or {}
     if isinstance(dist.get("rank"), int):
-        assert res["pytorch.distributed.rank"] == dist["rank"]
+        assert res["otelprof.distributed.rank"] == dist["rank"]
     else:
-        assert "pytorch.distributed.rank" not in res
+        assert "otelprof.distributed.rank" not in res
     if isinstance(dist.get("world_size"), int):
-        assert res["pytorch.distributed.world_size"] == dist["world_size"]
+        assert res["otelprof.distributed.world_size"] == dist["world_size"]
     if dist.get("backend"):
-        assert res["pytorch.distributed.backend"] == dist["backend"]
+        assert res["otelprof.distributed.backend"] == dist["backend"]
     props = [p for p in raw.doc.get("deviceProperties") or [] if isinstance(p, dict) and "name" in p]
     if props:
-        assert res["hw.gpu.model"] == props[0]["name"]
-        assert res["hw.gpu.count"] == len(props)
+        assert res["otelprof.gpu.model"] == props[0]["name"]
+        assert res["otelprof.gpu.count"] == len(props)
     else:
-        assert "hw.gpu.model" not in res
+        assert "otelprof.gpu.model" not in res
     if isinstance(raw.doc.get("trace_id"), str):
         assert res["otelprof.run.id"] == raw.doc["trace_id"]
 
@@ -170,11 +170,11 @@ def test_device_events_under_launching_runtime(raw: RawTrace, full: Decoded) -> 
             unlinked += 1
             continue
         linked += 1
-        assert span.attrs["pytorch.gpu.correlation_id"] == corr
+        assert span.attrs["otelprof.gpu.correlation_id"] == corr
         assert span.parent_id == full.span_id_of_event(launcher[corr]), f"{cat} {e.get('name')} corr {corr}"
         parent = full.by_id[span.parent_id]
         assert parent.category in RUNTIME_CATEGORIES
-        assert parent.attrs["pytorch.gpu.correlation_id"] == corr
+        assert parent.attrs["otelprof.gpu.correlation_id"] == corr
         assert "thread.id" not in span.attrs  # device spans sit on a stream, not a CPU thread
     assert full.result.stats["device_events_unlinked"] == unlinked
     if any(e.get("cat") in LAUNCHED_CATEGORIES for _, e in raw.complete()):
@@ -216,8 +216,8 @@ def test_fwdbwd_links(raw: RawTrace, full: Decoded) -> None:
         assert target is not None, "link target is a span of this conversion"
         assert target.trace_id == lk.trace_id
         assert target is not source
-        assert "pytorch.op.sequence_number" in source.attrs
-        assert target.attrs.get("pytorch.op.sequence_number") == source.attrs["pytorch.op.sequence_number"]
+        assert "otelprof.op.sequence_number" in source.attrs
+        assert target.attrs.get("otelprof.op.sequence_number") == source.attrs["otelprof.op.sequence_number"]
         assert target.start < source.start  # forward runs before its backward
         assert lk.attrs == {"otelprof.link.kind": "fwdbwd"}
 
@@ -295,14 +295,14 @@ def test_default_detail_reconciles(trace: Path, engine: str, raw: RawTrace) -> N
         todo = list(below.get(span.span_id, []))
         while todo:
             c = todo.pop()
-            if c.device or c.attrs.get("pytorch.op.self_device_time_ns"):
+            if c.device or c.attrs.get("otelprof.op.self_device_time_ns"):
                 return True
             todo.extend(below.get(c.span_id, []))
         return False
 
     for s in d.spans:
         if not s.device and not s.synthetic and "otelprof.aggregated_count" not in s.attrs:
-            short = s.end - s.start < 10_000 and s.category != "Trace" and "pytorch.step" not in s.attrs
+            short = s.end - s.start < 10_000 and s.category != "Trace" and "otelprof.step.number" not in s.attrs
             # (or the budget dropped the device work it was kept for)
             over = "budget" in s.attrs.get("otelprof.hidden", "")
             assert not short or launches_below(s) or over, s.name
@@ -332,9 +332,9 @@ def test_default_detail_reconciles(trace: Path, engine: str, raw: RawTrace) -> N
 
     for s, link in _fwdbwd_links(d):
         target = d.by_id[link.span_id]
-        assert "pytorch.step" not in s.attrs and "pytorch.step" not in target.attrs
+        assert "otelprof.step.number" not in s.attrs and "otelprof.step.number" not in target.attrs
         assert not s.synthetic and not target.synthetic
-        seq = s.attrs.get("pytorch.op.sequence_number"), target.attrs.get("pytorch.op.sequence_number")
+        seq = s.attrs.get("otelprof.op.sequence_number"), target.attrs.get("otelprof.op.sequence_number")
         assert None in seq or seq[0] == seq[1] or stands_in(s) or stands_in(target)
 
 
@@ -439,7 +439,7 @@ def test_steps(raw: RawTrace, full: Decoded) -> None:
     for number, ordinal in steps.items():
         span = full.span_of_event(ordinal)
         assert span is not None
-        assert span.attrs["pytorch.step"] == number
+        assert span.attrs["otelprof.step.number"] == number
         assert span.parent_id == b"", "a step span is a root"
         step_traces.add(span.trace_id)
         members_trace = span.trace_id
@@ -450,12 +450,12 @@ def test_steps(raw: RawTrace, full: Decoded) -> None:
             detail = full.by_id[rank_links[0].span_id]
             assert detail.trace_id == rank_links[0].trace_id != span.trace_id
             assert detail.synthetic and detail.parent_id == b""
-            assert detail.name == span.name and detail.attrs["pytorch.step"] == number
+            assert detail.name == span.name and detail.attrs["otelprof.step.number"] == number
             assert (detail.start, detail.end) == (span.start, span.end)
             back = [lk for lk in detail.links if lk.attrs.get("otelprof.link.kind") == "step"]
             assert [(lk.trace_id, lk.span_id) for lk in back] == [(span.trace_id, span.span_id)]
-            if "pytorch.distributed.rank" in full.resource:
-                assert detail.attrs["pytorch.distributed.rank"] == full.resource["pytorch.distributed.rank"]
+            if "otelprof.distributed.rank" in full.resource:
+                assert detail.attrs["otelprof.distributed.rank"] == full.resource["otelprof.distributed.rank"]
             members_trace = detail.trace_id
         else:
             assert not any(lk.attrs.get("otelprof.link.kind") == "rank_detail" for lk in span.links)
@@ -479,7 +479,7 @@ def test_steps(raw: RawTrace, full: Decoded) -> None:
         assert inside > 0
     # CPU spans that belong to no step go to one window trace whose root is the Trace event
     # (without steps, iterations take theirs: tests/converter/test_iterations.py)
-    iteration_traces = {s.trace_id for s in full.spans if "otelprof.iteration" in s.attrs}
+    iteration_traces = {s.trace_id for s in full.spans if "otelprof.iteration.number" in s.attrs}
     assert not (steps and iteration_traces)
     others = {s.trace_id for s in full.spans} - step_traces - iteration_traces
     if split:
@@ -490,7 +490,7 @@ def test_steps(raw: RawTrace, full: Decoded) -> None:
     for tid in others:
         (root,) = [s for s in full.by_trace[tid] if not s.parent_id]
         assert root.category == "Trace" or root.name == "otelprof.window"
-        assert "pytorch.step" not in root.attrs
+        assert "otelprof.step.number" not in root.attrs
 
 
 RANK_PAIRS = [
@@ -506,10 +506,12 @@ def test_ranks_share_step_trace(engine: str, pair: tuple[str, str]) -> None:
     numbers = [set(_steps(load_raw(p))) for p in paths]
     common = numbers[0] & numbers[1]
     assert common, "the pair records the same steps"
-    assert [r.resource["pytorch.distributed.rank"] for r in runs] == [0, 1]
+    assert [r.resource["otelprof.distributed.rank"] for r in runs] == [0, 1]
     assert all(r.resource["otelprof.run.id"] == "run-42" for r in runs)
     for number in common:
-        steps = [next(s for s in r.spans if s.attrs.get("pytorch.step") == number and not s.synthetic) for r in runs]
+        steps = [
+            next(s for s in r.spans if s.attrs.get("otelprof.step.number") == number and not s.synthetic) for r in runs
+        ]
         assert steps[0].trace_id == steps[1].trace_id, "same run id + step -> same trace id on every rank"
         assert steps[0].span_id != steps[1].span_id
         details = []
@@ -525,7 +527,8 @@ def test_ranks_share_step_trace(engine: str, pair: tuple[str, str]) -> None:
     auto = [decode(convert_cached(p, engine, detail="full")) for p in paths]
     number = min(common)
     ids_auto = [
-        next(s for s in r.spans if s.attrs.get("pytorch.step") == number and not s.synthetic).trace_id for r in auto
+        next(s for s in r.spans if s.attrs.get("otelprof.step.number") == number and not s.synthetic).trace_id
+        for r in auto
     ]
     assert ids_auto[0] != ids_auto[1]
 

@@ -64,13 +64,13 @@ def test_op_spans_carry_self_time(recording: Recording, engine: str) -> None:
     d = decode(convert_cached(recording.path, engine, detail="full"))
     ops = [s for s in d.spans if s.category in ("cpu_op", "user_annotation", "python_function")]
     assert ops
-    total_self = sum(s.attrs["pytorch.op.self_cpu_time_ns"] for s in ops)
+    total_self = sum(s.attrs["otelprof.op.self_cpu_time_ns"] for s in ops)
     assert total_self == sum(o.self_cpu_ns for o in d.result.ops)
     for s in ops:
-        assert s.attrs["pytorch.op.self_cpu_time_ns"] <= s.end - s.start
-        assert s.attrs["pytorch.op.self_device_time_ns"] == 0
+        assert s.attrs["otelprof.op.self_cpu_time_ns"] <= s.end - s.start
+        assert s.attrs["otelprof.op.self_device_time_ns"] == 0
         if s.category == "cpu_op":
-            assert s.attrs["pytorch.op.self_cpu_time_ns"] >= 0
+            assert s.attrs["otelprof.op.self_cpu_time_ns"] >= 0
         # python frames can go negative, exactly as in torch: a record_function annotation opened
         # in __enter__ and closed in __exit__ overlaps both of them, so the frame's children
         # add up to more than the frame itself (key_averages shows the same negative self time)
@@ -79,9 +79,9 @@ def test_op_spans_carry_self_time(recording: Recording, engine: str) -> None:
 def test_steps_and_fwdbwd_links(recording: Recording, engine: str) -> None:
     raw: RawTrace = load_raw(recording.path)
     d: Decoded = decode(convert_cached(recording.path, engine, detail="full"))
-    steps = [s for s in d.spans if "pytorch.step" in s.attrs]
+    steps = [s for s in d.spans if "otelprof.step.number" in s.attrs]
     assert len(steps) == STEPS
-    assert all(not s.parent_id and s.name == f"ProfilerStep#{s.attrs['pytorch.step']}" for s in steps)
+    assert all(not s.parent_id and s.name == f"ProfilerStep#{s.attrs['otelprof.step.number']}" for s in steps)
     assert len({s.trace_id for s in steps}) == STEPS
     assert d.resource["otelprof.run.id"] == raw.doc["trace_id"]
     pairs = fwdbwd_pairs(raw)
@@ -90,7 +90,7 @@ def test_steps_and_fwdbwd_links(recording: Recording, engine: str) -> None:
     assert len(links) == len(pairs)
     for source, lk in links:
         target = d.by_id[lk.span_id]
-        assert target.attrs["pytorch.op.sequence_number"] == source.attrs["pytorch.op.sequence_number"]
+        assert target.attrs["otelprof.op.sequence_number"] == source.attrs["otelprof.op.sequence_number"]
         assert target.start < source.start
         assert "Backward" in source.name or "backward" in source.name.lower()
         # forward and backward of a step are in that step's trace
@@ -113,8 +113,8 @@ def test_memory_events(recording: Recording, engine: str) -> None:
         return
     assert sum(1 for s, _ in events if s.category == "cpu_op") > 0
     for s, ev in events:
-        assert ev.name == "pytorch.memory" and isinstance(ev.attrs["pytorch.memory.bytes"], int)
+        assert ev.name == "otelprof.memory" and isinstance(ev.attrs["otelprof.memory.bytes"], int)
         if s.category == "cpu_op":
             assert s.start <= ev.time <= s.end
-    peaks = [s.attrs.get("pytorch.memory.peak_allocated_bytes") for s in d.spans if "pytorch.step" in s.attrs]
+    peaks = [s.attrs.get("otelprof.memory.peak_allocated_bytes") for s in d.spans if "otelprof.step.number" in s.attrs]
     assert all(isinstance(p, int) and p > 0 for p in peaks)

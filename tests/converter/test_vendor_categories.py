@@ -34,11 +34,11 @@ def test_device_work_hangs_under_its_launch(engine: str, runtime_cat: str, devic
     assert kernel.parent_id == launch.span_id
     assert launch.parent_id == op.span_id
     assert op.parent_id == step.span_id
-    assert kernel.attrs["pytorch.gpu.stream"] == 3
+    assert kernel.attrs["otelprof.gpu.stream"] == 3
     assert kernel.start == 1_700_000_000_000_150_000
     # the kernel's time is the launching op's self device time (the runtime call's is zero)
-    assert op.attrs["pytorch.op.self_device_time_ns"] == 30_000
-    assert launch.attrs["pytorch.op.self_device_time_ns"] == 0
+    assert op.attrs["otelprof.op.self_device_time_ns"] == 30_000
+    assert launch.attrs["otelprof.op.self_device_time_ns"] == 0
     (row,) = [r for r in result.ops if r.name == "aten::mm"]
     assert (row.self_device_ns, row.device_total_ns) == (30_000, 30_000)
     (step_row,) = [r for r in result.ops if r.name == "ProfilerStep*"]

@@ -179,4 +179,4 @@ def test_real_gpu_traces_at_default_detail(engine: str) -> None:
     for s in d.spans:
         for lk in s.links:
             if lk.attrs.get("otelprof.link.kind") == "fwdbwd":
-                assert lk.span_id in d.by_id and "pytorch.step" not in d.by_id[lk.span_id].attrs
+                assert lk.span_id in d.by_id and "otelprof.step.number" not in d.by_id[lk.span_id].attrs

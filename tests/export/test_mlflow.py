@@ -15,7 +15,7 @@ What MLflow (3.14 and later) does with OTLP spans, as these tests pin down:
   ``telemetry.sdk.*`` (and ``mlflow.*``), which it skips
   (``SqlAlchemyStore._log_spans_once`` in ``mlflow/store/tracking/sqlalchemy_store.py``);
 - a string attribute holding a JSON array, object or string (otelprof's "string (JSON)"
-  attributes such as ``pytorch.op.input_dims``) reads back as the decoded JSON value:
+  attributes such as ``otelprof.op.input_dims``) reads back as the decoded JSON value:
   ``sanitize_attributes`` in ``mlflow/tracing/otel/translation/__init__.py`` strips what it
   takes for a second layer of encoding;
 - added: ``mlflow.*`` bookkeeping attributes (``mlflow.traceRequestId``) on every span, and
@@ -261,8 +261,8 @@ def test_spans_read_back_field_by_field(delivery: Delivery) -> None:
 def test_json_string_attributes_read_back_decoded(amd: Delivery) -> None:
     """The one change of value: otelprof's "string (JSON)" attributes come back as JSON values."""
     span_id, sent = next((i, s) for i, s in amd.sent.items() if s.span.name == "aten::addmm")
-    assert sent.attributes["pytorch.op.input_dims"] == "[[128],[5,128],[128,128],[],[]]"
-    assert amd.spans[span_id].attributes["pytorch.op.input_dims"] == [[128], [5, 128], [128, 128], [], []]
+    assert sent.attributes["otelprof.op.input_dims"] == "[[128],[5,128],[128,128],[],[]]"
+    assert amd.spans[span_id].attributes["otelprof.op.input_dims"] == [[128], [5, 128], [128, 128], [], []]
 
 
 def test_resource_attributes_become_trace_tags(delivery: Delivery) -> None:
@@ -295,7 +295,7 @@ def test_roots_are_the_steps_and_the_profiler_window(amd: Delivery) -> None:
     roots = {}
     for trace in amd.traces.values():
         (root,) = [s for s in trace.data.spans if s.parent_id is None]
-        roots[root.name] = root.attributes.get("pytorch.step")
+        roots[root.name] = root.attributes.get("otelprof.step.number")
         assert trace.info.request_time == root.start_time_ns // 1_000_000
     assert roots == {"ProfilerStep#1": 1, "ProfilerStep#2": 2, "PyTorch Profiler (0)": None}
 
@@ -306,7 +306,7 @@ def test_an_operator_keeps_its_parent(amd: Delivery) -> None:
     expected_parent = amd.sent[addmm.span_id].span.parent_span_id.hex()
     assert addmm.parent_id == expected_parent
     parent = spans[expected_parent]
-    assert (parent.name, parent.attributes["pytorch.event.category"]) == ("aten::linear", "cpu_op")
+    assert (parent.name, parent.attributes["otelprof.event.category"]) == ("aten::linear", "cpu_op")
     assert parent.parent_id is not None
     assert spans[parent.parent_id].name == "ProfilerStep#1"
 
@@ -322,18 +322,18 @@ def _step_trace(delivery: Delivery, step: int) -> str:
 
 def test_kernels_are_children_of_their_launch(amd: Delivery) -> None:
     spans = amd.spans
-    device = [s for s in spans.values() if s.attributes["pytorch.event.category"] in ("kernel", "gpu_memcpy")]
-    sent_device = [s for s in amd.sent.values() if s.attributes["pytorch.event.category"] in ("kernel", "gpu_memcpy")]
+    device = [s for s in spans.values() if s.attributes["otelprof.event.category"] in ("kernel", "gpu_memcpy")]
+    sent_device = [s for s in amd.sent.values() if s.attributes["otelprof.event.category"] in ("kernel", "gpu_memcpy")]
     assert len(device) == len(sent_device) == 16
     for span in device:
         assert span.parent_id is not None
         launch = spans[span.parent_id]
         assert launch.trace_id == span.trace_id
-        assert launch.attributes["pytorch.event.category"] in RUNTIME_CATEGORIES
+        assert launch.attributes["otelprof.event.category"] in RUNTIME_CATEGORIES
         assert launch.name.startswith("hip")  # hipLaunchKernel, hipExtModuleLaunchKernel, hipMemcpyWithStream
-        assert launch.attributes["pytorch.gpu.correlation_id"] == span.attributes["pytorch.gpu.correlation_id"]
-        assert isinstance(span.attributes["pytorch.gpu.device"], int)
-        assert isinstance(span.attributes["pytorch.gpu.stream"], int)
+        assert launch.attributes["otelprof.gpu.correlation_id"] == span.attributes["otelprof.gpu.correlation_id"]
+        assert isinstance(span.attributes["otelprof.gpu.device"], int)
+        assert isinstance(span.attributes["otelprof.gpu.stream"], int)
 
 
 def test_backward_ops_link_to_their_forward_op(amd: Delivery) -> None:
@@ -344,7 +344,7 @@ def test_backward_ops_link_to_their_forward_op(amd: Delivery) -> None:
             assert link.attributes == {"otelprof.link.kind": "fwdbwd"}
             assert link.trace_id == span.trace_id  # forward and backward of one step: one trace
             forward = spans[link.span_id]
-            assert forward.attributes["pytorch.op.sequence_number"] == span.attributes["pytorch.op.sequence_number"]
+            assert forward.attributes["otelprof.op.sequence_number"] == span.attributes["otelprof.op.sequence_number"]
             linked[span.name] = forward.name
     assert linked == {
         "MseLossBackward0": "aten::mse_loss",
@@ -358,13 +358,13 @@ def test_backward_ops_link_to_their_forward_op(amd: Delivery) -> None:
 def test_memory_events_arrive_as_span_events(bert: Delivery) -> None:
     events = [e for s in bert.spans.values() for e in s.events]
     assert len(events) == sum(len(s.span.events) for s in bert.sent.values()) == 236
-    assert {e.name for e in events} == {"pytorch.memory"}
+    assert {e.name for e in events} == {"otelprof.memory"}
     counts = {"bytes", "total_allocated_bytes", "total_reserved_bytes", "device_type", "device_id"}
-    keys = {f"pytorch.memory.{k}" for k in (*counts, "device", "addr")}
+    keys = {f"otelprof.memory.{k}" for k in (*counts, "device", "addr")}
     assert all(e.attributes.keys() == keys for e in events)
-    assert all(isinstance(e.attributes[f"pytorch.memory.{k}"], int) for e in events for k in counts)
-    assert {e.attributes["pytorch.memory.device"] for e in events} == {"cpu", "cuda:0"}
-    assert all(str(e.attributes["pytorch.memory.addr"]).startswith("0x") for e in events)
+    assert all(isinstance(e.attributes[f"otelprof.memory.{k}"], int) for e in events for k in counts)
+    assert {e.attributes["otelprof.memory.device"] for e in events} == {"cpu", "cuda:0"}
+    assert all(str(e.attributes["otelprof.memory.addr"]).startswith("0x") for e in events)
 
 
 def test_sending_a_trace_again_changes_nothing(
@@ -466,7 +466,7 @@ def test_a_live_step_lists_its_number_and_phases(client: MlflowClient, live: Del
         assert json.loads(info.request_preview) == {"step": n, "samples": 4}
         listed = json.loads(info.response_preview)
         phases = {
-            s.attributes["otelprof.phase"]: s
+            s.attributes["otelprof.phase.name"]: s
             for s in spans
             if s.parent_id == root.span_id and s.name != f"ProfilerStep#{n}"
         }

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_TRACES as SHARED
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otelprof.cli import main
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 KINETO = SHARED / "kineto"
 NSYS = SHARED / "nsys"
 
@@ -52,7 +52,7 @@ class Got:
 
     @property
     def category(self) -> object:
-        return value(self.span.attributes, "pytorch.event.category")
+        return value(self.span.attributes, "otelprof.event.category")
 
     def attr(self, key: str) -> object:
         return value(self.span.attributes, key)

@@ -43,7 +43,7 @@ class Op:
     end: int
     name: str  # the op name otelprof should give it
     seq: int | None = None
-    dims: str | None = None  # pytorch.op.input_dims, compact JSON
+    dims: str | None = None  # otelprof.op.input_dims, compact JSON
     op_id: int | None = None
     parent: str | None = None  # key of the enclosing range (None: the saxpy range / the root)
     link: str | None = None  # key of the forward op a backward op links to

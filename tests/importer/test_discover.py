@@ -37,7 +37,7 @@ def _steps(spans: list[Got]) -> dict[tuple[str, bytes], set[object]]:
     out: dict[tuple[str, bytes], set[object]] = defaultdict(set)
     for g in spans:
         if g.span.name.startswith("ProfilerStep#") and not g.span.parent_span_id and not g.attr("otelprof.synthetic"):
-            out[(g.span.name, g.span.trace_id)].add(g.resource.get("pytorch.distributed.rank"))
+            out[(g.span.name, g.span.trace_id)].add(g.resource.get("otelprof.distributed.rank"))
     return out
 
 
@@ -78,7 +78,7 @@ def test_tensorboard_log_dir_with_ranks_in_file_names(tmp_path: Path) -> None:
     ]
     assert len({s.run_id for s in sources}) == 1 and sources[0].run_id.startswith("resnet/node1#")
     spans = _import(tmp_path, tmp_path / "tb")
-    assert {g.resource["pytorch.distributed.rank"] for g in spans} == {2, 3}
+    assert {g.resource["otelprof.distributed.rank"] for g in spans} == {2, 3}
     steps = _steps(spans)
     assert sorted(name for name, _ in steps) == ["ProfilerStep#1", "ProfilerStep#2"]
     assert all(ranks == {2, 3} for ranks in steps.values())

@@ -159,14 +159,14 @@ def test_device_work_hangs_under_its_runtime_call_when_that_is_a_span(
     spans = decode(_convert(files[name], engine).requests)
     by_id = {(g.span.trace_id, g.span.span_id): g for g in spans}
     calls = {
-        (g.span.trace_id, g.attr("pytorch.gpu.correlation_id")): g
+        (g.span.trace_id, g.attr("otelprof.gpu.correlation_id")): g
         for g in spans
         if _is_plain(g) and CLASS[str(g.category)] == "runtime"
     }
     under = 0
     for g in spans:
         if _is_plain(g) and g.category in DEVICE:
-            call = calls.get((g.span.trace_id, g.attr("pytorch.gpu.correlation_id")))
+            call = calls.get((g.span.trace_id, g.attr("otelprof.gpu.correlation_id")))
             if call is not None:
                 assert g.span.parent_span_id == call.span.span_id, g.span.name
                 under += 1
@@ -222,11 +222,11 @@ def test_device_work_without_its_launch_goes_under_a_gpu_lane(
     corr = _without_launch(src, path)
     spans = decode(convert_nsys(path, ConvertOptions(run_id="lane", detail=detail), engine=engine).requests)
     by_id = {(g.span.trace_id, g.span.span_id): g for g in spans}
-    [memcpy] = [g for g in spans if g.category == "gpu_memcpy" and g.attr("pytorch.gpu.correlation_id") == corr]
+    [memcpy] = [g for g in spans if g.category == "gpu_memcpy" and g.attr("otelprof.gpu.correlation_id") == corr]
     lane = by_id[(memcpy.span.trace_id, memcpy.span.parent_span_id)]
-    device, stream = memcpy.attr("pytorch.gpu.device"), memcpy.attr("pytorch.gpu.stream")
+    device, stream = memcpy.attr("otelprof.gpu.device"), memcpy.attr("otelprof.gpu.stream")
     assert (lane.category, lane.attr("otelprof.synthetic")) == ("otelprof", True)
-    assert (lane.attr("pytorch.gpu.device"), lane.attr("pytorch.gpu.stream")) == (device, stream)
+    assert (lane.attr("otelprof.gpu.device"), lane.attr("otelprof.gpu.stream")) == (device, stream)
     assert lane.span.name == f"gpu {device} \N{MIDDLE DOT} stream {stream}"
     assert lane.span.start_time_unix_nano <= memcpy.span.start_time_unix_nano
     assert memcpy.span.end_time_unix_nano <= lane.span.end_time_unix_nano

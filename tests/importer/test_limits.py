@@ -40,7 +40,7 @@ KERNEL = "void huge_kernel<" + "float, " * 100_000 + "int>(float*, int)"
 DOMAIN, HOST, GPU = _huge("domain", 1_000_000), _huge("host", 1_000_000), _huge("gpu", 1_000_000)
 PROCESS = "./" + _huge("proc", 1_000_000)
 VERSION = "2.9.1" + _huge("", 1_000_000)  # EXPORT_SCHEMA_VERSION: still major 2
-DIMS = "[[" + ",".join(["7"] * 400_000) + "]]"  # pytorch.op.input_dims, compact JSON
+DIMS = "[[" + ",".join(["7"] * 400_000) + "]]"  # otelprof.op.input_dims, compact JSON
 SHAPES_OP = "aten::cat, seq = 5, op_id = 9, sizes = [[" + ", ".join(["7"] * 400_000) + "]]"
 
 
@@ -143,15 +143,15 @@ def _kineto(max_bytes: int) -> dict[str, object]:
     result = convert(json.dumps(doc, ensure_ascii=False).encode(), detail="full", max_request_bytes=max_bytes)
     spans = decode(result.requests)
     [kernel] = [
-        g for g in spans if g.category == "kernel" and str(g.attr("pytorch.gpu.kernel_name")).startswith("void huge")
+        g for g in spans if g.category == "kernel" and str(g.attr("otelprof.gpu.kernel_name")).startswith("void huge")
     ]
     return {
         "range": _named(spans, "range-").span.name,
         "api": _named(spans, "cudaHugeCall").span.name,
         "kernel": kernel.span.name,
-        "kernel_name": kernel.attr("pytorch.gpu.kernel_name"),
+        "kernel_name": kernel.attr("otelprof.gpu.kernel_name"),
         "host": spans[0].resource["host.name"],
-        "gpu": spans[0].resource["hw.gpu.model"],
+        "gpu": spans[0].resource["otelprof.gpu.model"],
     }
 
 
@@ -167,18 +167,20 @@ def _check(spans: list[Got], count: int, max_bytes: int, nvprof: bool) -> None:
     assert len({g.span.span_id for g in spans}) == count
     huge = _named(spans, "range-")
     assert huge.span.name == kineto["range"]
-    assert len(huge.span.name) == SHOWN  # the whole, cut at the attribute limit, in pytorch.event.name
-    assert huge.attr("pytorch.event.name") == str(huge.attr("pytorch.event.name"))[:LIMIT]
-    [kernel] = [g for g in spans if str(g.attr("pytorch.gpu.kernel_name")).startswith("void huge")]
-    assert (kernel.span.name, kernel.attr("pytorch.gpu.kernel_name")) == (kineto["kernel"], kineto["kernel_name"])
-    assert _named(spans, "aten::cat").attr("pytorch.op.input_dims") == DIMS[:LIMIT]
-    whole = [str(g.attr("pytorch.event.name")) for g in spans if str(g.attr("pytorch.event.name")).endswith("m" * 100)]
+    assert len(huge.span.name) == SHOWN  # the whole, cut at the attribute limit, in otelprof.event.name
+    assert huge.attr("otelprof.event.name") == str(huge.attr("otelprof.event.name"))[:LIMIT]
+    [kernel] = [g for g in spans if str(g.attr("otelprof.gpu.kernel_name")).startswith("void huge")]
+    assert (kernel.span.name, kernel.attr("otelprof.gpu.kernel_name")) == (kineto["kernel"], kineto["kernel_name"])
+    assert _named(spans, "aten::cat").attr("otelprof.op.input_dims") == DIMS[:LIMIT]
+    whole = [
+        str(g.attr("otelprof.event.name")) for g in spans if str(g.attr("otelprof.event.name")).endswith("m" * 100)
+    ]
     assert sorted(whole) == [_many(i)[:LIMIT] for i in range(MANY)]
-    assert sorted(g.span.name for g in spans if str(g.attr("pytorch.event.name")).endswith("m" * 100)) == [
+    assert sorted(g.span.name for g in spans if str(g.attr("otelprof.event.name")).endswith("m" * 100)) == [
         _shown(_many(i)) for i in range(MANY)
     ]
     resource = spans[0].resource
-    assert resource["hw.gpu.model"] == kineto["gpu"] == GPU[:share]
+    assert resource["otelprof.gpu.model"] == kineto["gpu"] == GPU[:share]
     if nvprof:
         return
     assert _named(spans, "cudaHugeCall").span.name == kineto["api"]

@@ -83,10 +83,10 @@ def test_device_work_hangs_under_the_runtime_call_with_its_correlation_id(fragme
     device = [g for g in spans if g.category in ("kernel", "gpu_memcpy", "cuda_sync")]
     assert device
     for g in device:
-        corr = g.attr("pytorch.gpu.correlation_id")
+        corr = g.attr("otelprof.gpu.correlation_id")
         parent = by_id[g.span.parent_span_id]
         assert parent.category in ("cuda_runtime", "cuda_driver")
-        assert parent.attr("pytorch.gpu.correlation_id") == corr
+        assert parent.attr("otelprof.gpu.correlation_id") == corr
         assert str(launches[corr]).startswith(parent.span.name)  # cudaLaunchKernel_v7000 -> cudaLaunchKernel
 
 
@@ -98,15 +98,15 @@ def test_times_are_epoch_nanoseconds_of_the_session() -> None:
         "SELECT k.start, k.end, k.correlationId, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
         "JOIN StringIds s ON s.id = k.demangledName ORDER BY k.start LIMIT 1"
     ).fetchone()
-    kernel = next(g for g in spans if g.category == "kernel" and g.attr("pytorch.gpu.correlation_id") == corr)
+    kernel = next(g for g in spans if g.category == "kernel" and g.attr("otelprof.gpu.correlation_id") == corr)
     assert (kernel.span.name, kernel.span.start_time_unix_nano, kernel.span.end_time_unix_nano) == (
         fold_kernel_name(name),
         base + start,
         base + end,
     )
-    assert kernel.attr("pytorch.gpu.kernel_name") == (name if fold_kernel_name(name) != name else None)
-    assert kernel.attr("pytorch.gpu.device") == 0
-    assert kernel.resource["hw.gpu.model"] == "NVIDIA A100-SXM4-80GB"
+    assert kernel.attr("otelprof.gpu.kernel_name") == (name if fold_kernel_name(name) != name else None)
+    assert kernel.attr("otelprof.gpu.device") == 0
+    assert kernel.resource["otelprof.gpu.model"] == "NVIDIA A100-SXM4-80GB"
     assert kernel.resource["host.name"] == "nid008553"
 
 

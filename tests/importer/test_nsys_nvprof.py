@@ -47,7 +47,7 @@ def test_ops_calls_and_kernels_become_one_process_trace(
     by_key = {op.key: _span_at(spans, op.start, op.end) for op in ops}
     for op in ops:
         got = by_key[op.key]
-        assert (got.span.name, got.attr("pytorch.op.sequence_number"), got.attr("pytorch.op.input_dims")) == (
+        assert (got.span.name, got.attr("otelprof.op.sequence_number"), got.attr("otelprof.op.input_dims")) == (
             op.name, op.seq, op.dims,
         ), op.key  # fmt: skip
         assert got.attr("thread.id") == NVPROF_TID
@@ -60,17 +60,17 @@ def test_ops_calls_and_kernels_become_one_process_trace(
         call = _span_at(spans, c.start, c.end)
         device = _span_at(spans, c.device_start, c.device_end)
         assert device.span.parent_span_id == call.span.span_id
-        assert (call.attr("pytorch.gpu.cbid"), call.attr("pytorch.gpu.correlation_id")) == (c.cbid, c.correlation)
+        assert (call.attr("otelprof.gpu.cbid"), call.attr("otelprof.gpu.correlation_id")) == (c.cbid, c.correlation)
         if c.kind == "kernel":
             assert call.span.name == "cudaLaunchKernel"
             assert (device.category, device.span.name) == ("kernel", fold_kernel_name(kernel_name))
-            assert device.attr("pytorch.gpu.kernel_name") == (kernel_name if "(" in kernel_name else None)
-            assert (device.attr("pytorch.gpu.grid"), device.attr("pytorch.gpu.block")) == ("[2,1,1]", "[256,1,1]")
+            assert device.attr("otelprof.gpu.kernel_name") == (kernel_name if "(" in kernel_name else None)
+            assert (device.attr("otelprof.gpu.grid"), device.attr("otelprof.gpu.block")) == ("[2,1,1]", "[256,1,1]")
             assert by_id[call.span.parent_span_id].span.name in {"aten::addmm", "aten::mm", "ThresholdBackward"}
         else:
             assert call.span.name == "cudaMemcpy"
             assert (device.category, device.span.name) == ("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)")
-            assert (device.attr("pytorch.gpu.bytes"), call.span.parent_span_id) == (4096, root.span.span_id)
+            assert (device.attr("otelprof.gpu.bytes"), call.span.parent_span_id) == (4096, root.span.span_id)
 
 
 def test_kernel_names_are_demangled_where_libstdcxx_is_there() -> None:

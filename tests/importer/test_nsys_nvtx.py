@@ -46,9 +46,9 @@ def test_ops_get_their_names_attributes_parents_and_links(nsys_fixture: tuple[Pa
         ]
         by_key[op.key] = got
         assert got.span.name == op.name, op.key
-        assert got.attr("pytorch.op.sequence_number") == op.seq, op.key
-        assert got.attr("pytorch.op.input_dims") == op.dims, op.key
-        assert got.attr("pytorch.op.fwd_thread_id") == (tid if op.link is not None else None), op.key
+        assert got.attr("otelprof.op.sequence_number") == op.seq, op.key
+        assert got.attr("otelprof.op.input_dims") == op.dims, op.key
+        assert got.attr("otelprof.op.fwd_thread_id") == (tid if op.link is not None else None), op.key
         assert got.attr("thread.id") == tid, op.key
         assert got.category == ("user_annotation" if op.key == "user" else "cpu_op"), op.key
     for op in ops:
@@ -70,7 +70,7 @@ def test_ops_get_their_names_attributes_parents_and_links(nsys_fixture: tuple[Pa
             assert launch.span.name == "cudaLaunchKernel"
             [kernel] = [g for g in spans if g.span.parent_span_id == launch.span.span_id]
             assert (kernel.category, kernel.span.name) == ("kernel", "saxpy")  # the name folded, in full below
-            assert kernel.attr("pytorch.gpu.kernel_name") == "saxpy(double *, double *, double *, double, int)"
+            assert kernel.attr("otelprof.gpu.kernel_name") == "saxpy(double *, double *, double *, double, int)"
     assert stats["links"] == 3
     assert stats["nvtx_ops"] == len(ops) - 1  # all but the user range
 

@@ -40,7 +40,7 @@ def test_unrelated_files_under_one_run_id_keep_their_ids_apart(tmp_path: Path) -
     for fragment in FILES:
         shutil.copy(shared(fragment), folder)
     first = _import(tmp_path / "a", folder)
-    ranks = Counter(g.resource.get("pytorch.distributed.rank") for g in first)
+    ranks = Counter(g.resource.get("otelprof.distributed.rank") for g in first)
     assert set(ranks) == {0, None}
     owners: dict[tuple[bytes, bytes], set[tuple[str, int]]] = defaultdict(set)
     for g in first:

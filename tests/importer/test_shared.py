@@ -74,14 +74,14 @@ def test_kernels_hang_under_a_cpu_span_and_the_launch_when_it_is_kept(everything
     assert len(launched) > 10_000
     runtime_by_corr: dict[tuple[bytes, object, object], Got] = {}
     for g in everything.spans:
-        if g.category in RUNTIME and g.attr("pytorch.gpu.correlation_id") is not None:
-            runtime_by_corr[(g.span.trace_id, g.resource.get("process.pid"), g.attr("pytorch.gpu.correlation_id"))] = g
+        if g.category in RUNTIME and g.attr("otelprof.gpu.correlation_id") is not None:
+            runtime_by_corr[(g.span.trace_id, g.resource.get("process.pid"), g.attr("otelprof.gpu.correlation_id"))] = g
     under_launch = 0
     for g in launched:
         parent = by_id[(g.span.trace_id, g.span.parent_span_id)]
         assert parent.category not in LAUNCHED
         launch = runtime_by_corr.get(
-            (g.span.trace_id, g.resource.get("process.pid"), g.attr("pytorch.gpu.correlation_id"))
+            (g.span.trace_id, g.resource.get("process.pid"), g.attr("otelprof.gpu.correlation_id"))
         )
         if launch is not None and launch.span.span_id == g.span.parent_span_id:
             under_launch += 1
@@ -122,12 +122,12 @@ def test_full_detail_matches_the_raw_trace(fragment: str, tmp_path: Path) -> Non
         kernel = next(
             g
             for g in spans
-            if (g.attr("pytorch.gpu.kernel_name") or g.span.name) == e["name"]
-            and g.attr("pytorch.gpu.correlation_id") == corr
+            if (g.attr("otelprof.gpu.kernel_name") or g.span.name) == e["name"]
+            and g.attr("otelprof.gpu.correlation_id") == corr
         )
         parent = by_id[kernel.span.parent_span_id]
         assert parent.category in RUNTIME and parent.span.name == name
-        assert parent.attr("pytorch.gpu.correlation_id") == corr
+        assert parent.attr("otelprof.gpu.correlation_id") == corr
         checked += 1
     assert checked > 0 or fragment == "amd_trace"
 
@@ -137,7 +137,7 @@ def _step_traces(spans: list[Got], step: str) -> dict[bytes, set[object]]:
     for g in spans:
         # (from 4 ranks on, each rank's detail trace starts with a synthetic copy of the step)
         if g.span.name == step and not g.span.parent_span_id and not g.attr("otelprof.synthetic"):
-            traces[g.span.trace_id].add(g.resource.get("pytorch.distributed.rank"))
+            traces[g.span.trace_id].add(g.resource.get("otelprof.distributed.rank"))
     return traces
 
 

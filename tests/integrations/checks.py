@@ -58,8 +58,8 @@ def attrs(span: Span) -> dict[str, Any]:
 
 
 def phase_of(span: Span) -> str:
-    """A phase span's phase (``otelprof.phase``); its name adds the module: ``forward Model``."""
-    value: str = attrs(span)["otelprof.phase"]
+    """A phase span's phase (``otelprof.phase.name``); its name adds the module: ``forward Model``."""
+    value: str = attrs(span)["otelprof.phase.name"]
     module = attrs(span).get("otelprof.phase.module")
     assert span.name == (f"{value} {module}" if module else value)
     return value
@@ -68,7 +68,7 @@ def phase_of(span: Span) -> str:
 def phase_spans(captured: Captured, span: Span) -> list[Span]:
     """A step's (or evaluation's) phase spans: its children but a profiling window's
     ``ProfilerStep#N`` (the early window records steps 11 and 12 of a run)."""
-    return [c for c in captured.children(span) if "otelprof.phase" in attrs(c)]
+    return [c for c in captured.children(span) if "otelprof.phase.name" in attrs(c)]
 
 
 @contextmanager
@@ -112,7 +112,7 @@ def check_steps(captured: Captured, truth: Truth) -> list[Span]:
     (0, 1, ...), with the update's samples and tokens."""
     steps = captured.named("train.step")
     assert len(steps) == len(truth.samples)
-    assert [attrs(s)["pytorch.step"] for s in steps] == list(range(len(truth.samples)))
+    assert [attrs(s)["otelprof.step.number"] for s in steps] == list(range(len(truth.samples)))
     assert [attrs(s).get("otelprof.step.samples") for s in steps] == truth.samples
     assert [attrs(s).get("otelprof.step.tokens") for s in steps] == truth.tokens
     for a, b in itertools.pairwise(steps):
@@ -139,10 +139,10 @@ def check_evaluations(captured: Captured, truth: Truth, steps: list[Span], phase
     training step, numbered as the training steps are: the updates done before it."""
     evaluations = captured.named("evaluation")
     assert len(evaluations) == truth.evaluations
-    assert [attrs(e).get("pytorch.step") for e in evaluations] == truth.evaluated_after
-    traces = {attrs(s)["pytorch.step"]: s.trace_id for s in steps}
+    assert [attrs(e).get("otelprof.step.number") for e in evaluations] == truth.evaluated_after
+    traces = {attrs(s)["otelprof.step.number"]: s.trace_id for s in steps}
     for evaluation in evaluations:  # in the trace of the training step after it, if one came
-        number = attrs(evaluation)["pytorch.step"]
+        number = attrs(evaluation)["otelprof.step.number"]
         assert evaluation.trace_id == traces.get(number, evaluation.trace_id)
     for evaluation in evaluations:
         assert phase in {phase_of(p) for p in phase_spans(captured, evaluation)}

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import prereqs
 import pytest
 from export.receivers import http_receiver
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -34,73 +35,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 BATCHES = 12
 EVAL_EVERY = 4
-COMPOSER = ["mosaicml==0.32.1", "torch_optimizer>=0.3,<0.4", "coolname<3", "tabulate==0.9.0", "py-cpuinfo"]
-COMPOSER_WITH_DEPS = ["mosaicml-cli>=0.5.25,<0.8"]  # pure Python, none of it torch
-
-PLACEHOLDER = '''"""torchvision cannot load beside CPU torch 2.13 (see test_composer.py): every torchvision.*
-module imports, and every name in it is a class whose use raises ImportError."""
-
-import importlib.abc
-import importlib.machinery
-import sys
-import types
-
-import torch
-
-
-class _Missing(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        qualname = f"{self.__name__}.{name}"
-
-        def unavailable(*args, **kwargs):
-            raise ImportError(f"torchvision is not installed here ({qualname})")
-
-        base = torch.utils.data.Dataset if name.endswith("Dataset") else object
-        value = type(name, (base,), {"__init__": unavailable})
-        setattr(self, name, value)
-        return value
-
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.startswith("torchvision."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _Missing(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-sys.meta_path.insert(0, _Finder())
-__path__ = []
-'''
-
-
-def _composer_environment(folder: Path) -> list[str]:
-    """The PYTHONPATH entries of the Composer environment (skips when pip cannot install it)."""
-    site, placeholder = folder / "site", folder / "placeholder" / "torchvision"
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(site)]
-    for command in ([*pip, "--no-deps", *COMPOSER], [*pip, *COMPOSER_WITH_DEPS]):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            pytest.skip(f"cannot install Composer here: {done.stderr.strip().splitlines()[-1:]}")
-    placeholder.mkdir(parents=True)
-    (placeholder / "__init__.py").write_text(PLACEHOLDER)
-    assert not list(site.glob("torch-*")), "a torch went into the Composer folder"
-    return [str(folder / "placeholder"), str(site)]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[checks.Captured, dict[str, Any]]:
     folder = tmp_path_factory.mktemp("composer")
-    paths = _composer_environment(folder)
+    paths = prereqs.composer_paths()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELPROF_"))}
     with http_receiver() as rec:
         env.update(

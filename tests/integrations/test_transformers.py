@@ -146,7 +146,7 @@ def test_metrics_count_the_training_steps_alone(run: tuple[checks.Captured, Any]
     captured, (truth, _accumulation) = run
     checks.check_metrics(captured, truth)
     steps = captured.named("train.step")  # numbered 0..29: an evaluation takes no step number
-    assert [checks.attrs(s)["pytorch.step"] for s in steps] == list(range(STEPS))
+    assert [checks.attrs(s)["otelprof.step.number"] for s in steps] == list(range(STEPS))
 
 
 def test_micro_batches_per_step(run: tuple[checks.Captured, Any]) -> None:
@@ -202,9 +202,9 @@ def test_under_otelprof_run_with_no_code_change(tmp_path: Path) -> None:
         for span in ss.spans
     ]
     steps = sorted((s for s in spans if s.name == "train.step"), key=lambda s: s.start_time_unix_nano)
-    assert [checks.attrs(s)["pytorch.step"] for s in steps] == [0, 1, 2, 3]
+    assert [checks.attrs(s)["otelprof.step.number"] for s in steps] == [0, 1, 2, 3]
     assert [checks.attrs(s)["otelprof.step.samples"] for s in steps] == [8] * 4
     assert [checks.attrs(s)["otelprof.step.tokens"] for s in steps] == [8 * SEQ] * 4
     # an evaluation every 2 updates: numbered by the updates done before it, as the steps are
     evaluations = sorted((s for s in spans if s.name == "evaluation"), key=lambda s: s.start_time_unix_nano)
-    assert [checks.attrs(s)["pytorch.step"] for s in evaluations] == [2, 4]
+    assert [checks.attrs(s)["otelprof.step.number"] for s in evaluations] == [2, 4]

@@ -173,7 +173,7 @@ def walk(page: Any, view: outline.TreeView, step: Expected, shots: Path, started
     result.found["op"] = f"{op.name} > {kernel.name}"
     shoot("op-kernel")
     sent_lane = step.by_name(lane_name)
-    keys = (trees.SYNTHETIC, "pytorch.gpu.device", "pytorch.gpu.stream")
+    keys = (trees.SYNTHETIC, "otelprof.gpu.device", "otelprof.gpu.stream")
     _shows(page, view, lane, {key: sent_lane.attributes[key] for key in keys})
     result.found["lane"] = f"{lane.name} ({len(held)} kernel names under it)"
     shoot("lane")

@@ -48,7 +48,7 @@ def test_kernels_under_an_op_directly_or_through_the_launch() -> None:
 
 
 def lane(span_id: str, parent: str, name: str = "gpu 0 · stream 7") -> trees.ReadSpan:
-    attrs = {trees.CATEGORY: "otelprof", trees.SYNTHETIC: True, "pytorch.gpu.device": 0, "pytorch.gpu.stream": 7}
+    attrs = {trees.CATEGORY: "otelprof", trees.SYNTHETIC: True, "otelprof.gpu.device": 0, "otelprof.gpu.stream": 7}
     return trees.ReadSpan(T, span_id, parent, name, attrs)
 
 
@@ -105,7 +105,7 @@ def test_lanes_and_aggregates_arrive_intact_with_their_attributes_and_types() ->
     sent = [STEP, lane("05", "01"), kernel("04", "05"), LINEAR, aggregate("08", "02", "aten::view ×3", 3)]
     report = trees.rollups_arrive_intact(sent, sent)
     assert report.ok and report.looked_at == 2
-    as_text = trees.ReadSpan(T, "05", "01", "gpu 0 · stream 7", {**sent[1].attributes, "pytorch.gpu.stream": "7"})
+    as_text = trees.ReadSpan(T, "05", "01", "gpu 0 · stream 7", {**sent[1].attributes, "otelprof.gpu.stream": "7"})
     renamed = trees.ReadSpan(T, "08", "02", "aten::view", sent[4].attributes)
     moved = trees.ReadSpan(T, "08", "01", "aten::view ×3", sent[4].attributes)
     assert list(trees.rollups_arrive_intact([STEP, as_text], sent).problems) == [

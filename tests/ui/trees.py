@@ -16,7 +16,7 @@ the checks here, so both UIs are held to one definition:
 - **roll-ups intact**: every lane and aggregate span (its members' name and count,
   ``otelprof.aggregated_*``) the converter sent is read back with its name, parent and attributes;
 - **fwdbwd links**: every ``otelprof.link.kind = fwdbwd`` link joins a backward op to a forward
-  op with the same ``pytorch.op.sequence_number``, both read back, neither a step span (the
+  op with the same ``otelprof.op.sequence_number``, both read back, neither a step span (the
   trace root, or ``ProfilerStep#N`` under a live ``train.step``) nor a lane; where an op is no
   span, an end is what stands for it (its aggregate, or the span it was folded into);
 - **budget**: spans per trace at most the span budget (``ConvertOptions.span_budget``).
@@ -45,9 +45,9 @@ DEVICE_CATEGORIES = frozenset(
 )
 #: Kineto categories of CPU events that can enclose a launch (ops, annotations, Python frames).
 ENCLOSING_CATEGORIES = frozenset({"cpu_op", "Operator", "user_annotation", "python_function"})
-CATEGORY = "pytorch.event.category"
-CORRELATION = "pytorch.gpu.correlation_id"
-SEQUENCE = "pytorch.op.sequence_number"
+CATEGORY = "otelprof.event.category"
+CORRELATION = "otelprof.gpu.correlation_id"
+SEQUENCE = "otelprof.op.sequence_number"
 LINK_KIND = "otelprof.link.kind"
 SYNTHETIC = "otelprof.synthetic"
 AGGREGATED_COUNT = "otelprof.aggregated_count"

@@ -37,6 +37,7 @@ enum FixedKey : AttrKey {
     kFoldedFirstKey,  // class c's count is kFoldedFirstKey + 2c, its duration the next (kFoldClasses)
     kTraceHiddenKey = kFoldedFirstKey + 14, kTraceAggregatedKey, kSourceFileKey, kWindowPartKey, kWindowPartsKey,
     kEventNameKey,  // the whole name of an event whose span name was cut
+    kCodeFunctionKey, kCodeFilePathKey, kCodeLineKey,  // a python_function event's frame
     kFixedKeyCount
 };
 constexpr AttrKey arg_key(int arg_attribute) { return static_cast<AttrKey>(kFixedKeyCount + arg_attribute); }

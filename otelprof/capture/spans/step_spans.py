@@ -19,11 +19,10 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from ..._native_module import native as _native
 from ..._version import __version__
-from ...export.exporter import Exporter
 from ...otlp import encoder as reference
 from ...otlp import ids
 from ...otlp.ids import TraceIds
@@ -137,12 +136,18 @@ def native_sink() -> Any:
     return None if _native is None else _native.StepSink(MAX_PENDING, BATCH_STEPS)
 
 
+class Submits(Protocol):
+    """Where requests go: the exporter, or the session's trace route (export/sdk_route.py)."""
+
+    def submit(self, request: bytes) -> None: ...
+
+
 class StepSpans:
     max_request_bytes = 3 * 1024 * 1024  # the session sets OTELPROF_MAX_REQUEST_BYTES's value
     _thread: threading.Thread
 
     def __init__(
-        self, exporter: Exporter, identity: Identity, resource: Attrs, on_drop: Callable[[], None] | None = None
+        self, exporter: Submits, identity: Identity, resource: Attrs, on_drop: Callable[[], None] | None = None
     ) -> None:
         self._exporter = exporter
         self.encoder = StepRecordEncoder(identity, resource)
@@ -289,7 +294,7 @@ class StepRecordEncoder:
         name, number, start_ns, end_ns, ordinal, trace_id, parent_id = rec[:7]
         samples, tokens, dropped, phases, batches, window = rec[7:13]
         skipped = len(rec) > 13 and bool(rec[13])
-        attrs: Attrs = [("pytorch.step", number), ("otelprof.step.source", "live")]
+        attrs: Attrs = [("otelprof.step.number", number), ("otelprof.step.source", "live")]
         if samples is not None:
             attrs.append(("otelprof.step.samples", samples))
         if tokens is not None:
@@ -312,7 +317,7 @@ class StepRecordEncoder:
         out = [Span(order, trace_id, step_id, parent_id or b"", name, start_ns, end_ns, attrs)]
         for i, (phase, start, end, module) in enumerate(phases, 1):
             phase_id = ids.span_id(self.span_base, ordinal + i)
-            phase_attrs: Attrs = [("otelprof.phase", phase)]
+            phase_attrs: Attrs = [("otelprof.phase.name", phase)]
             if module:
                 phase_attrs.append(("otelprof.phase.module", module))
             span_name = f"{phase} {module}" if module else phase  # "forward GPT2LMHeadModel"

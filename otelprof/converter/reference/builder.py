@@ -81,18 +81,18 @@ def _arg_attributes(args: dict[str, Any]) -> Attrs:
 
 def _memory_attributes(args: dict[str, Any]) -> Attrs:
     """A memory event's attributes: the table's integers, the device by name
-    (``pytorch.memory.device``) before the address, the address in hex."""
+    (``otelprof.memory.device``) before the address, the address in hex."""
     out: Attrs = []
     for arg_key, attr in MEMORY_ATTRIBUTES:
         v = as_int64(args.get(arg_key))
-        if attr != "pytorch.memory.addr":
+        if attr != "otelprof.memory.addr":
             if v is not None:
                 out.append((attr, v))
             continue
         dtype = as_int64(args.get("Device Type"))
         device = device_name(dtype, as_int64(args.get("Device Id"))) if dtype is not None else None
         if device is not None:
-            out.append(("pytorch.memory.device", device))
+            out.append(("otelprof.memory.device", device))
         if v is not None:
             out.append((attr, hex_address(v)))
     return out
@@ -499,7 +499,7 @@ def trace_ids_and_roots(st: _BuildState) -> None:
                     "otelprof.window",
                     min(ev[i].start for i in spread),
                     max(ev[i].end for i in spread),
-                    [("pytorch.event.category", "otelprof"), ("otelprof.synthetic", True)],
+                    [("otelprof.event.category", "otelprof"), ("otelprof.synthetic", True)],
                 )
             )
     t0 = min((e.start for e in ev), default=0)
@@ -510,7 +510,7 @@ def trace_ids_and_roots(st: _BuildState) -> None:
             what: Attrs = [("otelprof.window.part", k + 1), ("otelprof.window.parts", n_iter)]
         else:
             name = f"Iteration#{k + 1}"
-            what = [("otelprof.iteration", k + 1), ("otelprof.iteration.source", st.it_source)]
+            what = [("otelprof.iteration.number", k + 1), ("otelprof.iteration.source", st.it_source)]
         synthetic.append(
             Span(
                 -1,
@@ -520,7 +520,7 @@ def trace_ids_and_roots(st: _BuildState) -> None:
                 name,
                 lo,
                 hi,
-                [("pytorch.event.category", "otelprof"), *what, ("otelprof.synthetic", True)],
+                [("otelprof.event.category", "otelprof"), *what, ("otelprof.synthetic", True)],
                 links=[(window_trace, window_root_id, [("otelprof.link.kind", "window")])],
             )
         )
@@ -674,7 +674,7 @@ def aggregate_spans(st: _BuildState) -> None:
         first = ev[run[0]]
         end = max(ev[r].end for r in run)
         durs = [ev[r].dur for r in run]
-        attrs: Attrs = [("pytorch.event.category", first.cat)]
+        attrs: Attrs = [("otelprof.event.category", first.cat)]
         if not first.device and isinstance(first.tid, int):
             attrs.append(("thread.id", first.tid))
         suffix = f" \N{MULTIPLICATION SIGN}{len(run)}"
@@ -833,11 +833,11 @@ def assemble_synthetic_roots(st: _BuildState) -> None:
         if k not in held:
             continue
         e = ev[lead]
-        attrs: Attrs = [("pytorch.event.category", "otelprof")]
+        attrs: Attrs = [("otelprof.event.category", "otelprof")]
         if isinstance(e.pid, int):
-            attrs.append(("pytorch.gpu.device", e.pid))
+            attrs.append(("otelprof.gpu.device", e.pid))
         if isinstance(e.tid, int):
-            attrs.append(("pytorch.gpu.stream", e.tid))
+            attrs.append(("otelprof.gpu.stream", e.tid))
         lane_id = sid(ordinal)
         attrs.extend(hidden_attrs.get(lane_id, ()))
         attrs.append(("otelprof.synthetic", True))
@@ -869,16 +869,18 @@ def assemble_event_spans(st: _BuildState) -> None:
     for i, e in enumerate(ev):
         if not keep[i]:
             continue
-        attrs: Attrs = [("pytorch.event.category", e.cat)]
+        attrs: Attrs = [("otelprof.event.category", e.cat)]
         if not e.device and isinstance(e.tid, int):
             attrs.append(("thread.id", e.tid))
         name = _shown(e, SPAN_NAME_CHARS)
         if name != e.name:
             attrs.append(_full_name(e))
+        if e.kind == Kind.PYTHON:
+            attrs.extend(_code_attributes(e.name))
         attrs.extend(_arg_attributes(e.args))
         if in_a[i]:
-            attrs.append(("pytorch.op.self_cpu_time_ns", e.dur - child_dur[i]))
-            attrs.append(("pytorch.op.self_device_time_ns", self_dev[i]))
+            attrs.append(("otelprof.op.self_cpu_time_ns", e.dur - child_dur[i]))
+            attrs.append(("otelprof.op.self_device_time_ns", self_dev[i]))
         if i in step_num:
             attrs.extend(_step_attributes(st, i, e))
         my_id = sid(e.ordinal)
@@ -916,20 +918,39 @@ def _shown(e: Event, limit: int) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "\N{HORIZONTAL ELLIPSIS}"
 
 
+def _code_attributes(name: str) -> Attrs:
+    """A python_function event's frame, ``path(line): function`` as Kineto names it, as the
+    ``code.*`` attributes (builder.cpp add_code_attributes): split at the first ``"): "``, the
+    line 1-9 ASCII digits after the last ``(`` before it, path and function non-empty; any
+    other name gives none."""
+    sep = name.find("): ")
+    if sep < 0 or sep + 3 == len(name):
+        return []
+    open_ = name.rfind("(", 0, sep)
+    digits = name[open_ + 1 : sep]
+    if open_ <= 0 or not 0 < len(digits) <= 9 or any(not "0" <= c <= "9" for c in digits):
+        return []
+    return [
+        ("code.function.name", name[sep + 3 :]),
+        ("code.file.path", name[:open_]),
+        ("code.line.number", int(digits)),
+    ]
+
+
 def _full_name(e: Event) -> tuple[str, str]:
     """The whole name of an event whose span name is not it: a kernel's demangled name, any other's."""
-    return ("pytorch.gpu.kernel_name" if e.kind == Kind.KERNEL else "pytorch.event.name", e.name)
+    return ("otelprof.gpu.kernel_name" if e.kind == Kind.KERNEL else "otelprof.event.name", e.name)
 
 
 def _step_attributes(st: _BuildState, i: int, e: Event) -> Attrs:
     """A ProfilerStep span's own attributes: step number, memory peak, what a trace list shows,
     the live window's trigger (native: add_step_attributes)."""
     step = st.step_num[i]
-    attrs: Attrs = [("pytorch.step", step)]
+    attrs: Attrs = [("otelprof.step.number", step)]
     cpu_peak, acc_peak = st.peaks.get(i, (-1, -1))
     peak = acc_peak if acc_peak >= 0 else cpu_peak
     if peak >= 0:
-        attrs.append(("pytorch.memory.peak_allocated_bytes", peak))
+        attrs.append(("otelprof.memory.peak_allocated_bytes", peak))
     start, end = st.marker_times(i)
     attrs.extend(step_list_attrs(step, end - start))
     live = st.live_of.get(i)
@@ -986,9 +1007,9 @@ def step_list_attrs(step: int, duration_ns: int) -> Attrs:
 
 
 def _detail_root_attrs(step: int, rank: int | None) -> Attrs:
-    attrs: Attrs = [("pytorch.event.category", "otelprof"), ("pytorch.step", step)]
+    attrs: Attrs = [("otelprof.event.category", "otelprof"), ("otelprof.step.number", step)]
     if rank is not None:
-        attrs.append(("pytorch.distributed.rank", rank))
+        attrs.append(("otelprof.distributed.rank", rank))
     attrs.append(("otelprof.synthetic", True))
     return attrs
 
