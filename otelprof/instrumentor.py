@@ -36,7 +36,14 @@ class TorchInstrumentor(BaseInstrumentor):
         return ("torch >= 2.2",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        instrument(registry=kwargs.get("registry"), exporter=kwargs.get("exporter"))
+        """``tracer_provider`` / ``meter_provider``, as every contrib instrumentor takes them: the
+        provider's sampler and span processors, the metrics' MeterProvider (docs/opentelemetry-sdk.md)."""
+        instrument(
+            registry=kwargs.get("registry"),
+            exporter=kwargs.get("exporter"),
+            tracer_provider=kwargs.get("tracer_provider"),
+            meter_provider=kwargs.get("meter_provider"),
+        )
 
     def _uninstrument(self, **kwargs: Any) -> None:
         uninstrument()

@@ -296,7 +296,8 @@ loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(
 x = torch.randn(2, 4, requires_grad=True)
 lin.weight.grad = torch.zeros_like(lin.weight)
 opt.step()  # torch's own first-step imports (dynamo...), bare as well, before otelprof
-otelprof.instrument(environ={"OTEL_EXPORTER_PROMETHEUS_PORT": "0", "OTELPROF_SPOOL_DIR": sys.argv[2]})
+extra = dict(e.split("=", 1) for e in sys.argv[3:])
+otelprof.instrument(environ={"OTEL_EXPORTER_PROMETHEUS_PORT": "0", "OTELPROF_SPOOL_DIR": sys.argv[2], **extra})
 before = set(sys.modules)
 with profile(with_stack=True) as prof:
     if sys.argv[1] == "backward":
@@ -305,17 +306,26 @@ with profile(with_stack=True) as prof:
         next(iter(loader))
     else:
         opt.step()
-print(sorted(set(sys.modules) - before), len(prof.events()) > 0)
+print("imported:", sorted(set(sys.modules) - before), len(prof.events()) > 0)
 otelprof.uninstrument()
 """
 
 
 @pytest.mark.parametrize("first", ["backward", "dataloader", "optimizer"])
-def test_otelprofs_first_step_inside_a_with_stack_profile_imports_nothing(tmp_path: Path, first: str) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=0.5", "OTEL_TRACES_EXPORTER=otlp,console")],
+    ids=["default", "sampler-and-sdk-exporter"],
+)
+def test_otelprofs_first_step_inside_a_with_stack_profile_imports_nothing(
+    tmp_path: Path, first: str, extra: tuple[str, ...]
+) -> None:
     """otelprof's session starts at the first step: when that is inside the user's with_stack
     profile, it imports nothing there (torch's Python tracer would keep pointers into the freed
-    module code, and the user's events() raise UnicodeDecodeError)."""
-    args = [sys.executable, "-c", FIRST_STEP_INSIDE, first, str(tmp_path)]
+    module code, and the user's events() raise UnicodeDecodeError), whatever the trace route
+    (a sampler and SDK exporters are imported at instrument())."""
+    args = [sys.executable, "-c", FIRST_STEP_INSIDE, first, str(tmp_path), *extra]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[] True"
+    [result] = [line for line in proc.stdout.splitlines() if line.startswith("imported:")]  # (console spans too)
+    assert result == "imported: [] True"

@@ -12,6 +12,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from converter_helpers import native_required
 from export.receivers import HttpReceiver, http_receiver
 
 pytest.importorskip("torch")
@@ -46,7 +47,7 @@ def _otelprof_run(workers: int, *flags: str) -> list[str]:
 
 def _steps(rec: HttpReceiver) -> list[int]:
     steps = [s for s in rec.spans if s.name == "train.step"]
-    return [next(kv.value.int_value for kv in s.attributes if kv.key == "pytorch.step") for s in steps]
+    return [next(kv.value.int_value for kv in s.attributes if kv.key == "otelprof.step.number") for s in steps]
 
 
 def test_import_otelprof_auto(tmp_path: Path) -> None:
@@ -89,14 +90,15 @@ def test_opentelemetry_instrument(tmp_path: Path) -> None:
     registered = [e.value for e in entry_points(group="opentelemetry_instrumentor") if e.name == "torch"]
     if "otelprof.instrumentor:TorchInstrumentor" not in registered:
         # CI installs the package (and sets this): there the entry point must be registered
-        assert not os.environ.get("OTELPROF_REQUIRE_NATIVE"), "entry point opentelemetry_instrumentor:torch missing"
+        assert not native_required(), "entry point opentelemetry_instrumentor:torch missing"
         pytest.skip("otelprof is not installed (pip install -e .), so its entry point is not registered")
     tool = shutil.which("opentelemetry-instrument")
     assert tool is not None
     command = [tool, sys.executable, str(HERE / "train_loop.py"), str(STEPS), "0"]
     with http_receiver() as rec:
-        # the SDK's own exporters off: only otelprof's instrumentor is under test
+        # only otelprof's instrumentor is under test: the SDK's metric and log exporters off, and
+        # spans by otelprof's own OTLP path (OTEL_TRACES_EXPORTER=none now silences it too)
         _run(
-            command, rec, tmp_path, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none"
+            command, rec, tmp_path, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none"
         )
     assert _steps(rec) == list(range(STEPS))

@@ -24,12 +24,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ...environment_variables import (
+from ...settings import quoted, text
+from ...settings.variables import (
     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
     OTEL_EXPORTER_OTLP_PROTOCOL,
     OTEL_METRICS_EXPORTER,
 )
-from ...settings import quoted, text
 from ..steps.tracker import PHASES, Step
 from .step_metrics import STEP_BUCKETS
 
@@ -80,6 +80,8 @@ BRIDGED = (
     ("otelprof_export_spool_evicted_requests", True, "{request}"),
     ("otelprof_export_queue_requests", False, "{request}"),
     ("otelprof_export_spool_bytes", False, "By"),
+    ("otelprof_traces_sampled_out", True, "{trace}"),
+    ("otelprof_sdk_route_spans_dropped", True, "{span}"),
 )
 #: Prometheus histograms bridged whole at export time (the OTel API has no observable
 #: histogram): their buckets, sum and count as the registry holds them.
@@ -115,7 +117,13 @@ class OtlpMetrics:
         labels: Mapping[str, str],
         resource: Mapping[str, Any],
         environ: Mapping[str, str],
+        meter_provider: Any = None,
+        sampled: Callable[[bytes], bool] | None = None,
     ) -> None:
+        """``meter_provider``: the caller's (``instrument(meter_provider=...)``), used instead of
+        one built here and never shut down by otelprof (its readers see only the instruments;
+        the bridged histograms ride on the exporter built here). ``sampled``: the trace
+        sampler's decision; an exemplar of a trace not sent is left out."""
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
@@ -129,12 +137,17 @@ class OtlpMetrics:
         self._samples: dict[str, list[tuple[dict[str, str], float]]] = {}
         self._histogram_families: list[Any] = []
         self._read_at = float("-inf")
-        reader = PeriodicExportingMetricReader(_with_histograms(_exporter(environ), self._histograms))
-        # no exit handler of the SDK's: registered after otelprof's, it would run first and
-        # export before the session closes the last step (Session.close shuts this down)
-        self.provider = MeterProvider(
-            resource=Resource.create(dict(resource)), metric_readers=[reader], shutdown_on_exit=False
-        )
+        self._sampled = sampled
+        self._owned = meter_provider is None
+        if meter_provider is not None:
+            self.provider = meter_provider
+        else:
+            reader = PeriodicExportingMetricReader(_with_histograms(_exporter(environ), self._histograms))
+            # no exit handler of the SDK's: registered after otelprof's, it would run first and
+            # export before the session closes the last step (Session.close shuts this down)
+            self.provider = MeterProvider(
+                resource=Resource.create(dict(resource)), metric_readers=[reader], shutdown_on_exit=False
+            )
         meter = self.provider.get_meter("otelprof", __version__)
         units = dict(DIRECT)
         # the scrape path's buckets (the SDK's default ones start at 5 s)
@@ -192,7 +205,9 @@ class OtlpMetrics:
             )
         )
         labels = self._labels
-        self._duration.record(seconds, labels, trace.set_span_in_context(span))
+        sampled = self._sampled
+        context = trace.set_span_in_context(span) if sampled is None or sampled(trace_id) else None
+        self._duration.record(seconds, labels, context)
         self._steps.add(1, labels)
         for phase, phase_seconds in phases:
             self._phase.record(phase_seconds, self._phase_labels.get(phase) or {**labels, "phase": phase})
@@ -208,6 +223,9 @@ class OtlpMetrics:
         with self._lock:
             self._read_at = float("-inf")
         try:
+            if not self._owned:  # the caller's provider: flushed, left running
+                self.provider.force_flush(timeout_millis=max(0.0, timeout_s) * 1000)
+                return
             self.provider.shutdown(timeout_millis=max(0.0, timeout_s) * 1000)
         except Exception:
             _log.warning("otelprof: shutting the OTLP metrics down failed", exc_info=True)

@@ -78,12 +78,16 @@ class Buckets:
         self.sum += value
         return i
 
-    def add_to(self, family: HistogramMetricFamily, labels: Sequence[str]) -> None:
+    def add_to(
+        self, family: HistogramMetricFamily, labels: Sequence[str], keep: Callable[[bytes], bool] | None = None
+    ) -> None:
+        """``keep``: whether a trace was sampled; an exemplar of one that was not is left out
+        (it would link to a trace the backend never got)."""
         buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
         total = 0
         for le, count, exemplar in zip(_LE, self.counts, self.exemplars, strict=True):
             total += count
-            if exemplar is None:
+            if exemplar is None or (keep is not None and not keep(exemplar[0].trace_id)):
                 buckets.append((le, total))
             else:
                 traced, value, at = exemplar
@@ -114,6 +118,9 @@ _State = tuple[
 class StepMetrics(Collector):
     """Steps come through ``observe()`` (folded here), or, once ``read_from()`` is called, are
     folded by the native core (the same arithmetic; tests/capture/test_step_metrics.py)."""
+
+    #: the trace sampler's decision (export/sampling.py); None: every trace is sent
+    keep_exemplar: Callable[[bytes], bool] | None = None
 
     def __init__(self, labels: Mapping[str, str], registry: CollectorRegistry = REGISTRY) -> None:
         self._sink: NativeSink | None = None
@@ -219,7 +226,7 @@ class StepMetrics(Collector):
             duration = HistogramMetricFamily(
                 "otelprof_step_duration_seconds", "Training step wall time.", labels=LABELS
             )
-            duration_buckets.add_to(duration, values)
+            duration_buckets.add_to(duration, values, self.keep_exemplar)
             phase = HistogramMetricFamily(
                 "otelprof_step_phase_duration_seconds",
                 "Time per step in each phase (data wait, forward, backward, optimizer).",
