@@ -13,6 +13,7 @@ from importlib.metadata import requires
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_TRACES as SHARED
 from export.receivers import http_receiver
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -22,7 +23,6 @@ from otelprof.export.destination import NO_DESTINATION, destination_id
 from otelprof.export.spool import Spool, record_destination
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = REPO_ROOT.parent / "shared" / "traces"
 CPU_ONLY = "cpu_only__rank-34"
 ALEXNET = "critical_path__alexnet"
 GARBAGE = "OTEL_EXPORTER_OTLP_ENDPOINT='garbage' is not an http(s) URL"
@@ -138,11 +138,11 @@ def test_an_invalid_endpoint_is_one_warning_then_the_spool_everywhere(tmp_path: 
     assert "localhost:431" not in out  # no default endpoint is claimed, or used
 
 
-def test_doctor_lists_the_endpoint_default_the_readme_states(tmp_path: Path) -> None:
+def test_doctor_lists_the_endpoint_default_the_docs_state(tmp_path: Path) -> None:
     proc = _otelprof("doctor", "--no-torch", env=_env(tmp_path))
     assert "  OTEL_EXPORTER_OTLP_ENDPOINT unset (default: none, spans go to the spool)" in proc.stdout.splitlines()
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert "| `OTEL_EXPORTER_OTLP_ENDPOINT` | unset: spool only (" in readme
+    exporting = (REPO_ROOT / "docs" / "exporting.md").read_text()
+    assert "| `OTEL_EXPORTER_OTLP_ENDPOINT` | unset: spool only (" in exporting
 
 
 @pytest.mark.parametrize(

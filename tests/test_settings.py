@@ -1,9 +1,10 @@
 """The settings registry: one dialect (the OpenTelemetry specification's), defaults that agree
-with the code's, and README tables generated from it."""
+with the code's, and the docs' tables generated from it."""
 
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from otelprof.converter import ConvertOptions
 from otelprof.export import exporter_config_from_env
 from otelprof.resource import options_from_env
 from otelprof.settings import VARIABLES, Bool, Host, Int, Number, render_tables
+from otelprof.settings._tables import documents
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,11 +141,19 @@ def test_every_variable_has_a_doc_and_a_group() -> None:
         assert var.general is None or var.general in VARIABLES, var.name
 
 
-def test_readme_tables_are_the_registry_s() -> None:
-    """Regenerate with ``python -m otelprof.settings --write README.md``."""
-    readme = (ROOT / "README.md").read_text("utf-8")
-    assert readme.count("<!-- env-table: ") == 5
-    assert render_tables(readme) == readme
+def test_docs_tables_are_the_registry_s() -> None:
+    """Regenerate with ``python -m otelprof.settings --write`` (README.md and docs/*.md)."""
+    tables: list[str] = []
+    for path in documents(ROOT):
+        text = path.read_text("utf-8")
+        tables += re.findall(r"<!-- env-table: (\w+) -->", text)
+        assert render_tables(text) == text, path
+    assert sorted(tables) == sorted({var.group for var in VARIABLES.values()}), "each group's table once"
+
+
+def test_the_regenerating_script_checks_the_docs_by_default() -> None:
+    proc = subprocess.run([sys.executable, "-m", "otelprof.settings"], cwd=ROOT, capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
 def test_the_regenerating_script_reports_stale_tables(tmp_path: Path) -> None:

@@ -3,8 +3,8 @@ read through one set of parsers in the OpenTelemetry specification's dialect (``
 
 Readers call :func:`value` (``settings.value(environ, OTELPROF_DETAIL, _log)``); a bad value
 never raises: one warning names the variable, the value and the default used instead.
-The README's tables and ``otelprof doctor``'s listing come from :data:`VARIABLES`;
-``python -m otelprof.settings [--write]`` prints (or rewrites) the README's tables.
+The tables of ``docs/`` and ``otelprof doctor``'s listing come from :data:`VARIABLES`;
+``python -m otelprof.settings [--write]`` checks (or rewrites) the docs' tables.
 """
 
 from __future__ import annotations

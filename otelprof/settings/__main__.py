@@ -1,4 +1,4 @@
-"""``python -m otelprof.settings [--write] [FILE ...]``: the README's variable tables from the
+"""``python -m otelprof.settings [--write] [FILE ...]``: the docs' variable tables from the
 registry; prints the files whose tables differ (exit 1), or rewrites them with ``--write``."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import render_tables
+from ._tables import documents
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,14 +22,16 @@ def build_parser() -> argparse.ArgumentParser:
         " file could not be read or written; 2 usage error",
     )
     parser.add_argument("--write", action="store_true", help="rewrite the tables that differ")
-    parser.add_argument("files", nargs="*", type=Path, metavar="FILE", help="Markdown files (default: README.md)")
+    parser.add_argument(
+        "files", nargs="*", type=Path, metavar="FILE", help="Markdown files (default: README.md and docs/*.md)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stale = 0
-    for path in args.files or [Path("README.md")]:
+    for path in args.files or documents(Path()):
         try:
             old = path.read_text("utf-8")
             new = render_tables(old)

@@ -19,7 +19,7 @@ class Variable:
     ``default`` is the value an unset, empty or unusable variable gives; ``shown`` is how the
     tables and ``otelprof doctor`` write it when the value alone would not say it (``None``: the
     value, formatted by its kind). ``general`` names the variable a signal-specific one
-    (``OTEL_EXPORTER_OTLP_TRACES_*``) replaces when set. ``group`` is the README table it is in.
+    (``OTEL_EXPORTER_OTLP_TRACES_*``) replaces when set. ``group`` is the docs table it is in.
     ``unset_means``: what ``otelprof doctor`` says an unset variable means, where that is not the
     table's default written plainly.
     """

@@ -1,4 +1,5 @@
-"""The variable tables of the README, generated from the registry.
+"""The variable tables of the docs (``docs/*.md``; README.md too, should it hold one), generated
+from the registry.
 
 Each table sits between ``<!-- env-table: GROUP -->`` and ``<!-- /env-table -->`` lines;
 :func:`render_tables` rewrites what is between them. Signal-specific variables
@@ -8,10 +9,16 @@ Each table sits between ``<!-- env-table: GROUP -->`` and ``<!-- /env-table -->`
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from ._registry import VARIABLES
 
 _BLOCK = re.compile(r"(<!-- env-table: (\w+) -->\n)(.*?)(<!-- /env-table -->)", re.S)
+
+
+def documents(root: Path) -> list[Path]:
+    """The Markdown files whose tables are checked: README.md and ``docs/*.md`` under ``root``."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
 def _md(text: str) -> str:

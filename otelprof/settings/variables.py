@@ -1,6 +1,6 @@
 """Every environment variable otelprof reads, defined once: name, parser, default and doc.
 
-The README's and ``docs/``' variable tables and ``otelprof doctor``'s listing are generated from
+The variable tables of ``docs/`` and ``otelprof doctor``'s listing are generated from
 these definitions (``python -m otelprof.settings`` prints the tables). Groups: ``live``
 (instrumentation), ``windows`` (profiling windows), ``distributed``, ``convert`` (conversion
 options), ``export`` (OTLP export).
@@ -42,6 +42,15 @@ OTELPROF_DETAIL = define(
     "default",
     "How much of a trace becomes spans: ``default`` (short CPU spans dropped or aggregated within"
     " the span budget, span events and links capped) or ``full`` (every event).",
+    "convert",
+)
+OTELPROF_REQUIRE_NATIVE = define(
+    "OTELPROF_REQUIRE_NATIVE",
+    Bool(),
+    False,
+    "``true``: a native core (``otelprof._native``) that does not load raises ``ImportError`` at"
+    " the first conversion or live session instead of letting the Python reference engine and"
+    " trackers take over (CI sets it, so a broken build fails the tests)." + _SPEC_BOOL,
     "convert",
 )
 OTELPROF_RUN_ID = define(
@@ -252,6 +261,35 @@ OTEL_EXPORTER_OTLP_TRACES_INSECURE = define(
     "Signal-specific ``OTEL_EXPORTER_OTLP_INSECURE``.",
     "export",
     general=OTEL_EXPORTER_OTLP_INSECURE,
+)
+OTEL_TRACES_EXPORTER = define(
+    "OTEL_TRACES_EXPORTER",
+    Text(),
+    None,
+    "Comma-separated span exporters: ``otlp`` is otelprof's own OTLP path; any other name (``console``,"
+    " ``zipkin_json``, a vendor's) is the OpenTelemetry SDK's exporter of that entry point, fed through"
+    " the SDK route (docs/opentelemetry-sdk.md); ``none`` sends no spans.",
+    "export",
+    shown="``otlp``",
+)
+OTEL_TRACES_SAMPLER = define(
+    "OTEL_TRACES_SAMPLER",
+    Text(),
+    None,
+    "Which step and window traces are sent, one decision per trace id (every rank agrees):"
+    " ``always_on``, ``always_off``, ``traceidratio``, ``parentbased_always_on``,"
+    " ``parentbased_always_off``, ``parentbased_traceidratio``, or an ``opentelemetry_traces_sampler``"
+    " entry point's name; anything else warns once and sends every trace.",
+    "export",
+    shown="``parentbased_always_on``",
+)
+OTEL_TRACES_SAMPLER_ARG = define(
+    "OTEL_TRACES_SAMPLER_ARG",
+    Text(),
+    None,
+    "The ratio of the ``*traceidratio`` samplers, 0 to 1 (unset or unusable: 1.0, with a warning"
+    " when unusable); an entry point's sampler gets the text as it is.",
+    "export",
 )
 OTEL_SDK_DISABLED = define(
     "OTEL_SDK_DISABLED",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,10 @@ def _demo(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     assert "Error in sitecustomize" not in out.stderr
+    # The README's first screen: no warning of otelprof's, Python's or torch's ("Failed to
+    # initialize NumPy" when the `torch` extra's numpy is missing)
+    warned = [line for line in out.stderr.splitlines() if re.search(r"warn|numpy", line, re.I)]
+    assert not warned, out.stderr
     return out
 
 

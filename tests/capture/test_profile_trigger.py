@@ -191,7 +191,7 @@ def test_without_an_interval_windows_still_come_one_at_a_time(receiver: HttpRece
 def test_beyond_loopback_the_trigger_needs_a_token(
     receiver: HttpReceiver, tmp_path: Path, caplog: pytest.LogCaptureFixture, token: str
 ) -> None:
-    """Listening on every address (the README's dashboard setup) with no token set, POST /profile
+    """Listening on every address (docs/collector.md's dashboard setup) with no token set, POST /profile
     is refused (403, counted, one warning at start naming the variable) and /metrics is served;
     with a token, the right one starts a window."""
     caplog.set_level(logging.WARNING, logger="otelprof")
