@@ -200,6 +200,19 @@ class BytesStore final : public otelprof::RequestStore {
     }
     // The open request of `buffer`, taken out of the open ones and cut (or extended) to `size`
     // (the GIL held): realloc, which keeps a large block's pages in place. On failure it is freed.
+    // _PyBytes_Resize is CPython's underscore API (Include/cpython/bytesobject.h, outside the
+    // limited API), the one way to cut or extend a bytes object in place: the public route, a
+    // second bytes object and a copy, costs every request a copy and fresh pages (faulting a
+    // request's pages in once took over half the time of writing it). PEP 782 keeps it available
+    // and maintained in 3.15 (soft-deprecated there; PyBytesWriter is its public successor).
+    // Guarded at compile time: an error where it cannot exist, a warning (an error in CI) past the
+    // versions whose documentation was read for it.
+#if defined(Py_LIMITED_API)
+#error "BytesStore cuts requests with _PyBytes_Resize, which the limited API does not have"
+#endif
+#if PY_VERSION_HEX >= 0x03100000
+#warning "_PyBytes_Resize was reviewed up to CPython 3.15 (PEP 782 keeps it): review it again, or move BytesStore to PyBytesWriter"
+#endif
     PyObject* resized(const char* buffer, size_t size) {
         auto it = open_.find(buffer);
         if (it == open_.end()) throw std::logic_error("a request closed or grown that was not open");

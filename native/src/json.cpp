@@ -14,6 +14,9 @@
 #include <emmintrin.h>
 #endif
 
+// The SWAR scans below load 8 bytes as one word and take its lowest byte as the first.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "json.cpp's word-at-a-time scans assume a little-endian target");
+
 namespace otelprof {
 
 namespace {
