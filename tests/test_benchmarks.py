@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+import prereqs
 import pytest
 from converter_helpers import shared_trace
-from stack.tools import install_in_ci
 
 pytestmark = pytest.mark.slow  # each test runs a benchmark script in a subprocess
 
@@ -114,12 +114,8 @@ def test_startup_benchmark_times_every_command() -> None:
 
 
 def _simdjson() -> None:
-    """simdjson's headers for parse_floor.py: in CI installed when missing, elsewhere a skip."""
-    header = Path("/usr/include/simdjson.h")
-    if not header.exists():
-        install_in_ci(("libsimdjson-dev",))
-    if not header.exists():
-        pytest.skip("simdjson not found: apt-get install libsimdjson-dev (CI=true installs it)")
+    """simdjson's headers for parse_floor.py (libsimdjson-dev, from tests/prereqs.py)."""
+    prereqs.header("/usr/include/simdjson.h")
 
 
 def test_parse_floor_benchmark_parses_the_same_events_with_simdjson() -> None:

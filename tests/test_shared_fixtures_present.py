@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
+import prereqs
 import pytest
 from conftest import KINETO_DIR
 
@@ -11,7 +10,7 @@ from conftest import KINETO_DIR
 EXPECTED_AT_LEAST = 15
 
 
-@pytest.mark.skipif(os.environ.get("CI", "").lower() != "true", reason="only enforced in CI (CI=true)")
+@pytest.mark.skipif(not prereqs.in_ci(), reason="only enforced in CI (CI=true)")
 def test_shared_kineto_traces_are_present_in_ci() -> None:
     traces = sorted(KINETO_DIR.glob("*.json.gz")) if KINETO_DIR.is_dir() else []
     assert len(traces) >= EXPECTED_AT_LEAST, f"expected the shared Kineto traces in {KINETO_DIR}, found {len(traces)}"

@@ -52,10 +52,6 @@ GPU_ONLY = {
     "otelprof_window_kernel_device_seconds": "kernels run only on a GPU",
     "otelprof_window_gpu_busy_ratio": "the busy share needs kernels in the window",
 }
-#: contract metrics (the live-capture metric names the dashboards and rules are written against)
-#: that otelprof may not produce yet: once the ranks expose the family (Prometheus has its
-#: metadata) their panels must return data; until then they only have to parse
-CONTRACT_PENDING = {"otelprof_straggler_ratio": "the straggler gauge (distributed runs)"}
 
 
 @dataclass
@@ -194,6 +190,8 @@ def run(prometheus: tuple[Prometheus, int], tmp_path_factory: pytest.TempPathFac
             "OTELPROF_PROFILE_WARMUP": "1",
             "OTELPROF_PROFILE_ACTIVE": "2",
             "OTELPROF_PROFILE_REPEAT": "0",
+            # ranks share their mean step time every 20 steps: the straggler panel has data
+            "OTELPROF_STRAGGLER_STEPS": "20",
         }
         start = time.time()
         ranks = [
@@ -289,9 +287,6 @@ def test_every_panel_query_returns_data(run: Run, target: dict[str, Any]) -> Non
         # panel belongs with the others
         assert result == [], f"GPU-only ({reason}) yet filled by a CPU run: {expr}"
         return
-    pending = [metric for metric in CONTRACT_PENDING if metric in expr]
-    if pending and not result and not prom.api("metadata", metric=pending[0]):
-        pytest.skip(f"{CONTRACT_PENDING[pending[0]]} is in the metrics contract; the ranks do not expose it yet")
     assert result, f"no data for {expr}"
     samples = [s["value"] for s in result if "value" in s] + [v for s in result for v in s.get("values", [])]
     assert any(float(v) == float(v) for _, v in samples), f"only NaN for {expr}"  # NaN != NaN
@@ -455,7 +450,10 @@ def test_panels_show_the_runs_numbers(run: Run) -> None:
 
 
 @pytest.mark.slow
-def test_metadata_tells_exposed_families(run: Run) -> None:
-    """The pending-metric skip above relies on Prometheus' metadata of exposed families."""
-    assert run.prometheus.api("metadata", metric="otelprof_last_step_timestamp_seconds")
+def test_ranks_expose_the_straggler_ratio(run: Run) -> None:
+    """Both ranks' ratios, after their first exchange: each is its mean step time over the
+    median of both ranks' means (of two: their mean), so the two average to 1."""
+    ratios = _one_instant(run, f'max by (rank) (otelprof_straggler_ratio{{run="{RUN_ID}"}})')
+    assert sorted(ratios) == ["0", "1"], ratios
+    assert abs(sum(ratios.values()) / WORLD - 1.0) < 1e-6
     assert run.prometheus.api("metadata", metric="otelprof_window_gpu_busy_ratio") == {}  # none on a CPU

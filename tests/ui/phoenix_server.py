@@ -6,20 +6,16 @@ subprocess: ``python -m phoenix.server.main serve`` on 127.0.0.1 with free HTTP 
 a temporary working dir (``PHOENIX_WORKING_DIR``, its SQLite database) and telemetry off. It
 takes OTLP/HTTP at ``/v1/traces`` and serves spans at ``GET /v1/projects/{project}/spans``.
 
-The environment is built once and kept (``$OTELPROF_PHOENIX_VENV``, else
-``/tmp/otelprof-test-cache/arize-phoenix-<version>-py<major.minor>``): built beside its final
-path and renamed into place when pip succeeded, so a broken install is never taken for a cached
-one. Where pip cannot install it or the server does not start, the tests are skipped with the
-reason (pip's or the server's last lines)."""
+The environment is built before the tests by ``tests/prereqs.py`` (``$OTELPROF_PHOENIX_VENV``,
+else ``/tmp/otelprof-test-cache/arize-phoenix-<version>-py<major.minor>``); missing, the tests
+skip, or fail in CI."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -29,75 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import prereqs
 import pytest
 from export.mlflow_server import free_port, log_tail, stop
 
-VERSION = "20.26.1"
-PIP_TIMEOUT_S = 900
+VERSION = prereqs.PHOENIX_VERSION
 START_TIMEOUT_S = 120.0
 
 
-def venv_dir() -> Path:
-    configured = os.environ.get("OTELPROF_PHOENIX_VENV", "").strip()
-    if configured:
-        return Path(configured)
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return Path("/tmp/otelprof-test-cache") / f"arize-phoenix-{VERSION}-py{python}"
-
-
-def _python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def _installed(venv: Path) -> bool:
-    if not _python(venv).exists():
-        return False
-    probe = [
-        str(_python(venv)),
-        "-c",
-        "import phoenix.server.main, importlib.metadata as m; print(m.version('arize-phoenix'))",
-    ]
-    done = subprocess.run(probe, capture_output=True, text=True, timeout=120, check=False)
-    return done.returncode == 0 and done.stdout.strip() == VERSION
-
-
 def ensure_installed() -> Path:
-    """The Phoenix environment's python, installed on first use; skips with pip's reason."""
-    venv = venv_dir()
-    if _installed(venv):
-        return _python(venv)
-    building = venv.with_name(f"{venv.name}.building-{os.getpid()}")
-    shutil.rmtree(building, ignore_errors=True)
-    building.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    steps = (
-        [sys.executable, "-m", "venv", str(building)],
-        [
-            str(_python(building)),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            f"arize-phoenix=={VERSION}",
-        ],
-    )
-    for command in steps:
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False
-            )
-        except subprocess.TimeoutExpired:
-            shutil.rmtree(building, ignore_errors=True)
-            pytest.skip(f"arize-phoenix=={VERSION} did not install within {PIP_TIMEOUT_S} s")
-        if done.returncode != 0:
-            shutil.rmtree(building, ignore_errors=True)
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-            pytest.skip(f"arize-phoenix=={VERSION} cannot be installed here ({' '.join(command[:4])}...):\n{tail}")
-    shutil.rmtree(venv, ignore_errors=True)
-    building.rename(venv)  # a venv's python finds its packages relative to pyvenv.cfg: it moves
-    print(f"\ninstalled arize-phoenix {VERSION} into {venv} in {time.monotonic() - started:.0f} s")
-    return _python(venv)
+    """The Phoenix environment's python (installed by tests/prereqs.py, never here)."""
+    return prereqs.phoenix_python()
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ opens the DLRM GPU step in Phoenix's trace page (``/redirects/traces/<trace id>`
 an op with a kernel under it, a GPU lane and an aggregate span (``tests/ui/gpu_step.py``).
 
 Phoenix 20.26 keeps no span links (its span model, REST and GraphQL alike, has none), so the
-fwdbwd rule cannot be checked there: that test is skipped with the reason while nothing read
-back carries a link.
+fwdbwd rule is checked on what the import sent, and the test asserts that none came back (it
+fails the day Phoenix keeps them).
 """
 
 from __future__ import annotations
@@ -201,10 +201,19 @@ def test_lanes_and_aggregates_arrive_intact(imports: Callable[[str], ReadBack], 
 
 
 @pytest.mark.slow
-def test_fwdbwd_links_join_named_ops(delivery: ReadBack) -> None:
-    if not any(s.links for s in delivery.spans):
-        pytest.skip("Phoenix 20.26 stores no span links (none in its span model, REST or GraphQL)")
-    trees.require(trees.fwdbwd_links_join_ops(delivery.spans))
+def test_fwdbwd_links_are_sent_and_phoenix_keeps_none(imports: Callable[[str], ReadBack], tmp_path: Path) -> None:
+    """Phoenix 20.26 stores no span links (none in its span model, REST or GraphQL): what is true
+    there is that the imports sent them, joining named ops, and none come back. A Phoenix that
+    keeps them fails this test: then check what it kept with the same rule."""
+    sent_links = 0
+    for key in sources.IMPORTED:
+        read = imports(key)
+        assert read.sent.path is not None
+        sent = sources.converted(read.sent.path, read.sent.run_id, tmp_path / key)
+        sent_links += sum(len(s.links) for s in sent)
+        trees.require(trees.fwdbwd_links_join_ops(sent))
+        assert not any(s.links for s in read.spans), "Phoenix now keeps links: apply fwdbwd_links_join_ops to them"
+    assert sent_links > 0
 
 
 @pytest.mark.slow
