@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import logging
 import os
 import threading
@@ -19,10 +18,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from .. import integrations
 from .._version import __version__
 from ..converter import LiveStep
-from ..export import exporter_config_from_env
+from ..export import exporter_config_from_env, sdk_route
 from ..export.exporter import Exporter, spool_dir_from_env
 from ..otlp import ids
 from ..otlp.resource import ResourceFacts, compose_resource
@@ -42,9 +40,7 @@ from .preemption import Preemption
 from .spans.step_spans import StepContext, StepSpans, current_parent, native_sink, otel_context_var
 from .steps.device_timing import cuda_timing
 from .steps.tracker import Step, step_tracker
-from .windows import resource as window_resource
 from .windows.profiling import Windows
-from .windows.resource import LiveResource
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -63,6 +59,8 @@ class Session:
         registry: CollectorRegistry,
         exporter: Exporter | None,
         environ: Mapping[str, str],
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
     ) -> None:
         import torch
 
@@ -74,6 +72,12 @@ class Session:
         self.exporter = exporter
         self._owns_exporter = False  # one it creates is shut down with it; a caller's is not
         self._environ = dict(environ)
+        # an SDK TracerProvider / MeterProvider the caller passed (docs/opentelemetry-sdk.md)
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self.route: sdk_route.TraceRoute | None = None
+        #: called first when the session ends, whoever ends it (uninstrument(), exit, SIGTERM)
+        self.on_close: list[Callable[[], None]] = []
         self.metrics: StepMetrics | None = None
         self.spans: StepSpans | None = None
         self.windows: Windows | None = None
@@ -150,12 +154,16 @@ class Session:
             attributes = resource_attributes_from_env(self._environ)
             max_request_bytes = value(self._environ, OTELPROF_MAX_REQUEST_BYTES, _log)
             resource = _resource(self.identity, self._environ, attributes)
-            self.spans = StepSpans(exporter, self.identity, resource, self.metrics.span_dropped)
+            # the sampler and the SDK route between the spans and the exporter (export/sdk_route.py)
+            route = self.route = sdk_route.route(self._environ, exporter.submit, self._tracer_provider)
+            route.register(self.registry)
+            self.metrics.keep_exemplar = None if route.sampler.keeps_all else route.sampler.sampled
+            self.spans = StepSpans(route, self.identity, resource, self.metrics.span_dropped)
             self.spans.max_request_bytes = max_request_bytes
             metric_exporters = otlp_metrics.exporters(self._environ)
             if "prometheus" in metric_exporters:
                 self._serve_metrics()
-            if "otlp" in metric_exporters:
+            if "otlp" in metric_exporters or self._meter_provider is not None:
                 self._start_otlp_metrics(resource)
             if self.settings.windows.enabled:
                 options = options_from_env(
@@ -164,16 +172,14 @@ class Session:
                     rank=self.identity.rank,
                     world_size=self.identity.world_size,
                     scope_version=__version__,
-                    resource_attributes=attributes,
+                    # the step spans' resource, typed and whole: a window's spans share it (the
+                    # trace adds only what it has and the session lacks: the GPU model)
+                    resource_attributes=tuple(resource),
                     max_request_bytes=max_request_bytes,
                 )
-                # a window's spans carry the step spans' resource (LiveResource rewrites it)
-                live_resource = LiveResource(resource)
-                grow = live_resource.size + window_resource.MARGIN
-                options = dataclasses.replace(options, max_request_bytes=max(1024, options.max_request_bytes - grow))
                 window_metrics = WindowMetrics(self.identity.labels())
                 self.metrics.add_collector(window_metrics)
-                submit = live_resource.submit(exporter.submit)
+                submit = route.submit
                 self.windows = Windows(self.settings.windows, options, submit, window_metrics)
                 self._window = self.windows.begin(number)
                 self._quiet.append(coexist.quiet(self.windows.pause, lambda: None))
@@ -207,7 +213,10 @@ class Session:
         )
         http_trigger = self.settings.http_trigger and self.metrics_server is not None
         windows = self.settings.windows
-        announce.announce(self.exporter.config, self.exporter.spool.directory, metrics, windows, http_trigger)
+        route = self.route
+        otlp, sdk = (True, ()) if route is None else (route.otlp is not None, route.processors)
+        spans = announce.spans_part(self.exporter.config, self.exporter.spool.directory, otlp, sdk)
+        announce.announce(spans, metrics, windows, http_trigger)
         if self.windows is not None:
             self.windows.conversions.announce = announce.write_line
 
@@ -354,8 +363,14 @@ class Session:
 
     def _start_otlp_metrics(self, resource: Attrs) -> None:
         try:
+            route = self.route
             self.otlp_metrics = otlp_metrics.OtlpMetrics(
-                self.registry, self.identity.labels(), dict(resource), self._environ
+                self.registry,
+                self.identity.labels(),
+                dict(resource),
+                self._environ,
+                self._meter_provider,
+                None if route is None or route.sampler.keeps_all else route.sampler.sampled,
             )
         except ImportError as exc:
             _log.warning(
@@ -405,6 +420,8 @@ class Session:
                 self.windows.close(left(60.0) - (0.0 if grace_s is None else min(2.0, 0.3 * grace_s)))
             except Exception:
                 _log.warning("otelprof: closing the profiling windows failed", exc_info=True)
+        if self.route is not None:  # the SDK's processors get the last spans
+            self.route.close(left(5.0))
         if self.exporter is not None:
             if self._owns_exporter:
                 self.exporter.shutdown(left(5.0))  # flushes, spools what is left, stops its thread
@@ -417,6 +434,8 @@ class Session:
             self.metrics_server.server_close()
         if self.metrics is not None:
             self.metrics.unregister()
+        if self.route is not None:  # its counters, after the last metrics export
+            self.route.unregister(self.registry)
         if self.straggler is not None:
             self.straggler.unregister(self.registry)
 
@@ -507,10 +526,15 @@ def instrument(
     environ: Mapping[str, str] | None = None,
     registry: CollectorRegistry | None = None,
     exporter: Exporter | None = None,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
 ) -> Session | None:
     """Starts step tracking, metrics and step spans for this process; returns the session,
     or None when disabled (``OTELPROF_ENABLED=false``, ``OTEL_SDK_DISABLED=true``) or when
-    torch is missing. Calling it again returns the running session."""
+    torch is missing. Calling it again returns the running session. ``tracer_provider``: an
+    OpenTelemetry SDK ``TracerProvider`` whose sampler decides and whose span processors get
+    the spans; ``meter_provider``: the ``MeterProvider`` the metrics are recorded through
+    (docs/opentelemetry-sdk.md)."""
     global _session
     env = os.environ if environ is None else environ
     with _lock:
@@ -526,10 +550,10 @@ def instrument(
             _log.warning("otelprof.auto needs torch (pip install 'otelprof[torch]'); not instrumenting")
             return None
         identity = identity_from_env(env)
-        session = Session(settings, identity, registry or REGISTRY, exporter, env)
+        session = Session(settings, identity, registry or REGISTRY, exporter, env, tracer_provider, meter_provider)
         _session = session
     atexit.register(_at_exit, session)
-    integrations.install()  # the framework callbacks, for Trainers built from now on
+    sdk_route.preload(env)  # now, not at the first step (maybe inside the user's profile)
     return session
 
 
@@ -548,7 +572,11 @@ def _close(session: Session, grace_s: float | None = None) -> None:
         if _session is not session:
             return
         _session = None
-    integrations.uninstall()
+    for callback in session.on_close:  # (the framework callbacks come out: instrumentation.py)
+        try:
+            callback()
+        except Exception:
+            _log.warning("otelprof: a close callback failed", exc_info=True)
     session.close(grace_s)
 
 

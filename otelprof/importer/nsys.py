@@ -13,10 +13,8 @@ Systems exports"). The same file and options always give the same ids.
 
 from __future__ import annotations
 
-import functools
 import re
 import sqlite3
-from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +23,8 @@ from urllib.parse import quote as url_quote
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
 from ..otlp._text import clean
 from ..otlp.resource import ResourceFacts
+from . import nvprof
+from ._cupti import MEMCPY, MEMSET, SYNC, Db, activity_fields, as_int, device_event, kernel_args
 from ._kineto import (
     IMPORT_STAT_KEYS,
     ProcessDoc,
@@ -42,9 +42,6 @@ SUPPORTED_MAJORS = (2, 3)
 _META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")  # 3.x, 2.x
 _RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 _KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
-_MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
-_MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
-_SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 _NVTX = "NVTX_EVENTS"
 
 # ENUM_NSYS_EVENT_CLASS / ENUM_NSYS_EVENT_TYPE values (the same in both generations; 2.x
@@ -54,14 +51,6 @@ _CLASS_BACKTRACE = 67  # 2.x: a second row per call holding its call chain
 _NVTX_RANGES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 _NVTX_MARK = 34
 # ENUM_CUDA_MEMCPY_OPER, ENUM_CUDA_MEM_KIND, ENUM_CUPTI_SYNC_TYPE, named as Kineto names them
-_COPY_KIND = {
-    1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
-    10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD",
-}  # fmt: skip
-_MEM_KIND = {
-    0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static", 6: "Managed Static",
-}  # fmt: skip
-_SYNC_KIND = {1: "Event Sync", 2: "Stream Wait Event", 3: "Stream Sync", 4: "Context Sync"}
 _VERSION_SUFFIX = re.compile(r"_v[0-9]+\Z")  # cudaMalloc_v3020 -> cudaMalloc, as nsys shows it
 _DEVICE_COLS = ("start", "end", "deviceId", "contextId", "streamId", "correlationId")
 _KERNEL_COLS = (
@@ -99,28 +88,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{url_quote(str(path.resolve()))}?mode=ro&immutable=1", uri=True)
 
 
-class _Db:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        self.tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-
-    def columns(self, table: str) -> set[str]:
-        return {row[1] for row in self.db.execute(f'PRAGMA table_info("{table}")')}
-
-    def rows(self, table: str, wanted: tuple[str, ...], where: str = "") -> Iterator[tuple[object, ...]]:
-        """(rowid, *wanted) tuples in rowid order; a column the table lacks reads as None."""
-        if table not in self.tables:
-            return iter(())
-        have = self.columns(table)
-        cols = ", ".join(f'"{c}"' if c in have else "NULL" for c in wanted)
-        return iter(self.db.execute(f'SELECT rowid, {cols} FROM "{table}" {where} ORDER BY rowid'))
-
-    def scalar(self, sql: str) -> object:
-        row = self.db.execute(sql).fetchone()
-        return row[0] if row else None
-
-
-def _schema_version(db: _Db, path: Path) -> str:
+def _schema_version(db: Db, path: Path) -> str:
     if not db.tables:
         raise TraceFormatError(f"{path}: empty SQLite database (no tables; not an Nsight Systems export)")
     meta = next((t for t in _META_TABLES if t in db.tables), None)
@@ -137,14 +105,10 @@ def _schema_version(db: _Db, path: Path) -> str:
     return str(version)
 
 
-def _int(value: object) -> int | None:
-    return value if type(value) is int else None  # not a bool
-
-
 class _Reader:
     """An export's rows into per-process documents, counted as read."""
 
-    def __init__(self, db: _Db) -> None:
+    def __init__(self, db: Db) -> None:
         self.db = db
         self.stats = dict.fromkeys(IMPORT_STAT_KEYS, 0)
         self.docs: dict[int, ProcessDoc] = {}
@@ -153,7 +117,7 @@ class _Reader:
         }
         self.base = 0
         if "TARGET_INFO_SESSION_START_TIME" in db.tables:
-            self.base = _int(db.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")) or 0
+            self.base = as_int(db.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")) or 0
         self._quoted: dict[object, str] = {}
 
     def doc(self, pid: int) -> ProcessDoc:
@@ -163,7 +127,7 @@ class _Reader:
         return doc
 
     def times(self, start: object, end: object) -> tuple[int, int] | None:
-        s, e = _int(start), _int(end)
+        s, e = as_int(start), as_int(end)
         if s is None or e is None or not valid_times(self.base + s, self.base + e):
             return None
         return self.base + s, self.base + max(s, e)
@@ -178,11 +142,11 @@ class _Reader:
             self.stats["events_total"] += 1
             if kind == _NVTX_MARK:
                 self.stats["nvtx_marks"] += 1
-            t, gtid = self.times(start, end), _int(gtid)
+            t, gtid = self.times(start, end), as_int(gtid)
             if kind not in _NVTX_RANGES or gtid is None or t is None:
                 self.ignore()  # marks, domain and thread records, unterminated ranges
                 continue
-            raw = text if text is not None else self.strings.get(_int(text_id) or -1)
+            raw = text if text is not None else self.strings.get(as_int(text_id) or -1)
             r = Range(*t, tid_of(gtid), clean(str(raw)) if raw is not None else "")
             ranges.setdefault(pid_of(gtid), []).append(r)
             self.stats["nvtx_ranges"] += 1
@@ -206,30 +170,30 @@ class _Reader:
             if klass == _CLASS_BACKTRACE and (gtid, corr) in primary:
                 self.ignore()  # the same call again, with its call chain
                 continue
-            t, gtid = self.times(start, end), _int(gtid)
+            t, gtid = self.times(start, end), as_int(gtid)
             if gtid is None or t is None:
                 self.ignore()
                 continue
             name = self._quoted.get(("api", name_id))
             if name is None:
-                text = _VERSION_SUFFIX.sub("", self.strings.get(_int(name_id) or -1, "") or "cuda_runtime")
+                text = _VERSION_SUFFIX.sub("", self.strings.get(as_int(name_id) or -1, "") or "cuda_runtime")
                 name = self._quoted[("api", name_id)] = quote(text)
             cat = "cuda_driver" if klass == _CLASS_DRIVER else "cuda_runtime"
-            args = members((("correlation", _int(corr)),))
+            args = members((("correlation", as_int(corr)),))
             self.doc(pid_of(gtid)).add(event(cat, name, pid_of(gtid), tid_of(gtid), *t, args), *t)
             self.stats["runtime_calls"] += 1
 
     def device(self) -> None:
         for table, extra, stat in (
             (_KERNEL, ("demangledName", "shortName", *_KERNEL_COLS), "kernels"),
-            (_MEMCPY, ("bytes", "copyKind", "srcKind", "dstKind"), "memcpys"),
-            (_MEMSET, ("bytes", "memKind"), "memsets"),
-            (_SYNC, ("syncType",), "syncs"),
+            (MEMCPY, ("bytes", "copyKind", "srcKind", "dstKind"), "memcpys"),
+            (MEMSET, ("bytes", "memKind"), "memsets"),
+            (SYNC, ("syncType",), "syncs"),
         ):
             for row in self.db.rows(table, (*_DEVICE_COLS, "globalPid", *extra)):
                 self.stats["events_total"] += 1
                 start, end, device, context, stream, corr, gpid = row[1:8]
-                t, gpid = self.times(start, end), _int(gpid)
+                t, gpid = self.times(start, end), as_int(gpid)
                 if gpid is None or t is None:
                     self.ignore()
                     continue
@@ -244,85 +208,14 @@ class _Reader:
             key = ("kernel", r[0], r[1])
             name = self._quoted.get(key)
             if name is None:
-                text = self.strings.get(_int(r[0]) or -1) or self.strings.get(_int(r[1]) or -1) or "kernel"
+                text = self.strings.get(as_int(r[0]) or -1) or self.strings.get(as_int(r[1]) or -1) or "kernel"
                 name = self._quoted[key] = quote(text)
             return "kernel", name, kernel_args(*r[2:])
         return activity_fields(table, r)
 
 
-def activity_fields(
-    table: str, r: tuple[object, ...], mem_kind: Callable[[object], str | None] | None = None
-) -> tuple[str, str, str]:
-    """(category, quoted name, own args) of a memcpy, memset or sync row from its own columns
-    (bytes, copyKind, srcKind, dstKind / bytes, memKind / syncType): nvprof's tables have the
-    same names and these columns in the same order, its memory kinds read by ``mem_kind``."""
-    kind_of = mem_kind or _mem_kind
-    if table == _SYNC:
-        return _sync_fields(_int(r[0]) or 0)
-    nbytes = members((("bytes", _int(r[0])),))
-    if table == _MEMCPY:
-        return "gpu_memcpy", _quoted(memcpy_name(r[1], kind_of(r[2]), kind_of(r[3]))), nbytes
-    mem = kind_of(r[1])
-    return "gpu_memset", _quoted(f"Memset ({mem})" if mem else "Memset"), nbytes
-
-
-@functools.cache
-def _sync_fields(sync_type: int) -> tuple[str, str, str]:
-    kind = _SYNC_KIND.get(sync_type, "Unknown Sync")
-    return "cuda_sync", quote(kind), members((("cuda_sync_kind", kind),))
-
-
-@functools.lru_cache(maxsize=1024)
-def _quoted(name: str) -> str:
-    """A generated name (memcpy, memset kinds: a few) as JSON."""
-    return quote(name)
-
-
-def memcpy_name(copy_kind: object, src: str | None, dst: str | None) -> str:
-    kind = _COPY_KIND.get(_int(copy_kind) or 0, "Unknown")
-    return f"Memcpy {kind} ({src} -> {dst})" if src and dst else f"Memcpy {kind}"
-
-
-@functools.cache
-def kernel_args(
-    gx: object, gy: object, gz: object, bx: object, by: object, bz: object, regs: object, s: object, d: object
-) -> str:
-    """A kernel's own Kineto args: grid, block, registers per thread, shared memory (static +
-    dynamic); cached, as launch configurations repeat."""
-    grid, block = [_int(v) for v in (gx, gy, gz)], [_int(v) for v in (bx, by, bz)]
-    shared = [_int(s), _int(d)]
-    return members(
-        (
-            ("registers per thread", _int(regs)),
-            ("shared memory", None if None in shared else sum(v for v in shared if v is not None)),
-            ("grid", None if None in grid else grid),
-            ("block", None if None in block else block),
-        )
-    )
-
-
-def device_event(
-    cat: str, name: str, device: object, context: object, stream: object, corr: object, t: tuple[int, int], own: str
-) -> str:
-    """Device work as Kineto writes it: pid = device, tid = stream, and the same in args with
-    the context and correlation id; ``own`` the table's own args."""
-    dev, st = _int(device), _int(stream)
-    args = [own] if own else []
-    for key, value in (("correlation", corr), ("stream", st), ("context", context), ("device", dev)):
-        if type(value) is int:
-            args.insert(0, f'"{key}":{value}')
-    return event(cat, name, dev, st, *t, ",".join(args))
-
-
-def _mem_kind(value: object) -> str | None:
-    kind = _int(value)  # 0 is Pageable
-    return _MEM_KIND.get(kind) if kind is not None else None
-
-
 def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions, engine: str) -> ConvertResult:
-    db = _Db(raw)
-    from . import nvprof  # imports this module
-
+    db = Db(raw)
     if nvprof.is_nvprof(db.tables):
         return nvprof.convert(db, path, opts, engine)
     version = _schema_version(db, path)
@@ -345,7 +238,7 @@ def _convert(raw: sqlite3.Connection, path: Path, opts: ConvertOptions, engine: 
     return convert_processes(reader.docs, meta, replace(opts, run_id=run_id), process, reader.stats, engine)
 
 
-def _process_names(db: _Db) -> dict[int, str]:
+def _process_names(db: Db) -> dict[int, str]:
     if "PROCESSES" not in db.tables:
         return {}
     out: dict[int, str] = {}
@@ -357,14 +250,14 @@ def _process_names(db: _Db) -> dict[int, str]:
     return out
 
 
-def _host_name(db: _Db) -> str | None:
+def _host_name(db: Db) -> str | None:
     if "TARGET_INFO_SYSTEM_ENV" not in db.tables:
         return None
     value = db.scalar("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'")
     return clean(value) if isinstance(value, str) and value else None
 
 
-def _gpu_models(db: _Db) -> list[str]:
+def _gpu_models(db: Db) -> list[str]:
     if "TARGET_INFO_GPU" not in db.tables:
         return []
     return [clean(str(name)) for (name,) in db.db.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id") if name]

@@ -23,6 +23,7 @@ from typing import Any
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError
 from ..otlp._text import clean
 from ..otlp.resource import ResourceFacts
+from ._cupti import MEM_KIND, Db, activity_fields, as_int, device_event, kernel_args
 from ._kineto import (
     IMPORT_STAT_KEYS,
     ProcessDoc,
@@ -35,7 +36,6 @@ from ._kineto import (
     quote,
     valid_times,
 )
-from .nsys import _MEM_KIND, _Db, activity_fields, device_event, kernel_args
 
 _RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 _DRIVER = "CUPTI_ACTIVITY_KIND_DRIVER"
@@ -71,10 +71,6 @@ _DRIVER_NAMES = {
 def is_nvprof(tables: set[str]) -> bool:
     """nvprof's tables: ``StringTable`` and CUPTI activity kinds (nsys has ``StringIds``)."""
     return "StringTable" in tables and any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables)
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _thread(kind: object, blob: object) -> tuple[int, int] | None:
@@ -115,7 +111,7 @@ def demangle(name: str) -> str:
 class _Reader:
     """A profile's rows into per-process documents, counted as read."""
 
-    def __init__(self, db: _Db) -> None:
+    def __init__(self, db: Db) -> None:
         self.db = db
         self.stats = dict.fromkeys(IMPORT_STAT_KEYS, 0)
         self.docs: dict[int, ProcessDoc] = {}
@@ -135,10 +131,10 @@ class _Reader:
         ends: dict[int, int] = {}
         for r in self.db.rows(_MARKER, ("flags", "timestamp", "id", "objectKind", "objectId", "name")):
             self.stats["events_total"] += 1
-            flags, mid = _int(r[1]) or 0, _int(r[3])
+            flags, mid = as_int(r[1]) or 0, as_int(r[3])
             if mid is not None and flags & _FLAG_START and r[6] != 0 and mid not in starts:
                 starts[mid] = r
-            elif mid is not None and flags & _FLAG_END and (ts := _int(r[2])) is not None and mid not in ends:
+            elif mid is not None and flags & _FLAG_END and (ts := as_int(r[2])) is not None and mid not in ends:
                 ends[mid] = ts
             else:  # instantaneous markers, repeated or malformed rows
                 self.stats["ignored_events"] += 1
@@ -150,7 +146,7 @@ class _Reader:
             if where is None or t is None:
                 self.stats["ignored_events"] += 1  # unterminated, or not on a thread
                 continue
-            text = self.strings.get(_int(r[6]) or -1, "")
+            text = self.strings.get(as_int(r[6]) or -1, "")
             ranges.setdefault(where[0], []).append(Range(*t, where[1], text))
             self.stats["nvtx_ranges"] += 1
         for pid, items in ranges.items():
@@ -166,10 +162,10 @@ class _Reader:
             for _, raw_cbid, start, end, raw_pid, raw_tid, raw_corr in self.db.rows(table, cols):
                 self.stats["events_total"] += 1
                 pid, tid, cbid, corr, t = (
-                    _int(raw_pid),
-                    _int(raw_tid),
-                    _int(raw_cbid),
-                    _int(raw_corr),
+                    as_int(raw_pid),
+                    as_int(raw_tid),
+                    as_int(raw_cbid),
+                    as_int(raw_corr),
                     _times(start, end),
                 )
                 if pid is None or tid is None or t is None:
@@ -194,7 +190,7 @@ class _Reader:
         for table, cols, stat in specs:
             for r in self.db.rows(table, cols):
                 self.stats["events_total"] += 1
-                t, corr = _times(r[1], r[2]), _int(r[6])
+                t, corr = _times(r[1], r[2]), as_int(r[6])
                 pid = self.launch_pid.get(corr, fallback) if corr is not None else fallback
                 if t is None or pid is None:
                     self.stats["ignored_events"] += 1
@@ -209,18 +205,18 @@ class _Reader:
     def _kernel_name(self, string_id: object) -> str:
         name = self._kernel_names.get(string_id)
         if name is None:
-            text = demangle(self.strings.get(_int(string_id) or -1) or "kernel")
+            text = demangle(self.strings.get(as_int(string_id) or -1) or "kernel")
             name = self._kernel_names[string_id] = quote(text)
         return name
 
 
 def _times(start: object, end: object) -> tuple[int, int] | None:
     """CUPTI nanoseconds, used as they are."""
-    s, e = _int(start), _int(end)
+    s, e = as_int(start), as_int(end)
     return None if s is None or e is None or not valid_times(s, e) else (s, max(s, e))
 
 
-def convert(db: _Db, path: Path, opts: ConvertOptions, engine: str = "auto") -> ConvertResult:
+def convert(db: Db, path: Path, opts: ConvertOptions, engine: str = "auto") -> ConvertResult:
     reader = _Reader(db)
     reader.markers()  # first: at equal times a range encloses the call it wraps (lower ordinal)
     reader.calls()
@@ -241,11 +237,11 @@ def convert(db: _Db, path: Path, opts: ConvertOptions, engine: str = "auto") -> 
 
 def _mem_kind(value: object) -> str | None:
     """CUPTI's memory kinds count from 1 (0 = unknown), nsys's from 0."""
-    kind = _int(value)
-    return _MEM_KIND.get(kind - 1) if kind else None
+    kind = as_int(value)
+    return MEM_KIND.get(kind - 1) if kind else None
 
 
-def _gpu_models(db: _Db, strings: dict[int, str]) -> list[str]:
+def _gpu_models(db: Db, strings: dict[int, str]) -> list[str]:
     if "CUPTI_ACTIVITY_KIND_DEVICE" not in db.tables:
         return []
     rows = db.db.execute("SELECT name FROM CUPTI_ACTIVITY_KIND_DEVICE ORDER BY id")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from . import _steps
 from ._imports import PostImportHook
@@ -41,10 +43,11 @@ def _on_import(module: ModuleType) -> None:
         _patched.append(module)
 
 
-def install() -> None:
-    """Adds the callbacks automatically from now on (frameworks imported now or later)."""
+def install(current: Callable[[], Any]) -> None:
+    """Adds the callbacks automatically from now on (frameworks imported now or later);
+    ``current`` returns the running session (or None), which they hand steps to."""
     global _hook
-    _steps.reset()
+    _steps.reset(current)
     with _lock:
         if _hook is not None:
             return

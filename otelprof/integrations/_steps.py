@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from ..capture import session as instrumentation
-
 _log = logging.getLogger(__name__)
+
+
+def _no_session() -> Any:
+    return None
+
+
+#: the running session, or None (``capture.session.session``, handed over by ``install``: the
+#: session imports the integrations, so they do not import it back)
+_current: Callable[[], Any] = _no_session
 #: The span an evaluation (HF ``evaluate``, Lightning's validation loop) gets instead of a step.
 EVALUATION = "evaluation"
 _failed = False
 
 
 def _tracker() -> Any:
-    session = instrumentation.session()
+    session = _current()
     return None if session is None or _failed else session.tracker
 
 
@@ -76,7 +84,7 @@ def end_evaluation() -> None:
 def name_run(run_id: str, source: str) -> bool:
     """The framework's run name becomes the run id (traces, labels) when the environment gave
     none and the first step has not begun (after that, steps are already named); True if taken."""
-    session = instrumentation.session()
+    session = _current()
     if session is None or not run_id:
         return False
     identity = session.identity
@@ -86,7 +94,9 @@ def name_run(run_id: str, source: str) -> bool:
     return True
 
 
-def reset() -> None:
-    """A new session starts with a working adapter (instrument() after a failure)."""
-    global _failed
+def reset(current: Callable[[], Any]) -> None:
+    """A new session starts with a working adapter (instrument() after a failure); ``current``
+    returns the running session."""
+    global _failed, _current
     _failed = False
+    _current = current
