@@ -1,7 +1,9 @@
 """Type stubs for the compiled core (native/bindings)."""
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final, final
+
+from _typeshed import structseq
 
 from otelprof.capture.spans.step_spans import StepRecord
 
@@ -81,49 +83,142 @@ class StepSpanEncoder:
     def encode(self, steps: Sequence[StepRecord], max_bytes: int) -> list[bytes]:
         """Releases the GIL while encoding."""
 
-class StepHistogram(NamedTuple):
-    counts: list[int]  # per bucket, not cumulated; the last is +Inf
-    sum: float
+@final
+class StepHistogram(structseq[Any], tuple[list[int], float]):
+    __match_args__: Final = (
+        "counts",
+        "sum",
+    )
+    @property
+    def counts(self) -> list[int]: ...  # per bucket, not cumulated; the last is +Inf
+    @property
+    def sum(self) -> float: ...
 
-class StepExemplar(NamedTuple):
-    number: int
-    trace_id: bytes | None  # the application span's; None: the step's own
-    value: float  # seconds
-    at: float  # Unix time of the step's end
+@final
+class StepExemplar(structseq[Any], tuple[int, bytes | None, float, float]):
+    __match_args__: Final = (
+        "number",
+        "trace_id",
+        "value",
+        "at",
+    )
+    @property
+    def number(self) -> int: ...
+    @property
+    def trace_id(self) -> bytes | None: ...  # the application span's; None: the step's own
+    @property
+    def value(self) -> float: ...  # seconds
+    @property
+    def at(self) -> float: ...  # Unix time of the step's end
 
-class StepSinkMetrics(NamedTuple):
+@final
+class StepSinkMetrics(
+    structseq[Any],
+    tuple[
+        StepHistogram,
+        list[StepExemplar | None],
+        list[StepHistogram],
+        int,
+        int,
+        int,
+        int,
+        float | None,
+        float | None,
+        float | None,
+        int,
+        int,
+    ],
+):
     """The step metrics a StepSink folded (one snapshot)."""
 
-    duration: StepHistogram
-    exemplars: list[StepExemplar | None]  # per duration bucket
-    phases: list[StepHistogram]  # in PHASES order
-    steps: int
-    samples: int
-    tokens: int
-    spans_dropped: int
-    last_step: float | None
-    samples_rate: float | None
-    tokens_rate: float | None
-    micro_batches: int
-    skipped: int  # steps whose optimizer update was skipped
+    __match_args__: Final = (
+        "duration",
+        "exemplars",
+        "phases",
+        "steps",
+        "samples",
+        "tokens",
+        "spans_dropped",
+        "last_step",
+        "samples_rate",
+        "tokens_rate",
+        "micro_batches",
+        "skipped",
+    )
+    @property
+    def duration(self) -> StepHistogram: ...
+    @property
+    def exemplars(self) -> list[StepExemplar | None]: ...  # per duration bucket
+    @property
+    def phases(self) -> list[StepHistogram]: ...  # in PHASES order
+    @property
+    def steps(self) -> int: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def spans_dropped(self) -> int: ...
+    @property
+    def last_step(self) -> float | None: ...
+    @property
+    def samples_rate(self) -> float | None: ...
+    @property
+    def tokens_rate(self) -> float | None: ...
+    @property
+    def micro_batches(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...  # steps whose optimizer update was skipped
 
-class LastStep(NamedTuple):
-    number: int
-    ordinal: int  # the step span's id ordinal
-    trace_id: bytes | None
-    phases: list[tuple[int, int]]  # (start ns, end ns) of its phase spans
+@final
+class LastStep(structseq[Any], tuple[int, int, bytes | None, list[tuple[int, int]]]):
+    __match_args__: Final = (
+        "number",
+        "ordinal",
+        "trace_id",
+        "phases",
+    )
+    @property
+    def number(self) -> int: ...
+    @property
+    def ordinal(self) -> int: ...  # the step span's id ordinal
+    @property
+    def trace_id(self) -> bytes | None: ...
+    @property
+    def phases(self) -> list[tuple[int, int]]: ...  # (start ns, end ns) of its phase spans
 
-class FoldedStep(NamedTuple):
+@final
+class FoldedStep(
+    structseq[Any], tuple[int, float, list[tuple[str, float]], int | None, int | None, int, int, bytes | None]
+):
     """The training step a StepSink folded last."""
 
-    number: int
-    seconds: float
-    phases: list[tuple[str, float]]  # (phase, seconds) of those it has a total of, in PHASES order
-    samples: int | None
-    tokens: int | None
-    micro_batches: int
-    ordinal: int  # its span's id ordinal
-    trace_id: bytes | None  # the application span's; None: the step's own
+    __match_args__: Final = (
+        "number",
+        "seconds",
+        "phases",
+        "samples",
+        "tokens",
+        "micro_batches",
+        "ordinal",
+        "trace_id",
+    )
+    @property
+    def number(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def phases(self) -> list[tuple[str, float]]: ...  # (phase, seconds) of those it has a total of, in PHASES order
+    @property
+    def samples(self) -> int | None: ...
+    @property
+    def tokens(self) -> int | None: ...
+    @property
+    def micro_batches(self) -> int: ...
+    @property
+    def ordinal(self) -> int: ...  # its span's id ordinal
+    @property
+    def trace_id(self) -> bytes | None: ...  # the application span's; None: the step's own
 
 class StepSink:
     """Closed steps folded into the step metrics and queued for their spans, in C++."""

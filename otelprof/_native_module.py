@@ -7,17 +7,17 @@ load raises ``ImportError`` here instead of letting the Python fallbacks take ov
 
 from __future__ import annotations
 
+import logging
 import os
 
-#: Set (to anything non-empty) to fail instead of falling back when the native core does not
-#: load; CI sets it. Default: unset, the Python reference and trackers take over.
-OTELPROF_REQUIRE_NATIVE = "OTELPROF_REQUIRE_NATIVE"
+from .settings import value
+from .settings.variables import OTELPROF_REQUIRE_NATIVE
 
 native_error: str | None = None
 try:
     from . import _native as native
 except ImportError as exc:  # pragma: no cover - a broken build; the Python fallbacks take over
-    if os.environ.get(OTELPROF_REQUIRE_NATIVE):
+    if value(os.environ, OTELPROF_REQUIRE_NATIVE, logging.getLogger(__name__)):
         raise
     native = None  # type: ignore[assignment]
     native_error = str(exc)

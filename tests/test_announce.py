@@ -23,7 +23,7 @@ STEPS = 3
 LINE = re.compile(r"^otelprof: spans → .*$", re.M)
 
 
-def _train(tmp_path: Path, command: list[str], *, steps: int = STEPS, **extra: str) -> subprocess.CompletedProcess[str]:
+def _train(tmp_path: Path, command: list[str], **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTELPROF_"))}
     env.update(
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
@@ -34,6 +34,7 @@ def _train(tmp_path: Path, command: list[str], *, steps: int = STEPS, **extra: s
     )
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
+    steps = command[command.index(str(LOOP)) + 1]  # train_loop.py STEPS WORKERS
     assert f"trained {steps}" in out.stdout
     return out
 
@@ -100,7 +101,6 @@ def test_a_window_says_which_steps_it_profiled(tmp_path: Path) -> None:
         out = _train(
             tmp_path,
             [sys.executable, str(LOOP), "5", "0", "--auto"],
-            steps=5,
             OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rec.port}",
             OTEL_EXPORTER_PROMETHEUS_PORT="0",
             OTELPROF_PROFILE_EARLY="0",
@@ -143,8 +143,8 @@ def test_silent(tmp_path: Path, how: str, extra: dict[str, str]) -> None:
             tmp_path,
             command,
             OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rec.port}",
-            **extra,
             OTELPROF_PROFILE="false",
+            **extra,
         )
     assert "otelprof:" not in out.stderr, out.stderr
     instrumented = "ENABLED" not in how and "DISABLED" not in how
@@ -212,3 +212,30 @@ def test_long_and_multiline_values_stay_one_short_line() -> None:
     assert shown.endswith("aaa... (100003 characters)") and len(shown) < 300
     multiline = metrics_part({"otlp"}, "h", None, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m/\nx"})
     assert multiline == "metrics → http://m/\\nx (http/protobuf)"
+
+
+@pytest.mark.slow  # a training subprocess
+@pytest.mark.parametrize(
+    ("exporters", "spans"),
+    [
+        ("console", "spans → SDK exporters ConsoleSpanExporter;"),
+        ("none", "spans → nowhere (OTEL_TRACES_EXPORTER=none);"),
+        ("otlp,console", "(http/protobuf) | spool {spool} and SDK exporters ConsoleSpanExporter;"),
+    ],
+)
+def test_the_line_names_the_sdk_exporters_that_get_the_spans(tmp_path: Path, exporters: str, spans: str) -> None:
+    """OTEL_TRACES_EXPORTER decides where spans go (docs/opentelemetry-sdk.md): the line says so."""
+    pytest.importorskip("torch")
+    with http_receiver() as rec:
+        out = _train(
+            tmp_path,
+            _auto(),
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rec.port}",
+            OTEL_TRACES_EXPORTER=exporters,
+            OTEL_EXPORTER_PROMETHEUS_PORT="0",
+            OTELPROF_PROFILE="false",
+        )
+    [line] = LINE.findall(out.stderr)
+    assert spans.format(spool=tmp_path / "spool") in line, line
+    assert _step_spans(rec) == (STEPS if "otlp" in exporters else 0)  # the OTLP path as the line says
+    assert out.stdout.count('"name": "train.step"') == (STEPS if "console" in exporters else 0)

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otelprof import ConvertOptions, __version__, convert
-from otelprof.environment_variables import (
+from otelprof.resource import options_from_env, resource_attributes_from_env
+from otelprof.settings.variables import (
     OTEL_RESOURCE_ATTRIBUTES,
     OTEL_SERVICE_NAME,
     OTELPROF_DETAIL,
@@ -18,7 +19,6 @@ from otelprof.environment_variables import (
     OTELPROF_MIN_DURATION_US,
     OTELPROF_RUN_ID,
 )
-from otelprof.resource import options_from_env, resource_attributes_from_env
 
 LOGGER = "otelprof.resource"
 

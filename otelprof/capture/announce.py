@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -49,10 +49,19 @@ def _home(path: Path, cut: bool = True) -> str:
     return _shown(shown) if cut else shown
 
 
-def spans_part(config: ExporterConfig, spool: Path) -> str:
+def spans_part(config: ExporterConfig, spool: Path, otlp: bool = True, sdk: Sequence[object] = ()) -> str:
+    """``otlp``: otelprof's own OTLP path sends spans; ``sdk``: the OpenTelemetry SDK span
+    processors that also get them (export/sdk_route.py), named by their exporters."""
+    via = ", ".join(sorted({type(getattr(p, "span_exporter", None) or p).__name__ for p in sdk}))
+    sdk_shown = f"SDK exporters {via}" if via else ""
+    if not otlp:
+        return f"spans → {sdk_shown or 'nowhere (OTEL_TRACES_EXPORTER=none)'}"
+    also = f" and {sdk_shown}" if sdk_shown else ""
     if not config.endpoint_configured:
-        return f"spans → spool {_home(spool)} (no OTEL_EXPORTER_OTLP_ENDPOINT; `otelprof spool replay` sends them)"
-    return f"spans → {_shown(redact_url(config.url))} ({config.protocol}) | spool {_home(spool)}"
+        return (
+            f"spans → spool {_home(spool)} (no OTEL_EXPORTER_OTLP_ENDPOINT; `otelprof spool replay` sends them){also}"
+        )
+    return f"spans → {_shown(redact_url(config.url))} ({config.protocol}) | spool {_home(spool)}{also}"
 
 
 def _otlp_metrics_url(environ: Mapping[str, str]) -> str:
@@ -129,12 +138,11 @@ def write_line(line: str, stream: TextIO | None = None) -> None:
 
 
 def announce(
-    config: ExporterConfig,
-    spool: Path,
+    spans: str,
     metrics: str,
     windows: WindowSettings,
     http_trigger: bool,
     stream: TextIO | None = None,
 ) -> None:
     """Writes the line; never raises (a closed stderr must not stop the job)."""
-    write_line(f"otelprof: {spans_part(config, spool)}; {metrics}; {windows_part(windows, http_trigger)}", stream)
+    write_line(f"otelprof: {spans}; {metrics}; {windows_part(windows, http_trigger)}", stream)

@@ -8,7 +8,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..environment_variables import (
+from ..export.config import sdk_disabled
+from ..settings import EntryWarnings, quoted, text, value
+from ..settings.variables import (
     OTEL_EXPORTER_PROMETHEUS_HOST,
     OTEL_EXPORTER_PROMETHEUS_PORT,
     OTELPROF_ANOMALY_FACTOR,
@@ -18,18 +20,18 @@ from ..environment_variables import (
     OTELPROF_PROFILE,
     OTELPROF_PROFILE_ACTIVE,
     OTELPROF_PROFILE_EARLY,
+    OTELPROF_PROFILE_MAX_STEPS,
+    OTELPROF_PROFILE_MIN_INTERVAL,
     OTELPROF_PROFILE_OPTIONS,
     OTELPROF_PROFILE_REPEAT,
     OTELPROF_PROFILE_SKIP_FIRST,
+    OTELPROF_PROFILE_TOKEN,
     OTELPROF_PROFILE_WAIT,
     OTELPROF_PROFILE_WARMUP,
     OTELPROF_TRIGGER_FILE,
     OTELPROF_TRIGGER_HTTP,
     OTELPROF_TRIGGER_SIGNAL,
 )
-from ..export.config import sdk_disabled
-from ..settings import EntryWarnings, quoted, text, value
-from ..settings.variables import OTELPROF_PROFILE_MAX_STEPS, OTELPROF_PROFILE_MIN_INTERVAL, OTELPROF_PROFILE_TOKEN
 from .metrics.server import TriggerGuard
 from .windows.keep import keep_from_env
 from .windows.profiling import WindowSettings

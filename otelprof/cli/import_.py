@@ -177,9 +177,9 @@ def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
     timeout where no timeout variable is set."""
     import dataclasses
 
-    from ..environment_variables import OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT
     from ..export.config import exporter_config_from_env
     from ..settings import first_set
+    from ..settings.variables import OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT
 
     config = exporter_config_from_env(environ)
     if first_set(environ, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT):
@@ -190,13 +190,13 @@ def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
 def _cmd_import(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..environment_variables import OTELPROF_MAX_REQUEST_BYTES
     from ..export.exporter import Exporter
     from ..importer.discover import SourceError, find_sources
     from ..importer.ledger import Ledger, LedgerError, default_path
     from ..importer.progress import Progress
     from ..importer.session import DEFAULT_BATCH_BYTES, Importer
     from ..settings import is_set
+    from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES
 
     base = with_import_service(convert_options(args))
     try:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from ..otlp._text import clean
 from ..otlp.resource import ResourceFacts, compose_resource
-from ..otlp.spans import Attrs
+from ..otlp.spans import Attrs, AttrValue
 
 Detail = Literal["full", "default"]
 #: How live steps find their ``ProfilerStep#N`` markers (``ConvertOptions.live_match``).
@@ -71,6 +71,13 @@ class LiveStep:
             raise ValueError(f"malformed live step: {self!r}")
 
 
+def _attr_value(value: object) -> bool:
+    """A value OTLP carries as it is: a string, a bool, a float or a signed 64-bit integer."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -(2**63) <= value < 2**63
+    return isinstance(value, str | bool | float)
+
+
 @dataclass(frozen=True)
 class ConvertOptions:
     """How a Kineto trace becomes OTLP spans. Every field has a safe default.
@@ -91,7 +98,9 @@ class ConvertOptions:
     split_world_size: int = DEFAULT_SPLIT_WORLD_SIZE
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     attribute_value_length_limit: int | None = DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
-    resource_attributes: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: Resource attributes put first and kept whole: strings from ``OTEL_RESOURCE_ATTRIBUTES``, or
+    #: typed values (a live session passes its own resource, so a window's spans share it).
+    resource_attributes: tuple[tuple[str, AttrValue], ...] = field(default_factory=tuple)
     host_name: str | None = None
     base_time_ns: int | None = None
     group_by_input_shapes: bool = False
@@ -137,8 +146,8 @@ class ConvertOptions:
         if self.live_match not in ("number", "time"):
             raise ValueError(f"live_match must be 'number' or 'time', not {self.live_match!r}")
         for item in self.resource_attributes:
-            if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item)):
-                raise ValueError(f"resource_attributes must be (key, value) string pairs, not {item!r}")
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and _attr_value(item[1])):
+                raise ValueError(f"resource_attributes must be (key, str/int/float/bool) pairs, not {item!r}")
 
     @property
     def full(self) -> bool:

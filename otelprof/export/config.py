@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from .. import environment_variables as ev
 from ..settings import EntryWarnings, first_set, is_utf8, quoted, text, value
+from ..settings import variables as ev
 from .redact import HEADER_NAME, redact_url
 
 _log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def _url(environ: Mapping[str, str], protocol: Protocol) -> tuple[str, bool, boo
     """(url without user info, endpoint_configured, TLS as the scheme says (None when the
     endpoint has no scheme), the URL's user info or "").
 
-    Unset, otelprof has no endpoint (spans go to the spool; the README says why it does not
+    Unset, otelprof has no endpoint (spans go to the spool; docs/exporting.md says why it does not
     assume the specification's localhost default). A value that is not a URL is treated as
     unset, after one warning: the same spool-only default, wherever the config is read.
     """

@@ -50,8 +50,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from ..environment_variables import OTELPROF_SPOOL_DIR
 from ..settings import value
+from ..settings.variables import OTELPROF_SPOOL_DIR
 from .config import ExporterConfig, exporter_config_from_env
 from .destination import describe, destination_id
 from .overflow import OverflowWriter
@@ -63,7 +63,7 @@ from .telemetry import ExporterMetrics
 _log = logging.getLogger(__name__)
 
 DEFAULT_SPOOL_DIR = Path.home() / ".cache" / "otelprof" / "spool"
-#: The exit deadline (README): ``shutdown()`` at interpreter exit returns within about this.
+#: The exit deadline (docs/exporting.md): ``shutdown()`` at interpreter exit returns within about this.
 EXIT_TIMEOUT_S = 5.0
 #: Of a shutdown's time, the part kept for interrupting the send in flight and spooling what is
 #: left (local disk writes), at most this much; the rest goes to delivering.

@@ -29,8 +29,8 @@ from google.protobuf.message import DecodeError
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from .. import environment_variables as ev
 from .._version import __version__
+from ..settings import variables as ev
 from .config import ExporterConfig
 from .result import TLS, TLS_CONFIG, ExportResult, server_delay
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
+from converter_helpers import native_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from .test_step_sink import _event, _native_path, _python_path
 
-pytest.importorskip("otelprof._native")
+native_module()
 
 
 def _loop(skips: list[bool]) -> list[tuple[str, Any]]:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import KINETO_DIR as TRACES
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -15,7 +16,6 @@ from otelprof import convert
 from otelprof.capture.metrics.window_metrics import MAX_NAME_CHARS, TOP_N, WindowMetrics, summarize
 from otelprof.converter import OpStats
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "kineto"
 H100 = TRACES / "tracelens__tests__traces__h100__gaunernst_bert-small-uncased__1016001.json.gz"
 
 

@@ -19,8 +19,8 @@ from converter_helpers import shared_trace as shared_trace
 
 from otelprof.converter import ConvertOptions, convert
 from otelprof.converter._options import DEFAULT_SPAN_BUDGET
-from otelprof.environment_variables import OTELPROF_SPAN_BUDGET
 from otelprof.resource import options_from_env
+from otelprof.settings.variables import OTELPROF_SPAN_BUDGET
 
 from . import trees
 

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ...environment_variables import OTELPROF_RUN_ID
 from ...settings import Int, parse
+from ...settings.variables import OTELPROF_RUN_ID
 
 #: (rank, local rank, world size) variables of the launchers we know, first match wins.
 _LAUNCHERS = (

@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ...environment_variables import OTELPROF_RUN_ID, OTELPROF_STRAGGLER_STEPS
 from ...settings import value
+from ...settings.variables import OTELPROF_RUN_ID, OTELPROF_STRAGGLER_STEPS
 from .identity import Identity
 
 _log = logging.getLogger(__name__)
