@@ -34,10 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from otelprof.export import sampling
 from otelprof.capture.distributed.identity import Identity
 from otelprof.capture.spans.step_spans import StepPhaseRecord, StepRecord, StepRecordEncoder
 from otelprof.converter import ConvertOptions, convert
+from otelprof.export import sampling
 from otelprof.export.sdk_route import TraceRoute
 
 ROOT = Path(__file__).resolve().parents[1]

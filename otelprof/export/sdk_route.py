@@ -23,9 +23,9 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry, Counter
 
-from . import sampling
 from ..settings import quoted, text
 from ..settings.variables import OTEL_TRACES_EXPORTER, OTEL_TRACES_SAMPLER
+from . import sampling
 
 _log = logging.getLogger(__name__)
 
