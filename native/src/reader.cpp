@@ -359,7 +359,7 @@ std::string_view TraceReader::other_category(std::string_view cat) {
 }
 
 // The attributes a span gets from its event's args, in one pass over them: the table decides
-// order and aliases (the first key present wins; builder.cpp copies them; reference:
+// order and aliases (the first key present wins; build_assemble.cpp copies them; reference:
 // _arg_attributes); and the ids the tree and links match on (reference: tree.py's arg lookups).
 void TraceReader::event_args(const Document& doc, const JNode& args, Event& e) {
     const JNode* found[kArgAttributeCount];

@@ -1,6 +1,6 @@
 // The event tree (mirrors reference/tree.py and the step finding of reference/builder.py): which
 // events are steps, what encloses what on each CPU thread, which CPU event launched each device
-// event, and the step that owns every event. The later stages (builder.cpp) only read it.
+// event, and the step that owns every event. The later stages (builder.cpp and build_*.cpp) only read it.
 #include "otelprof/tree.hpp"
 
 #include <algorithm>

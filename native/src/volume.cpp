@@ -49,7 +49,7 @@ std::vector<char> keep_rule(const Trace& trace, const EventTree& tree, const std
             if (op < 0 && k != Kind::Runtime && k != Kind::Python && k != Kind::TraceSpan) op = j;
             j = parent[j];
         }
-        // (no op encloses the launch: the kernel goes to its GPU lane, builder.cpp gpu_lanes)
+        // (no op encloses the launch: the kernel goes to its GPU lane, build_budget.cpp gpu_lanes)
         if (op >= 0 && (j < 0 || tree.is_step(j) || ev[j].kind == Kind::TraceSpan)) keep[op] = 1;
     }
     for (int i = 0; i < n; ++i) {

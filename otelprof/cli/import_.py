@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
     from ..export.config import ExporterConfig
     from ..export.exporter import Exporter, ExporterCounters
     from ..importer.discover import Source
-    from ..importer.session import Report
+    from ..importer.ledger import Ledger
+    from ..importer.progress import Progress
+    from ..importer.session import Importer, Report
 
 _log = logging.getLogger(__name__)
 
@@ -187,14 +190,43 @@ def import_exporter_config(environ: Mapping[str, str]) -> ExporterConfig:
     return dataclasses.replace(config, timeout_s=IMPORT_TIMEOUT_S)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What the command line asks for, checked: the conversion options, the files, the ledger
+    and the exporter's configuration."""
+
+    options: ConvertOptions
+    sources: list[Source]
+    ledger_path: Path
+    ledger: Ledger
+    config: ExporterConfig
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    importer, exporter, progress, stop = _importer(args, plan)
+    try:
+        with _stop_on_signals(stop, args.quiet):
+            report = importer.run(plan.sources)
+    except KeyboardInterrupt:  # a second Ctrl-C: what is queued goes to the spool, unrecorded
+        progress.close()
+        exporter.shutdown(timeout_s=2.0)
+        raise
+    finally:
+        progress.close()
+    exporter.shutdown(timeout_s=10.0)
+    if not args.quiet:
+        _print_summary(report, len(plan.sources), exporter.counters, exporter)
+    return _exit_code(report, exporter, plan.ledger_path)
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """The files, the ledger and the exporter's configuration, or a CliError saying why not;
+    over OTLP/HTTP smaller requests unless the user chose their size."""
     import dataclasses
 
-    from ..export.exporter import Exporter
     from ..importer.discover import SourceError, find_sources
     from ..importer.ledger import Ledger, LedgerError, default_path
-    from ..importer.progress import Progress
-    from ..importer.session import DEFAULT_BATCH_BYTES, Importer
     from ..settings import is_set
     from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES
 
@@ -214,6 +246,18 @@ def _cmd_import(args: argparse.Namespace) -> int:
     told = args.max_request_bytes is not None or is_set(os.environ, OTELPROF_MAX_REQUEST_BYTES)
     if config.protocol == "http/protobuf" and not told:
         base = dataclasses.replace(base, max_request_bytes=HTTP_IMPORT_REQUEST_BYTES)
+    return _Plan(base, sources, ledger_path, ledger, config)
+
+
+def _importer(args: argparse.Namespace, plan: _Plan) -> tuple[Importer, Exporter, Progress, threading.Event]:
+    """The importer of the plan's files, with its exporter, progress line and stop flag."""
+    import dataclasses
+
+    from ..export.exporter import Exporter
+    from ..importer.progress import Progress
+    from ..importer.session import DEFAULT_BATCH_BYTES, Importer
+
+    base, sources = plan.options, plan.sources
 
     def options_for(source: Source) -> ConvertOptions:
         rank = source.rank if source.rank is not None else base.rank
@@ -237,11 +281,11 @@ def _cmd_import(args: argparse.Namespace) -> int:
             source.rank,
         )
 
-    exporter = Exporter(config)
+    exporter = Exporter(plan.config)
     stop = threading.Event()
     importer = Importer(
         exporter,
-        ledger,
+        plan.ledger,
         options_for,
         engine=args.engine,
         resume=args.resume,
@@ -251,19 +295,13 @@ def _cmd_import(args: argparse.Namespace) -> int:
         on_file=on_file,
         batch_bytes=DEFAULT_BATCH_BYTES if args.batch_bytes is None else args.batch_bytes,
     )
-    try:
-        with _stop_on_signals(stop, args.quiet):
-            report = importer.run(sources)
-    except KeyboardInterrupt:  # a second Ctrl-C: what is queued goes to the spool, unrecorded
-        progress.close()
-        exporter.shutdown(timeout_s=2.0)
-        raise
-    finally:
-        progress.close()
-    exporter.shutdown(timeout_s=10.0)
+    return importer, exporter, progress, stop
+
+
+def _exit_code(report: Report, exporter: Exporter, ledger_path: Path) -> int:
+    """The exit code, each failure told on stderr: interrupted, the spool overflowing, requests
+    lost, files that could not be read."""
     counters = exporter.counters
-    if not args.quiet:
-        _print_summary(report, len(sources), counters, exporter)
     if report.stopped:
         print(
             f"otelprof: interrupted: what was delivered is recorded in {ledger_path}; "

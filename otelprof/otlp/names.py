@@ -512,7 +512,7 @@ def _too_deep(s: str) -> bool:
 
 def cut_strings(spans: Iterable[Span], name_limit: int, value_limit: int | None) -> int:
     """The converter's length limits on spans (docs/semantic-conventions.md, "Length limits";
-    native ``cut_strings`` in builder.cpp): each name longer than ``name_limit`` characters and
+    native ``cut_strings`` in build_assemble.cpp): each name longer than ``name_limit`` characters and
     each string attribute value longer than ``value_limit`` (None: no limit) keeps its first
     that many, unmarked, as OpenTelemetry's attribute value length limit cuts. Returns how many
     were cut."""

@@ -1,5 +1,5 @@
 // Volume control at default detail (mirrors reference/volume.py launched_device_time and
-// keep_rule): which events stay spans before the span budget (still in builder.cpp) runs.
+// keep_rule): which events stay spans before the span budget (build_budget.cpp) runs.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 """Volume at default detail: which events stay spans, the span budget per trace, and what a
-parent says of the spans hidden under it. ``native/src/builder.cpp`` runs the same rules in the
+parent says of the spans hidden under it. ``native/src/volume.cpp`` and ``build_budget.cpp`` run the same rules in the
 same order; docs/semantic-conventions.md ("Volume") states them.
 """
 
