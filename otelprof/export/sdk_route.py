@@ -278,8 +278,9 @@ def _global_sdk_provider() -> Any:
 def preload(environ: Mapping[str, str]) -> None:
     """At ``instrument()``, before any profile: the SDK modules the route will use when the
     environment asks for a sampler or SDK exporters (the default route imports none)."""
-    names, _ = exporter_names(environ)
-    sampler = (text(environ, OTEL_TRACES_SAMPLER) or sampling.DEFAULT).lower()
+    # the raw texts: the route reads (and warns about) them once, at the first step
+    names = {n.strip() for n in environ.get(OTEL_TRACES_EXPORTER, "otlp").lower().split(",") if n.strip()}
+    sampler = environ.get(OTEL_TRACES_SAMPLER, "").strip().lower() or sampling.DEFAULT
     if all(is_otlp(n) or n == "none" for n in names) and sampling.KNOWN.get(sampler) == "on":
         return
     for module in ("opentelemetry.sdk.trace.sampling", "opentelemetry.sdk.trace.export", "opentelemetry.trace.status"):
