@@ -63,7 +63,7 @@ def test_fuzz_script_is_bounded_and_sanitized() -> None:
     script = (REPO_ROOT / ".ci" / "fuzz").read_text("utf-8")
     assert (REPO_ROOT / ".ci" / "fuzz").stat().st_mode & 0o111
     assert "set -euo pipefail" in script
-    assert "seconds=${OTELPROF_FUZZ_SECONDS:-60}" in script
+    assert "seconds=${OTELPROF_FUZZ_SECONDS:-30}" in script
     assert '-max_total_time="$seconds"' in script
     assert "-DOTELPROF_SANITIZE=ON -DOTELPROF_FUZZ=ON" in script
     assert "for fuzzer in json gzip; do" in script
