@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -84,19 +86,24 @@ class Run:
 
 
 def _two_free_ports() -> int:
-    """A port P with P + 1 free too (otelprof serves local rank r on base port + r)."""
-    for _ in range(50):
-        port = free_port()
-        if port < 65535:
-            try:
-                import socket
+    """A port P with P + 1 free too (otelprof serves local rank r on base port + r).
 
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two consecutive free ports")
+    Both lie below the kernel's ephemeral range: a port picked there is only a number until the
+    ranks bind it, and in the meantime Prometheus, the receiver, gloo or any outgoing connection
+    could be handed it by bind(0)/connect.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low - 1)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no two consecutive free ports below the ephemeral range")
 
 
 def _prometheus_config(tmp: Path, metrics_port: int) -> Path:
@@ -216,7 +223,11 @@ def run(prometheus: tuple[Prometheus, int], tmp_path_factory: pytest.TempPathFac
                 return len(result) == WORLD and all(float(s["value"][1]) == STEPS for s in result)
 
             wait_until(final_scrape, 30)
-            assert final_scrape()
+            assert final_scrape(), (
+                prom.api("query", query="otelprof_steps_total")["result"],
+                [(t["scrapeUrl"], t["health"], t["lastError"]) for t in prom.api("targets")["activeTargets"]],
+                [(tmp / f"rank{r}.log").read_text()[-1500:] for r in range(WORLD)],
+            )
             last_step = max(
                 float(s["value"][1]) for s in prom.api("query", query="otelprof_last_step_timestamp_seconds")["result"]
             )
