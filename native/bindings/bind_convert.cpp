@@ -98,6 +98,8 @@ otelprof::Options to_options(const py::dict& d) {
     o.group_by_input_shapes = get_or<bool>(d, "group_by_input_shapes", false);
     o.scope_version = get_or<std::string>(d, "scope_version", "");
     if (d.contains("source_file") && !d["source_file"].is_none()) o.source_file = d["source_file"].cast<std::string>();
+    if (d.contains("execution_trace_file") && !d["execution_trace_file"].is_none())
+        o.execution_trace_file = d["execution_trace_file"].cast<std::string>();
     o.threads = get_or<int64_t>(d, "threads", o.threads);
     o.split_from_bytes = get_or<int64_t>(d, "split_from_bytes", o.split_from_bytes);  // (tests: 0 splits any trace)
     o.parallel_from = get_or<int64_t>(d, "parallel_from", o.parallel_from);
@@ -129,6 +131,21 @@ otelprof::Options to_options(const py::dict& d) {
                 ls.end = t[6].cast<int64_t>();
             }
             o.live_steps.push_back(std::move(ls));
+        }
+    }
+    if (d.contains("op_attributes")) {  // {record function id: [(key, str | int | float | bool)]}, validated
+        for (const auto& [id, attrs] : d["op_attributes"].cast<py::dict>()) {
+            auto& out = o.op_attributes[id.cast<int64_t>()];
+            for (const py::handle& item : attrs.cast<py::list>()) {
+                const auto kv = item.cast<py::tuple>();
+                const py::handle v = kv[1];
+                otelprof::ResourceAttrValue value;
+                if (py::isinstance<py::bool_>(v)) value = v.cast<bool>();
+                else if (py::isinstance<py::int_>(v)) value = v.cast<int64_t>();
+                else if (py::isinstance<py::float_>(v)) value = v.cast<double>();
+                else value = v.cast<std::string>();
+                out.emplace_back(kv[0].cast<std::string>(), std::move(value));
+            }
         }
     }
     if (d.contains("live_match") && !d["live_match"].is_none()) {

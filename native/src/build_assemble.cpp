@@ -20,7 +20,7 @@ namespace otelprof::detail {
 
 namespace {
 
-const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "iterations", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots", "dropped_outside_step"};
+const char* const kStatNames[] = {"events_total", "complete_events", "metadata_events", "ignored_events", "memory_events", "flow_events", "steps", "iterations", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python", "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests", "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots", "dropped_outside_step", "op_attributes_joined", "op_attributes_unplaced", "op_attributes_unmatched", "op_attributes_missing"};
 
 // Characters kept of a span name (reference: SPAN_NAME_LENGTH_LIMIT).
 constexpr int64_t kSpanNameLengthLimit = 8192;
@@ -128,7 +128,8 @@ inline void add_step_attributes(BuildState& st, Span& sp, int i, std::string& re
 // key_averages' tree: self CPU and device time (aggregates.cpp; reference: tree.self_times).
 void op_self_times(BuildState& st) { st.self = self_times(st.trace, st.tree.parent); }
 
-// Memory events become span events of the span that holds them; step memory peaks.
+// Memory events become span events of the span that holds them; step memory peaks; each
+// device's peak over the trace (the first event of the largest total) and the span holding it.
 void memory_span_events(BuildState& st) {
     int64_t* stats = st.stats;
     const size_t n_slots = st.n_slots;
@@ -140,6 +141,7 @@ void memory_span_events(BuildState& st) {
     const std::vector<int>& probe_owner = st.tree.probe_owner;
     std::vector<int64_t>& cpu_peak = st.cpu_peak;
     std::vector<int64_t>& acc_peak = st.acc_peak;
+    std::vector<BuildState::MemoryPeak>& peaks = st.memory_peaks;  // the device's, in order first seen
     SparseLists<SpanEvent>& span_events = st.span_events;
     const int n_mem = static_cast<int>(st.trace.memory.size());
     span_events = SparseLists<SpanEvent>(n_slots);
@@ -178,6 +180,14 @@ void memory_span_events(BuildState& st) {
             target = kk >= 0 ? st.parent_span(kk) : st.level_target(owner[o]);
         }
         if (target < 0) target = st.level_target(s);
+        if (int64_t dtype, did, total; m.memory_int(total_allocated, total) && m.memory_int(device_type, dtype)) {
+            const bool has_id = m.memory_int(device_id, did);
+            if (const std::string_view dev = device(dtype, has_id, has_id ? did : 0); !dev.empty()) {
+                auto at = std::find_if(peaks.begin(), peaks.end(), [&](const auto& p) { return p.device == dev; });
+                if (at == peaks.end()) peaks.push_back(BuildState::MemoryPeak{target, total, dev});
+                else if (total > at->bytes) *at = BuildState::MemoryPeak{target, total, dev};
+            }
+        }
         if (target < 0) {
             ++stats[MEMORY_EVENTS_DROPPED];
             continue;
@@ -444,6 +454,7 @@ void assemble_event_spans(BuildState& st) {
         if (st.is_step(i)) add_step_attributes(st, sp, i, rendered);
         st.add_hidden(sp, i);
         if (st.is_step(i) || i == window_root_ev) st.add_root_attrs(sp, i);
+        add_op_attributes(st, sp, i);
         int parent_slot = -1;
         if (!st.lane_of.empty() && st.lane_of[i] >= 0) {
             parent_slot = st.parent_of(i);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -23,7 +24,7 @@
 namespace otelprof::detail {
 
 // Counters returned with every conversion (same names and order as the reference's STAT_KEYS).
-enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, ITERATIONS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, DROPPED_OUTSIDE_STEP, kStatCount };
+enum StatKey { EVENTS_TOTAL, COMPLETE_EVENTS, METADATA_EVENTS, IGNORED_EVENTS, MEMORY_EVENTS, FLOW_EVENTS, STEPS, ITERATIONS, SPANS, SYNTHETIC_SPANS, AGGREGATE_SPANS, AGGREGATED_EVENTS, DROPPED_PYTHON, DROPPED_SHORT, MEMORY_EVENTS_DROPPED, LINKS, LINKS_DROPPED, DEVICE_EVENTS_UNLINKED, REQUESTS, VALUES_TRUNCATED, DROPPED_BUDGET, DROPPED_STEP_COPIES, DROPPED_WINDOW_ROOTS, DROPPED_OUTSIDE_STEP, OP_ATTRIBUTES_JOINED, OP_ATTRIBUTES_UNPLACED, OP_ATTRIBUTES_UNMATCHED, OP_ATTRIBUTES_MISSING, kStatCount };
 
 // Per-slot lists where few slots have any: an index per slot, the lists allocated on demand.
 template <typename T>
@@ -157,6 +158,18 @@ struct BuildState {
     // memory_span_events
     SparseLists<SpanEvent> span_events;
     std::vector<int64_t> cpu_peak, acc_peak;
+    // each device's largest "Total Allocated" over the trace: the slot of the span holding that
+    // memory event, the bytes, the device's name (a slot holds one: the first device's)
+    struct MemoryPeak {
+        int slot;
+        int64_t bytes;
+        std::string_view device;
+    };
+    std::vector<MemoryPeak> memory_peaks;
+    // op_attributes: by event, Options::op_attributes' list for its record function id (empty:
+    // none), and the AttrKey of each of their keys (extra keys from key_count() on)
+    std::vector<const std::vector<std::pair<std::string, ResourceAttrValue>>*> op_attrs;
+    std::unordered_map<std::string_view, AttrKey> extra_key_of;
     // fwdbwd_links
     SparseLists<SpanLink> links;
     std::vector<SpanLink> span_links;  // the links of the span being assembled (finish_span)
@@ -295,12 +308,13 @@ struct BuildState {
             }
         }
     }
-    // What a trace root adds: what its trace folded (hidden_counts), the source file.
+    // What a trace root adds: what its trace folded (hidden_counts), the source file, the execution trace.
     void add_root_attrs(Span& sp, int slot) {
         const auto [n_hidden, n_aggregated] = root_folded[static_cast<size_t>(slot)];
         if (n_hidden) add(sp, kTraceHiddenKey, AttrValue::integer(n_hidden));
         if (n_aggregated) add(sp, kTraceAggregatedKey, AttrValue::integer(n_aggregated));
         if (opts.source_file) add(sp, kSourceFileKey, AttrValue::str(*opts.source_file));
+        if (opts.execution_trace_file) add(sp, kExecutionTraceFileKey, AttrValue::str(*opts.execution_trace_file));
     }
 };
 
@@ -321,6 +335,9 @@ void hidden_counts(BuildState& st);
 // build_assemble.cpp: span events, links, the spans themselves, their order, the result.
 void op_self_times(BuildState& st);
 void memory_span_events(BuildState& st);
+// build_op_attrs.cpp: Options::op_attributes joined by record function id; the peak marks.
+void op_attributes(BuildState& st);
+void add_op_attributes(BuildState& st, Span& sp, int i);
 void fwdbwd_links(BuildState& st);
 void assemble_synthetic_roots(BuildState& st);
 void assemble_event_spans(BuildState& st);

@@ -2,7 +2,7 @@
 // each a function of a BuildState, in the reference's order and under its names: trace_identity,
 // event_tree, volume_keep, window_iterations, trace_ids_and_roots, gpu_lanes, aggregate_sibling_runs,
 // apply_budget, window_root_rule, aggregate_spans, hidden_counts, op_self_times,
-// memory_span_events, fwdbwd_links, assemble_synthetic_roots, assemble_event_spans, order_spans,
+// memory_span_events, op_attributes, fwdbwd_links, assemble_synthetic_roots, assemble_event_spans, order_spans,
 // finish_build. The stages of their own files (tree.cpp, volume.cpp, iterations.cpp, links.cpp,
 // aggregates.cpp) run from them.
 // This file runs them and holds the first ones (identity, tree, volume, iterations, trace ids);
@@ -257,6 +257,7 @@ Built build_spans(Trace& trace, const Options& opts) {
     // the next two
     auto span_events_and_links = [&] {
         memory_span_events(st);
+        op_attributes(st);
         fwdbwd_links(st);
     };
     run_both(st.two_threads, span_events_and_links, [&] { op_self_times(st); });

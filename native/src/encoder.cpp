@@ -72,18 +72,21 @@ struct KeyField {
     char bytes[kMax];
 };
 
+KeyField key_field(std::string_view name) {
+    KeyField f;
+    char* end = put_varint(f.bytes + 1, name.size());
+    f.bytes[0] = static_cast<char>(tag(1, 2));
+    if (end - f.bytes + name.size() > KeyField::kMax) throw std::logic_error("attribute key too long");
+    end = put_bytes(end, name.data(), name.size());
+    f.size = static_cast<size_t>(end - f.bytes);
+    return f;
+}
+
 const std::vector<KeyField>& key_fields() {
     static const std::vector<KeyField> table = [] {
-        std::vector<KeyField> fields(key_count());
-        for (size_t k = 0; k < fields.size(); ++k) {
-            const std::string_view name = key_name(static_cast<AttrKey>(k));
-            KeyField& f = fields[k];
-            char* end = put_varint(f.bytes + 1, name.size());
-            f.bytes[0] = static_cast<char>(tag(1, 2));
-            if (end - f.bytes + name.size() > KeyField::kMax) throw std::logic_error("attribute key too long");
-            end = put_bytes(end, name.data(), name.size());
-            f.size = static_cast<size_t>(end - f.bytes);
-        }
+        std::vector<KeyField> fields;
+        fields.reserve(key_count());
+        for (size_t k = 0; k < key_count(); ++k) fields.push_back(key_field(key_name(static_cast<AttrKey>(k))));
         return fields;
     }();
     return table;
@@ -416,6 +419,10 @@ size_t span_field_size(const Span& sp, const Built& built, const std::vector<Key
 class RequestHead {
   public:
     RequestHead(const Built& built, const std::string& scope_version) {
+        if (!built.extra_keys.empty()) {  // the conversion's own keys (op attributes) after the fixed ones
+            extra_keys_ = key_fields();
+            for (const std::string& name : built.extra_keys) extra_keys_.push_back(key_field(name));
+        }
         Buf resource_buf, scope_buf;
         put_attributes(resource_buf, 1, built.resource);
         scope_buf.bytes(1, "otelprof", 8);
@@ -439,8 +446,12 @@ class RequestHead {
         out.bytes(1, scope_.data(), scope_.size());  // ScopeSpans.scope
     }
 
+    // Every AttrKey's KeyValue.key bytes, those of built.extra_keys included.
+    const std::vector<KeyField>& keys() const { return extra_keys_.empty() ? key_fields() : extra_keys_; }
+
   private:
     std::string resource_, scope_;
+    std::vector<KeyField> extra_keys_;  // key_fields() and built.extra_keys', where it has any
     size_t scope_spans(size_t body) const { return field_len(scope_.size()) + body; }
     size_t resource_spans(size_t body) const { return field_len(resource_.size()) + field_len(scope_spans(body)); }
 };
@@ -456,7 +467,7 @@ template <typename Emit>
 class BatchWriter {
   public:
     BatchWriter(const Built& built, const RequestHead& head, size_t max_bytes, bool tight, Buf& body, Emit& emit)
-        : built_(built), head_(head), max_bytes_(max_bytes), body_(body), emit_(emit) {
+        : built_(built), head_(head), max_bytes_(max_bytes), body_(body), emit_(emit), keys_(head.keys()) {
         const size_t batch_limit = std::min<size_t>(max_bytes, size_t{64} << 20);
         room_ = tight ? head.request_size(batch_limit) - batch_limit : head.max_size();
         capacity_ = room_ + batch_limit + (size_t{64} << 10);
@@ -494,7 +505,7 @@ class BatchWriter {
     const size_t max_bytes_;
     Buf& body_;
     Emit& emit_;
-    const std::vector<KeyField>& keys_ = key_fields();
+    const std::vector<KeyField>& keys_;
     size_t room_ = 0, capacity_ = 0, count_ = 0, requests_ = 0;
     std::string span_;  // the span that moves on to the next batch
 
@@ -540,7 +551,7 @@ constexpr double kFirstShare = 0.64;
 size_t encode_on_two_threads(const Built& built, const std::string& scope_version, size_t max_bytes,
                              RequestStore& store) {
     const RequestHead head(built, scope_version);
-    const std::vector<KeyField>& keys = key_fields();
+    const std::vector<KeyField>& keys = head.keys();
     const size_t n = built.order.size();
     const auto split = static_cast<size_t>(static_cast<double>(n) * kFirstShare);
 

@@ -13,6 +13,9 @@ namespace otelprof {
 namespace {
 
 constexpr std::string_view kMemoryEventName = "[memory]";
+// arg_of_'s mark for "Record function id": no attribute, the key Options::op_attributes joins on
+constexpr int8_t kRecordIdArg = 100;
+static_assert(kArgAttributeCount < kRecordIdArg, "kRecordIdArg is no kArgAttributes index");
 
 // The event members the reader looks at.
 enum EventField { PH, NAME, CAT, PID, TID, TS, DUR, ARGS, ID, kFieldCount };
@@ -240,6 +243,7 @@ void TraceReader::take(TraceReader& tail) {
         m.tid = ident(m.tid);
         trace_.memory.push_back(m);
     }
+    for (const auto& [o, id] : t.record_ids) trace_.record_ids.emplace_back(o + ordinal, id);
     for (Flow f : t.flows) {
         f.ordinal += ordinal;
         f.id = ident(f.id);
@@ -339,7 +343,8 @@ void TraceReader::learn_fields(const Document& doc) {
     for (size_t k = known; k < field_of_.size(); ++k) {
         const std::string_view key = doc.key_name(static_cast<KeyId>(k));
         field_of_[k] = index_in(key, kFieldCount, [](int f) { return kFieldKeys[f]; });
-        arg_of_[k] = index_in(key, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; });
+        arg_of_[k] = key == "Record function id" ? kRecordIdArg
+                                                 : index_in(key, kArgAttributeCount, [](int a) { return kArgAttributes[a].key; });
         memory_of_[k] = index_in(key, kMemoryAttributeCount, [](int a) { return kMemoryAttributes[a][0]; });
     }
 }
@@ -366,11 +371,15 @@ void TraceReader::event_args(const Document& doc, const JNode& args, Event& e) {
     uint64_t present = 0;  // bit a: found[a] is set (the last duplicate wins, as in a dict)
     const int8_t* arg_of = arg_of_.data();
     const JNode* m = doc.first(args);
+    const JNode* record_id = nullptr;
     for (uint32_t k = 0; k < args.len; ++k, m = doc.after(m))
-        if (const int a = arg_of[m->key]; a >= 0) {
+        if (const int a = arg_of[m->key]; a == kRecordIdArg) {
+            record_id = m;
+        } else if (a >= 0) {
             found[a] = m;
             present |= uint64_t{1} << a;
         }
+    if (int64_t id; record_id && as_int64(record_id, id)) trace_.record_ids.emplace_back(e.ordinal, id);
     if (!present) return;
     static const int external_id = arg_index("External id"), correlation = arg_index("correlation");
     static const int sequence = arg_index("Sequence number"), fwd_thread = arg_index("Fwd thread id");

@@ -339,6 +339,12 @@ def _print_summary(report: Report, files: int, counters: ExporterCounters, expor
     ]
     if report.files_skipped:
         parts.append(f"{report.files_skipped} already imported (ledger)")
+    if report.et_ops_joined or report.execution_traces_unpaired or report.kineto_without_execution_trace:
+        parts.append(
+            f"execution traces: {report.et_ops_joined:,} op spans joined, {report.et_nodes_unmatched:,} nodes "
+            f"and {report.et_ops_missing:,} ops without a partner, {report.execution_traces_unpaired} files unpaired, "
+            f"{report.kineto_without_execution_trace} Kineto traces without one"
+        )
     exported, spooled = counters.requests_exported, counters.requests_spooled
     if exported:
         parts.append(f"{exported} requests sent to {redact_url(exporter.config.url)}")

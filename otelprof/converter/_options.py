@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -55,9 +56,13 @@ class LiveStep:
     trigger: str = ""  # what started the window (early, schedule, on_demand, anomaly): otelprof.window.trigger
     start_ns: int = 0  # the live step's own interval, in the phases' time base (live_match="time")
     end_ns: int = 0
+    #: the phases' names (data, forward, backward, optimizer), in ``phases`` order; () unknown
+    phase_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         ok = isinstance(self.number, int) and 0 <= self.number <= _INT64_MAX
+        ok = ok and all(isinstance(n, str) for n in self.phase_names)
+        ok = ok and len(self.phase_names) in (0, len(self.phases))
         for t in (self.start_ns, self.end_ns):
             ok = ok and isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= _INT64_MAX
         ok = ok and self.start_ns <= self.end_ns
@@ -76,6 +81,27 @@ def _attr_value(value: object) -> bool:
     if isinstance(value, int) and not isinstance(value, bool):
         return -(2**63) <= value < 2**63
     return isinstance(value, str | bool | float)
+
+
+#: Bytes of an op attribute's key (the native encoder's key table holds keys of up to 62).
+OP_ATTRIBUTE_KEY_BYTES = 60
+
+
+def _check_op_attributes(given: object) -> None:
+    if not isinstance(given, Mapping):
+        raise ValueError(f"op_attributes must be a mapping of record function id to attributes, not {given!r}")
+    for rf_id, attrs in given.items():
+        if not (isinstance(rf_id, int) and not isinstance(rf_id, bool) and -(2**63) <= rf_id <= _INT64_MAX):
+            raise ValueError(f"op_attributes: a record function id is a 64-bit integer, not {rf_id!r}")
+        if isinstance(attrs, str | bytes) or not isinstance(attrs, Sequence):
+            raise ValueError(f"op_attributes[{rf_id}] must be a sequence of (key, value) pairs, not {attrs!r}")
+        for item in attrs:
+            ok = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and _attr_value(item[1])
+            if not ok or not 0 < len(item[0].encode("utf-8", "replace")) <= OP_ATTRIBUTE_KEY_BYTES:
+                raise ValueError(
+                    f"op_attributes[{rf_id}]: {item!r} is not a (key of 1-{OP_ATTRIBUTE_KEY_BYTES} bytes, "
+                    "str/int/float/bool) pair"
+                )
 
 
 @dataclass(frozen=True)
@@ -119,6 +145,16 @@ class ConvertOptions:
     #: Where the trace this conversion reads is kept (a live window's raw Kineto file, an imported
     #: file): named on every trace root as ``otelprof.source.file``; None: not named.
     source_file: str | None = None
+    #: The execution trace joined into ``op_attributes`` (kept beside a live window's trace, or
+    #: imported): named on every trace root as ``otelprof.execution_trace.file``; None: not named.
+    execution_trace_file: str | None = None
+    #: Extra attributes of op spans by Kineto's ``Record function id`` (an execution trace's
+    #: tensor shapes and ids: ``converter/execution_trace.py``), appended in order to the span of
+    #: each event with that id. An event that is no span of its own (aggregated, or folded into
+    #: the span above it) counts in ``op_attributes_unplaced``; an id no event has in
+    #: ``op_attributes_unmatched``; each span given them in ``op_attributes_joined``; an event
+    #: with an id that has none (when any are given) in ``op_attributes_missing``.
+    op_attributes: Mapping[int, Sequence[tuple[str, AttrValue]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.detail not in ("full", "default"):
@@ -139,12 +175,14 @@ class ConvertOptions:
             raise ValueError(f"threads must be an integer >= 1, not {self.threads!r}")
         if self.run_id is not None and not isinstance(self.run_id, str):
             raise ValueError(f"run_id must be a string or None, not {self.run_id!r}")
-        if self.source_file is not None and not isinstance(self.source_file, str):
-            raise ValueError(f"source_file must be a string or None, not {self.source_file!r}")
+        for name in ("source_file", "execution_trace_file"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string or None, not {getattr(self, name)!r}")
         if not all(isinstance(s, LiveStep) for s in self.live_steps):
             raise ValueError("live_steps must be LiveStep values")
         if self.live_match not in ("number", "time"):
             raise ValueError(f"live_match must be 'number' or 'time', not {self.live_match!r}")
+        _check_op_attributes(self.op_attributes)
         for item in self.resource_attributes:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and _attr_value(item[1])):
                 raise ValueError(f"resource_attributes must be (key, str/int/float/bool) pairs, not {item!r}")
@@ -224,4 +262,9 @@ class ConvertOptions:
             "live_match": self.live_match,
             "threads": self.threads,
             "source_file": None if self.source_file is None else clean(self.source_file),
+            "execution_trace_file": None if self.execution_trace_file is None else clean(self.execution_trace_file),
+            "op_attributes": {
+                rf_id: [(clean(k), clean(v) if isinstance(v, str) else v) for k, v in attrs]
+                for rf_id, attrs in self.op_attributes.items()
+            },
         }

@@ -33,9 +33,14 @@ from pathlib import Path
 
 from ..converter import TraceFormatError
 from ..converter._load import load_bytes
+from ..converter.execution_trace import is_execution_trace, read_head
+from .pairing import pair
 
 KINETO = "kineto"
 NSYS = "nsys"
+#: torch's execution trace (ExecutionTraceObserver): joined to the Kineto trace it pairs with
+#: (pairing.py), imported with it; one with no partner is reported and counted, not imported.
+EXECUTION_TRACE = "execution_trace"
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: Enough of a Kineto trace to see ``traceEvents`` and ``distributedInfo`` behind big metadata.
@@ -78,6 +83,10 @@ class Source:
     #: Rank for the converter: from the file name, only when the trace itself has none.
     rank: int | None
     size: int
+    #: A Kineto trace's execution trace (pairing.py), joined into its op spans; None: none.
+    execution_trace: Path | None = None
+    #: A Kineto trace beside execution traces none of which pairs with it (reported, counted).
+    execution_trace_missing: bool = False
 
     @property
     def key(self) -> str:
@@ -119,9 +128,15 @@ def find_sources(paths: Sequence[str | os.PathLike[str]], run_id: str | None = N
         else:
             raise SourceError(f"{path}: no such file or directory")
     items = sorted(found.values(), key=lambda f: str(f.path))
-    if run_id is not None:
-        return [_source(f, run_id) for f in items]
-    return _assign_runs(items)
+    traces = [f for f in items if f.kind != EXECUTION_TRACE]
+    sources = [_source(f, run_id) for f in traces] if run_id is not None else _assign_runs(traces)
+    ets = {f.path: f.name_rank for f in items if f.kind == EXECUTION_TRACE}
+    pairs = pair({f.path: f.rank for f in traces if f.kind == KINETO}, ets)
+    sources = [
+        replace(s, execution_trace=pairs.partner.get(s.path), execution_trace_missing=s.path in pairs.missing)
+        for s in sources
+    ]
+    return sources + [Source(p, EXECUTION_TRACE, "", ets[p], found[p.resolve()].size) for p in pairs.unpaired]
 
 
 def _walk(root: Path) -> Iterable[Path]:
@@ -147,6 +162,8 @@ def _wanted(name: str, path: Path) -> bool:
         _log.info("%s: skipped, not a trace file (*.json, *.json.gz, *.sqlite)", path)
         return False
     if not _looks_like_kineto(path):
+        if is_execution_trace(read_head(path)):
+            return True
         _log.info("%s: skipped, a JSON file without traceEvents (not a Kineto trace)", path)
         return False
     return True
@@ -223,6 +240,8 @@ def _inspect(path: Path) -> _Found:
     if magic == SQLITE_MAGIC or path.name.endswith(_NSYS_SUFFIXES):
         return _Found(path, NSYS, None, name_rank, size)
     head = _head(path, lambda head: _trace_rank(head, partial=True) is not None)
+    if is_execution_trace(head):  # by its content, whatever its name
+        return _Found(path, EXECUTION_TRACE, None, name_rank, size)
     return _Found(path, KINETO, _trace_rank(head), name_rank, size)
 
 
@@ -333,4 +352,4 @@ def _distinct_ranks(group: list[_Found]) -> bool:
     return len(set(ranks)) == len(ranks)
 
 
-__all__ = ["KINETO", "NSYS", "Source", "SourceError", "find_sources"]
+__all__ = ["EXECUTION_TRACE", "KINETO", "NSYS", "Source", "SourceError", "find_sources"]

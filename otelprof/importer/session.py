@@ -41,9 +41,10 @@ from operator import attrgetter
 from typing import Any, Protocol
 
 from ..converter import ConvertOptions, ConvertResult, TraceFormatError, convert
+from ..converter.execution_trace import op_attributes, read_execution_trace
 from ..otlp.resource import ResourceFacts
 from ._kineto import ProcessOptions
-from .discover import NSYS, Source
+from .discover import EXECUTION_TRACE, NSYS, Source
 from .ledger import Entry, Ledger, digest, fingerprint
 from .nsys import convert_nsys
 from .progress import Progress
@@ -71,7 +72,14 @@ def convert_source(source: Source, options: ConvertOptions, engine: str = "auto"
     """One file's requests; raises TraceFormatError (one line, naming the file) for bad input."""
     if source.kind == NSYS:
         return convert_nsys(source.path, options, engine)
+    if source.kind == EXECUTION_TRACE:
+        raise TraceFormatError(f"{source.path}: an execution trace with no Kineto trace to pair with")
     try:  # an import says so on its resource (otelprof.source.format): a Collector routes it whole
+        if source.execution_trace is not None:  # joined into the op spans, named on the roots
+            et = read_execution_trace(source.execution_trace)
+            options = dataclasses.replace(
+                options, op_attributes=op_attributes(et), execution_trace_file=str(source.execution_trace)
+            )
         imported = ProcessOptions(**_fields(options), process=ResourceFacts(source_format=KINETO_FORMAT))
         return convert(source.path, options=imported, engine=engine)
     except TraceFormatError as exc:
@@ -162,6 +170,14 @@ class Report:
     first_start_ns: int | None = None  # of the spans delivered this run
     last_end_ns: int | None = None
     trace_ids: list[bytes] = field(default_factory=list)  # the first FIRST_TRACES delivered
+    # execution traces (pairing.py): unpaired ones (not imported), Kineto traces beside execution
+    # traces with none of their own, and the joins: op spans given a node's attributes, nodes no
+    # op had, ops with a record function id but no node
+    execution_traces_unpaired: int = 0
+    kineto_without_execution_trace: int = 0
+    et_ops_joined: int = 0
+    et_nodes_unmatched: int = 0
+    et_ops_missing: int = 0
 
     def dated(self, times: SpanTimes | None) -> None:
         """Widens the delivered range by a delivered request's spans."""
@@ -316,12 +332,15 @@ class Importer:
     def _prepare(self, source: Source) -> _Prepared:
         """Runs on the conversion thread: reads nothing the import loop writes but the ledger's
         entry for this file, which only this file's own import (later, on the loop) changes."""
+        if source.kind == EXECUTION_TRACE:
+            return _Prepared(source)
         options = self.options_for(source)
         try:
             st = source.path.stat()
         except OSError as exc:
             return _Prepared(source, error=f"{source.path}: cannot read ({exc.strerror or exc})")
-        fp = fingerprint(f"{source.kind}|{options!r}")
+        et = f"|{source.execution_trace}" if source.execution_trace is not None else ""
+        fp = fingerprint(f"{source.kind}|{options!r}{et}")
         entry = self.ledger.get(source.key, st.st_size, st.st_mtime_ns, fp) if self.resume else None
         prepared = _Prepared(source, st.st_size, st.st_mtime_ns, fp, entry)
         if entry is not None and entry.complete:
@@ -340,6 +359,15 @@ class Importer:
 
     def _import(self, prepared: _Prepared) -> None:
         source, entry, result = prepared.source, prepared.entry, prepared.result
+        if source.kind == EXECUTION_TRACE:  # unpaired (pairing.py logged it): counted, not imported
+            self.report.execution_traces_unpaired += 1
+            self._advance(nbytes=source.size, files=1)
+            return
+        self.report.kineto_without_execution_trace += source.execution_trace_missing
+        if result is not None and source.execution_trace is not None:
+            self.report.et_ops_joined += result.stats.get("op_attributes_joined", 0)
+            self.report.et_nodes_unmatched += result.stats.get("op_attributes_unmatched", 0)
+            self.report.et_ops_missing += result.stats.get("op_attributes_missing", 0)
         if result is None and prepared.error is None:  # complete in the ledger
             self.report.files_skipped += 1
             self._advance(nbytes=source.size, files=1)

@@ -50,7 +50,7 @@ KEYS = ["ph", "ts", "dur", "name", "cat", "pid", "tid", "args", "id", "s", "bp"]
 ARG_KEYS = [
     "correlation", "External id", "Sequence number", "Fwd thread id", "Input Dims", "Input type", "device",
     "stream", "grid", "Bytes", "Total Allocated", "Device Type", "flops", "Call stack", "Module Hierarchy",
-    "blocks per SM", "est. achieved occupancy %", "kind", "Collective name",
+    "blocks per SM", "est. achieved occupancy %", "kind", "Collective name", "Record function id",
 ]  # fmt: skip
 PHASES = ["X", "i", "I", "s", "f", "t", "M", "B", "E", "C", "", "x", "XX"]
 CATEGORIES = [
@@ -192,6 +192,20 @@ options_st = st.fixed_dictionaries(
         "event_limit": st.sampled_from([0, 1, 128]),
         "link_limit": st.sampled_from([0, 1, 128]),
         "split_world_size": st.sampled_from([0, 2, 4]),
+        # by record function id (the corpus has 0 and 35-73), as an execution trace gives them
+        "op_attributes": st.dictionaries(
+            st.integers(-1, 80),
+            st.lists(
+                st.tuples(
+                    st.sampled_from(["otelprof.et.node_id", "otelprof.et.input_shapes", "k"]),
+                    st.one_of(
+                        st.integers(-(2**63), 2**63 - 1), st.text(max_size=6), st.booleans(), st.floats(allow_nan=False)
+                    ),
+                ),
+                max_size=3,
+            ),
+            max_size=8,
+        ),
     }
 )
 

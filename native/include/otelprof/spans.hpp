@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string_view>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -124,8 +125,12 @@ struct Options {
     bool group_by_input_shapes = false;
     std::string scope_version;
     std::optional<std::string> source_file;  // named on every trace root (otelprof.source.file)
+    std::optional<std::string> execution_trace_file;  // and this (otelprof.execution_trace.file)
     std::vector<LiveStep> live_steps;
     LiveMatch live_match = LiveMatch::number;
+    // extra attributes of the op spans whose "Record function id" is the key (an execution
+    // trace's join: ConvertOptions.op_attributes), in order
+    std::unordered_map<int64_t, std::vector<std::pair<std::string, ResourceAttrValue>>> op_attributes;
     RequestStore* request_store = nullptr;  // optional: holds the requests instead of ConvertOutput::requests
     // 2: JSON of split_from_bytes or more is parsed by two threads (TraceReader::split), and the
     // build stages and the encoder split their work between two from parallel_from events
@@ -151,6 +156,9 @@ struct Built {
     std::vector<ResourceAttr> resource;
     Stats stats;
     std::string window_id;  // 16 hex digits (ids.hpp window_id)
+    // the names of attribute keys from key_count() on: Options::op_attributes' keys, in the
+    // order first placed (the encoder appends them to its fixed key table)
+    std::vector<std::string> extra_keys;
 };
 
 }  // namespace otelprof

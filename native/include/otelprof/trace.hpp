@@ -90,6 +90,9 @@ struct Trace {
     std::vector<Name> names;
     std::vector<Instant> memory;
     std::vector<Flow> flows;
+    // (ordinal, "Record function id") of the complete events with an integer one (what
+    // Options::op_attributes joins on; reference: the args' "Record function id")
+    std::vector<std::pair<uint32_t, int64_t>> record_ids;
     uint32_t total = 0;
     int64_t metadata_events = 0;
     int64_t ignored_events = 0;

@@ -21,6 +21,7 @@ from ...otlp.schema import (
 from ...otlp.spans import Attrs, AttrValue, Span, millis
 from .._options import SPAN_NAME_LENGTH_LIMIT, ConvertOptions
 from . import tree
+from ._op_attrs import added_attributes
 from ._state import Built, OpRow, _BuildState
 from .jsonload import as_double, as_int64, render
 from .reader import Event, Trace
@@ -32,10 +33,12 @@ def op_self_times(st: _BuildState) -> None:
 
 
 def memory_span_events(st: _BuildState) -> None:
-    """Memory events become span events of the span that holds them; step memory peaks."""
+    """Memory events become span events of the span that holds them; step memory peaks; each
+    device's peak over the trace (the first event of the largest total) and the span holding it."""
     level_target, parent_span, owner, probe_owner = st.level_target, st.parent_span, st.owner, st.probe_owner
     events: dict[bytes, list[tuple[int, int, Attrs]]] = {}
     peaks: dict[int, tuple[int, int]] = {}
+    device_peaks: dict[str, tuple[bytes, int, str]] = {}  # each device's first event of its largest total
     for k, mem in enumerate(st.trace.memory):
         mem_attrs = _memory_attributes(mem.args)
         s = st.step_at(mem.ts)
@@ -51,11 +54,14 @@ def memory_span_events(st: _BuildState) -> None:
             target = parent_span(kk) if kk >= 0 else level_target(owner[o])
         if not target:
             target = level_target(s)
+        device = dict(mem_attrs).get("otelprof.memory.device")
+        if isinstance(device, str) and total is not None and total > device_peaks.get(device, (b"", -(2**64), ""))[1]:
+            device_peaks[device] = (target, total, device)
         if not target:
             st.stats["memory_events_dropped"] += 1
             continue
         events.setdefault(target, []).append((mem.ts, mem.ordinal, mem_attrs))
-    st.span_events, st.peaks = events, peaks
+    st.span_events, st.peaks, st.memory_peaks = events, peaks, device_peaks
 
 
 def fwdbwd_links(st: _BuildState) -> None:
@@ -144,10 +150,13 @@ def assemble_synthetic_roots(st: _BuildState) -> None:
 
 
 def _root_attrs(st: _BuildState, span_id: bytes) -> Attrs:
-    """What a trace root adds: what its trace folded (hidden_counts), the source file."""
+    """What a trace root adds: what its trace folded (hidden_counts), the source file, the
+    execution trace file."""
     attrs = list(st.root_attrs.get(span_id, ()))
     if st.opts.source_file is not None:
         attrs.append(("otelprof.source.file", st.opts.source_file))
+    if st.opts.execution_trace_file is not None:
+        attrs.append(("otelprof.execution_trace.file", st.opts.execution_trace_file))
     return attrs
 
 
@@ -183,6 +192,8 @@ def assemble_event_spans(st: _BuildState) -> None:
             attrs.extend(hidden_attrs[my_id])
         if i in step_num or i == st.window_root_ev:
             attrs.extend(_root_attrs(st, my_id))
+        attrs.extend(added_attributes(st, i, my_id))
+        if i in step_num or i == st.window_root_ev:
             pid_ = live_of[i].span_id if i in live_of else b""
         elif i in st.lane_of:
             pid_ = st.parent_of(i)

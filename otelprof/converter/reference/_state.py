@@ -100,6 +100,8 @@ class _BuildState:
     times: tree.SelfTimes
     span_events: dict[bytes, list[tuple[int, int, Attrs]]]
     peaks: dict[int, tuple[int, int]]
+    memory_peaks: dict[str, tuple[bytes, int, str]]  # device -> (span holding its peak, bytes, device)
+    op_attrs: dict[int, Attrs]  # op_attributes: by event
     links: dict[bytes, list[tuple[bytes, bytes]]]
     by_order: list[Span]
 

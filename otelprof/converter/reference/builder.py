@@ -35,6 +35,7 @@ from ._budget import (
     hidden_counts,
     window_root_rule,
 )
+from ._op_attrs import op_attributes
 from ._state import _UNSET, Built, OpRow, _BuildState
 from .reader import Event, Trace
 
@@ -60,6 +61,7 @@ def build(trace: Trace, opts: ConvertOptions) -> Built:
     hidden_counts(st)
     op_self_times(st)
     memory_span_events(st)
+    op_attributes(st)
     fwdbwd_links(st)
     assemble_synthetic_roots(st)
     assemble_event_spans(st)
@@ -346,4 +348,5 @@ STAT_KEYS = (
     "steps", "iterations", "spans", "synthetic_spans", "aggregate_spans", "aggregated_events", "dropped_python",
     "dropped_short", "memory_events_dropped", "links", "links_dropped", "device_events_unlinked", "requests",
     "values_truncated", "dropped_budget", "dropped_step_copies", "dropped_window_roots", "dropped_outside_step",
+    "op_attributes_joined", "op_attributes_unplaced", "op_attributes_unmatched", "op_attributes_missing",
 )  # fmt: skip
