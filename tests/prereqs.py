@@ -35,6 +35,8 @@ APT = {
     "libsimdjson-dev": "3.0.1",
 }
 PHOENIX_VERSION = "20.26.1"
+#: speedscope from npm (the flame-graph viewer the profiles test opens a window's pprof file in)
+SPEEDSCOPE_VERSION = "1.25.0"
 #: mosaicml 0.32.1 (the latest) pins torch<2.7.1: installed --no-deps beside the environment's
 #: torch; the second list is pure Python and takes its dependencies.
 COMPOSER = ["mosaicml==0.32.1", "torch_optimizer==0.3.0", "coolname==2.2.0", "tabulate==0.9.0", "py-cpuinfo==9.0.0"]
@@ -117,6 +119,10 @@ def phoenix_venv() -> Path:
     return Path(configured) if configured else cache_dir() / f"arize-phoenix-{PHOENIX_VERSION}-{_py()}"
 
 
+def speedscope_dir() -> Path:
+    return cache_dir() / f"speedscope-{SPEEDSCOPE_VERSION}"
+
+
 def composer_dir() -> Path:
     return cache_dir() / f"composer-{COMPOSER[0].split('==')[1]}-{_py()}"
 
@@ -152,6 +158,14 @@ def composer_paths() -> list[str]:
     if not (folder / "ok").exists():
         missing(f"Composer in {folder}", "python tests/prereqs.py")
     return [str(folder / "placeholder"), str(folder / "site")]
+
+
+def speedscope() -> Path:
+    """The folder of speedscope's built web app (``index.html`` and its scripts)."""
+    app = speedscope_dir() / "node_modules" / "speedscope" / "dist" / "release"
+    if not (app / "index.html").exists():
+        missing(f"speedscope@{SPEEDSCOPE_VERSION} in {speedscope_dir()}", "python tests/prereqs.py")
+    return app
 
 
 def _phoenix_installed(python: Path) -> bool:
@@ -245,11 +259,27 @@ def install_composer() -> None:
     building.rename(folder)
 
 
+def install_speedscope() -> None:
+    folder = speedscope_dir()
+    if (folder / "node_modules" / "speedscope" / "dist" / "release" / "index.html").exists():
+        return
+    building = folder.with_name(f"{folder.name}.building-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SystemExit("prereqs: npm is missing (Debian: apt-get install npm)")
+    _run([npm, "install", "--prefix", str(building), "--no-audit", "--no-fund", f"speedscope@{SPEEDSCOPE_VERSION}"])
+    shutil.rmtree(folder, ignore_errors=True)
+    building.rename(folder)
+
+
 def main() -> None:
     started = time.monotonic()
     install_apt()
     install_phoenix()
     install_composer()
+    install_speedscope()
     print(f"prereqs: ready in {time.monotonic() - started:.0f} s", flush=True)
 
 

@@ -8,6 +8,7 @@ void bind_tables(py::module_& m);
 void bind_step_spans(py::module_& m);
 void bind_step_sink(py::module_& m);
 void bind_step_tracker(py::module_& m);
+void bind_stacks(py::module_& m);
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "otelprof native core: Kineto traces and live steps to OTLP spans";
@@ -17,4 +18,5 @@ PYBIND11_MODULE(_native, m) {
     bind_step_spans(m);
     bind_step_sink(m);  // before bind_step_tracker: the tracker's attach() takes a StepSink
     bind_step_tracker(m);
+    bind_stacks(m);  // after bind_convert: it raises TraceError
 }

@@ -1,9 +1,9 @@
 // The core with no Python in the process, so LeakSanitizer can watch all of it (.ci/sanitize;
 // under CPython it cannot: the interpreter keeps much of what it allocates until exit). Converts
 // each Kineto trace named on the command line (.json or .json.gz) whole and streamed, at both
-// details and with one and two threads, breaks it to take the error paths, and drives the live
-// tracker, sink and step encoder through a few steps. Exits non-zero when a result is wrong;
-// the sanitizers exit non-zero on what they find.
+// details and with one and two threads, makes its stack samples, breaks it to take the error
+// paths, and drives the live tracker, sink and step encoder through a few steps. Exits non-zero
+// when a result is wrong; the sanitizers exit non-zero on what they find.
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -17,6 +17,7 @@
 #include "otelprof/convert_gzip.hpp"
 #include "otelprof/gzip.hpp"
 #include "otelprof/json.hpp"
+#include "otelprof/stacks.hpp"
 #include "otelprof/step_sink.hpp"
 #include "otelprof/step_spans.hpp"
 #include "otelprof/step_tracker.hpp"
@@ -73,8 +74,23 @@ void check_trace(const char* path) {
             }
         }
     }
+    // the flame graphs' samples sum to the key_averages rows' self times (stacks.hpp)
+    const StackSamples samples = stack_samples(json, std::nullopt);
+    __int128 cpu = 0, device = 0, self_cpu = 0, self_device = 0;
+    for (const StackValue& v : samples.cpu) cpu += v.ns;
+    for (const StackValue& v : samples.device) device += v.ns;
+    for (const OpRow& row : convert_trace(json, options(false, 1)).ops) {
+        if (row.kind == "device") self_device += row.self_device_ns;
+        else self_cpu += row.self_cpu_ns;
+    }
+    expect(cpu == self_cpu && device == self_device, std::string(path) + ": stack samples and self times differ");
     // error paths: the text cut short (the parser unwinds mid-document), the gzip cut short
     int errors = 0;
+    try {
+        stack_samples(std::string_view(json).substr(0, json.size() / 2), std::nullopt);
+    } catch (const TraceError&) {
+        ++errors;
+    }
     try {
         convert_trace(std::string_view(json).substr(0, json.size() / 2), options(false, 2));
     } catch (const TraceError&) {
@@ -87,7 +103,7 @@ void check_trace(const char* path) {
             ++errors;
         }
     }
-    expect(errors == (gz ? 2 : 1), std::string(path) + ": a cut trace was not rejected");
+    expect(errors == (gz ? 3 : 2), std::string(path) + ": a cut trace was not rejected");
 }
 
 void check_live() {

@@ -15,7 +15,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
@@ -32,6 +32,9 @@ DEFAULT_PROTOCOL: Protocol = "http/protobuf"
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 TRACES_PATH = "v1/traces"
+#: The OTLP/HTTP path of the profiles signal while it is in development (the Collector's
+#: otlpreceiver serves it there; gRPC: ``ProfilesService/Export`` on the same port as traces).
+PROFILES_PATH = "v1development/profiles"
 DEFAULT_TIMEOUT_S = 10.0
 #: What both transports can send as a header value: gRPC metadata is printable ASCII only, and
 #: http.client refuses CR/LF (and cannot encode most non-ASCII text).
@@ -60,6 +63,7 @@ class ExporterConfig:
     client_certificate: str | None = None
     insecure: bool = True  # the default URL is plain http
     disabled: bool = False
+    signal: Literal["traces", "profiles"] = "traces"  # what the requests are: the gRPC method
 
     @property
     def target(self) -> str:
@@ -267,3 +271,21 @@ def exporter_config_from_env(
         insecure=insecure,
         disabled=sdk_disabled(environ) if disabled is None else disabled,
     )
+
+
+def profiles_config(cfg: ExporterConfig, environ: Mapping[str, str] = os.environ) -> ExporterConfig:
+    """The traces exporter's settings, sending profiles: gRPC to the same endpoint; HTTP to
+    ``OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT`` as is, else to the traces URL with its
+    ``v1/traces`` path (or, for a signal-specific traces URL of another path, its end) replaced
+    by ``v1development/profiles``."""
+    url = cfg.url
+    if cfg.protocol != "grpc":
+        specific = text(environ, ev.OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT) if cfg.endpoint_configured else None
+        # (credentials go in the headers, never in this URL: one with user info is not used)
+        if specific and "://" in specific and urlsplit(specific).hostname and "@" not in urlsplit(specific).netloc:
+            return replace(cfg, url=specific.strip(), signal="profiles")
+        parts = urlsplit(url)
+        path = parts.path
+        base = path[: -len(TRACES_PATH)] if path.endswith(TRACES_PATH) else path.rstrip("/").rpartition("/")[0] + "/"
+        url = parts._replace(path=base + PROFILES_PATH).geturl()
+    return replace(cfg, url=url, signal="profiles")

@@ -141,6 +141,7 @@ class Exporter:
         probe_interval_s: float = 5.0,
         max_server_delay_s: float = MAX_SERVER_DELAY_S,
         registry: CollectorRegistry | None = None,
+        signal: str = "traces",
     ) -> None:
         self.config = config or exporter_config_from_env()
         self.spool = Spool(spool_dir or spool_dir_from_env(), spool_max_bytes)  # never raises
@@ -151,9 +152,9 @@ class Exporter:
         # from a signal handler that interrupted the main thread while it counted
         self._lock = threading.RLock()
         # shared by every exporter of the process that uses the same registry
-        self.metrics = (
-            ExporterMetrics.for_registry(registry) if registry is not None else ExporterMetrics.for_registry()
-        )
+        self.signal = signal  # the OTLP signal it sends: the signal label of its series (telemetry.py)
+        self.registry = registry  # None: prometheus-client's global one
+        self.metrics = ExporterMetrics.for_registry(registry).signal(signal)
         self.metrics.watch(lambda: self.queue_depth, self.spool.bytes_used)
         self._queue_max_bytes = queue_max_bytes
         self._max_attempts = max_attempts
@@ -390,7 +391,8 @@ class Exporter:
             self._count("requests_exported")
             if result.rejected_spans:
                 self._count("spans_rejected", result.rejected_spans)
-                self._warn_once("partial", "the backend rejected %d spans: %s", result.rejected_spans, result.message)
+                what = "spans" if self.signal == "traces" else self.signal  # a partial success counts these
+                self._warn_once("partial", f"the backend rejected %d {what}: %s", result.rejected_spans, result.message)
             return
         if self._paused and result.retryable:  # interrupted by pause_worker(): sent again first
             with self._cond:
@@ -483,7 +485,7 @@ class Exporter:
         with self._lock:
             by_reason = self.counters.dropped_by_reason
             by_reason[reason] = by_reason.get(reason, 0) + amount
-        self.metrics.dropped.labels(reason=reason).inc(amount)
+        self.metrics.drop(reason, amount)
         if as_request:
             self._count("requests_dropped", amount)
 
@@ -491,7 +493,7 @@ class Exporter:
         with self._lock:
             setattr(self.counters, name, getattr(self.counters, name) + amount)
         if name.startswith("requests_"):
-            self.metrics.requests.labels(result=name.removeprefix("requests_")).inc(amount)
+            self.metrics.requests[name.removeprefix("requests_")].inc(amount)
         elif name == "retries":
             self.metrics.retries.inc(amount)
         else:

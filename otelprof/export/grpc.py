@@ -20,6 +20,9 @@ from .http import TlsConfigError, ssl_context
 from .result import TLS, TLS_CONFIG, ExportResult, server_delay
 
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+#: ExportProfilesServiceResponse has ExportTraceServiceResponse's fields and numbers (a partial
+#: success: a count, a message), so one response class reads both.
+PROFILES_METHOD = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
 RETRYABLE_CODES = frozenset(
     {
         grpc.StatusCode.CANCELLED,
@@ -104,7 +107,7 @@ class GrpcSender:
             else:  # checked on each send until they are usable: a fixed file is picked up
                 self._channel = grpc.secure_channel(cfg.target, _credentials(cfg), options=_CHANNEL_OPTIONS)
             self._export = self._channel.unary_unary(
-                EXPORT_METHOD,
+                PROFILES_METHOD if cfg.signal == "profiles" else EXPORT_METHOD,
                 request_serializer=lambda data: data,  # already an encoded ExportTraceServiceRequest
                 response_deserializer=ExportTraceServiceResponse.FromString,
             )

@@ -22,6 +22,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2_grpc
+from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+    ExportProfilesServiceRequest,
+    ExportProfilesServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
@@ -50,6 +55,7 @@ class HttpReceiver:
     max_body_bytes: int | None = None  # larger bodies get 413, as a size-limited collector answers
     requests: list[ExportTraceServiceRequest] = field(default_factory=list)
     metric_requests: list[ExportMetricsServiceRequest] = field(default_factory=list)  # POST /v1/metrics
+    profile_requests: list[ExportProfilesServiceRequest] = field(default_factory=list)  # /v1development/profiles
     paths: list[str] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -79,6 +85,10 @@ class HttpReceiver:
             with self.lock:
                 self.metric_requests.append(ExportMetricsServiceRequest.FromString(body))
             return 200, {}, ExportMetricsServiceResponse().SerializeToString()
+        if handler.path.endswith("/v1development/profiles"):
+            with self.lock:
+                self.profile_requests.append(ExportProfilesServiceRequest.FromString(body))
+            return 200, {}, ExportProfilesServiceResponse().SerializeToString()
         request = ExportTraceServiceRequest.FromString(body)
         with self.lock:
             self.requests.append(request)
@@ -252,6 +262,20 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
         return ExportMetricsServiceResponse()
 
 
+class _ProfilesService(profiles_service_pb2_grpc.ProfilesServiceServicer):
+    """The official OTLP profiles service (v1development): keeps every request."""
+
+    def __init__(self, rec: GrpcReceiver) -> None:
+        self.rec = rec
+
+    def Export(
+        self, request: ExportProfilesServiceRequest, context: grpc.ServicerContext
+    ) -> ExportProfilesServiceResponse:
+        with self.rec.lock:
+            self.rec.profile_requests.append(request)
+        return ExportProfilesServiceResponse()
+
+
 @dataclass
 class GrpcReceiver:
     port: int = 0
@@ -260,6 +284,7 @@ class GrpcReceiver:
     requests: list[ExportTraceServiceRequest] = field(default_factory=list)
     metadata_seen: list[dict[str, str]] = field(default_factory=list)
     metric_requests: list[ExportMetricsServiceRequest] = field(default_factory=list)
+    profile_requests: list[ExportProfilesServiceRequest] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -274,6 +299,7 @@ def grpc_receiver(
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(rec), server)
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(rec), server)
+    profiles_service_pb2_grpc.add_ProfilesServiceServicer_to_server(_ProfilesService(rec), server)
     address = f"127.0.0.1:{rec.port}"
     rec.port = server.add_secure_port(address, tls) if tls else server.add_insecure_port(address)
     server.start()

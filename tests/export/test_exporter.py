@@ -134,14 +134,14 @@ def test_self_telemetry_in_the_prometheus_registry(tmp_path: Path, requests: lis
         assert exporter.flush(30)
         exporter.shutdown()
     scrape = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in registry.collect() for s in m.samples}
-    assert scrape[("otelprof_export_requests_total", (("result", "exported"),))] == len(requests)
-    assert scrape[("otelprof_export_requests_total", (("result", "dropped"),))] == 0
-    assert scrape[("otelprof_export_retries_total", ())] == 1
-    assert scrape[("otelprof_export_duration_seconds_count", ())] == len(requests) + 1
-    assert scrape[("otelprof_export_queue_requests", ())] == 0
-    assert scrape[("otelprof_export_spool_bytes", ())] == 0
+    assert scrape[("otelprof_export_requests_total", (("result", "exported"), ("signal", "traces")))] == len(requests)
+    assert scrape[("otelprof_export_requests_total", (("result", "dropped"), ("signal", "traces")))] == 0
+    assert scrape[("otelprof_export_retries_total", (("signal", "traces"),))] == 1
+    assert scrape[("otelprof_export_duration_seconds_count", (("signal", "traces"),))] == len(requests) + 1
+    assert scrape[("otelprof_export_queue_requests", (("signal", "traces"),))] == 0
+    assert scrape[("otelprof_export_spool_bytes", (("signal", "traces"),))] == 0
     text = generate_latest(registry).decode()
-    assert 'otelprof_export_requests_total{result="exported"}' in text
+    assert 'otelprof_export_requests_total{result="exported",signal="traces"}' in text
 
 
 def test_full_queue_and_full_spool_writer_drop_and_count(

@@ -106,7 +106,7 @@ def _received(rec: HttpReceiver | GrpcReceiver) -> list[bytes]:
 
 
 def _scrape(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    value = registry.get_sample_value(name, labels)
+    value = registry.get_sample_value(name, {"signal": "traces", **labels})
     return 0.0 if value is None else value
 
 

@@ -74,7 +74,9 @@ def _exporter(config: ExporterConfig, spool_dir: Path, registry: CollectorRegist
 def _check_delivered(exporter: Exporter, registry: CollectorRegistry, received: list[bytes], sent: list[bytes]) -> None:
     assert received == sent  # every request, in order, none lost
     assert exporter.counters.requests_dropped == 0
-    assert registry.get_sample_value("otelprof_export_worker_errors_total") == 0  # bounded, not caught
+    assert (
+        registry.get_sample_value("otelprof_export_worker_errors_total", {"signal": "traces"}) == 0
+    )  # bounded, not caught
 
 
 @pytest.mark.parametrize("value", list(RETRY_AFTER.values()), ids=list(RETRY_AFTER))
@@ -161,7 +163,7 @@ def test_the_worker_survives_a_transport_that_raises_or_returns_nonsense(
         received = [r.SerializeToString() for r in rec.requests]
     assert sorted(received) == sorted(requests)  # none lost (order: a spooled one replays later)
     assert exporter.counters.worker_errors == 2
-    assert registry.get_sample_value("otelprof_export_worker_errors_total") == 2
+    assert registry.get_sample_value("otelprof_export_worker_errors_total", {"signal": "traces"}) == 2
     assert exporter.counters.requests_dropped == 0
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("export worker")] == [
         "export worker error (the worker goes on)"

@@ -158,7 +158,12 @@ def test_an_unsafe_spool_takes_nothing_and_counts_each_loss_with_one_warning(
         exporter.shutdown()
     n = len(requests)
     assert (exporter.counters.requests_spooled, exporter.counters.dropped_by_reason) == (0, {"spool_unsafe": n})
-    assert registry.get_sample_value("otelprof_export_dropped_requests_total", {"reason": "spool_unsafe"}) == n
+    assert (
+        registry.get_sample_value(
+            "otelprof_export_dropped_requests_total", {"signal": "traces", "reason": "spool_unsafe"}
+        )
+        == n
+    )
     assert sorted(os.listdir(planted.parent)) == [planted.name]
     lines = [r.getMessage() for r in caplog.records if str(folder) in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith(f"spool folder refused: {folder} {advice}"), lines

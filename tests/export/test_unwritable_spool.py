@@ -71,7 +71,7 @@ def _span_ids(requests: Iterable[ExportTraceServiceRequest]) -> list[tuple[bytes
 
 
 def _dropped(registry: CollectorRegistry, reason: str) -> float | None:
-    return registry.get_sample_value("otelprof_export_dropped_requests_total", {"reason": reason})
+    return registry.get_sample_value("otelprof_export_dropped_requests_total", {"signal": "traces", "reason": reason})
 
 
 def test_a_spool_folder_that_cannot_be_created_still_exports(tmp_path: Path, requests: list[bytes]) -> None:
@@ -86,8 +86,10 @@ def test_a_spool_folder_that_cannot_be_created_still_exports(tmp_path: Path, req
         assert exporter.flush(30)
         exporter.shutdown()
     assert [r.SerializeToString() for r in rec.requests] == requests
-    assert registry.get_sample_value("otelprof_export_requests_total", {"result": "exported"}) == len(requests)
-    assert registry.get_sample_value("otelprof_export_spool_bytes") == 0
+    assert registry.get_sample_value(
+        "otelprof_export_requests_total", {"signal": "traces", "result": "exported"}
+    ) == len(requests)
+    assert registry.get_sample_value("otelprof_export_spool_bytes", {"signal": "traces"}) == 0
 
 
 def test_a_spool_folder_that_cannot_be_created_counts_every_loss_and_logs_once(
@@ -105,8 +107,12 @@ def test_a_spool_folder_that_cannot_be_created_counts_every_loss_and_logs_once(
     assert exporter.counters.requests_dropped == len(requests)
     assert exporter.counters.dropped_by_reason == {"spool_unwritable": len(requests)}
     assert _dropped(registry, "spool_unwritable") == len(requests)
-    assert registry.get_sample_value("otelprof_export_requests_total", {"result": "dropped"}) == len(requests)
-    assert registry.get_sample_value("otelprof_export_worker_errors_total") == 0  # handled, not caught
+    assert registry.get_sample_value(
+        "otelprof_export_requests_total", {"signal": "traces", "result": "dropped"}
+    ) == len(requests)
+    assert (
+        registry.get_sample_value("otelprof_export_worker_errors_total", {"signal": "traces"}) == 0
+    )  # handled, not caught
     warnings = [r.getMessage() for r in caplog.records if "spool" in r.getMessage()]
     assert len(warnings) == 1 and "Not a directory" in warnings[0], warnings
     assert Spool(blocker / "spool").write(b"x") is False  # and never raises
@@ -130,8 +136,10 @@ c = exporter.counters
 print(json.dumps({
     "flushed": flushed, "spooled": c.requests_spooled, "dropped": c.requests_dropped,
     "by_reason": c.dropped_by_reason, "records": len(exporter.spool.records()),
-    "metric": registry.get_sample_value("otelprof_export_dropped_requests_total", {"reason": "spool_unwritable"}),
-    "worker_errors": registry.get_sample_value("otelprof_export_worker_errors_total"),
+    "metric": registry.get_sample_value(
+        "otelprof_export_dropped_requests_total", {"signal": "traces", "reason": "spool_unwritable"}
+    ),
+    "worker_errors": registry.get_sample_value("otelprof_export_worker_errors_total", {"signal": "traces"}),
 }))
 """
 
