@@ -257,6 +257,30 @@ def training() -> dict[str, Any]:
         ),
         8,
     )
+    lay.add(
+        _ts(
+            "Model FLOPs utilisation",
+            "percentunit",
+            _prom(f"max by (rank, device, source) (otelprof_mfu_ratio{{{SEL}}})", "rank {{rank}} {{source}}"),
+            description="Achieved FLOP/s over the device's dense peak for the matmul dtype (the MFU-drop alert "
+            "watches the estimated line). Needs windows with with_flops (OTELPROF_PROFILE_OPTIONS); on CPU, "
+            "OTELPROF_PEAK_FLOPS. estimated: the last window's FLOPs per step over each step's time; window: the "
+            "profiled steps themselves, slowed by the profiler.",
+        ),
+        12,
+    )
+    lay.add(
+        _ts(
+            "Achieved FLOP/s",
+            "flops",
+            _prom(
+                f'max by (rank, device) (otelprof_achieved_flops_per_second{{{SEL}, source="estimated"}})',
+                "rank {{rank}} device {{device}}",
+            ),
+            description="FLOPs per step (forward and backward, as torch's with_flops counts them) over step time.",
+        ),
+        12,
+    )
 
     lay.row("Phases")
     lay.add(
@@ -408,7 +432,10 @@ def training() -> dict[str, Any]:
         _ts(
             "Export requests",
             "reqps",
-            _prom(f"sum by (result) (rate(otelprof_export_requests_total{{{EXPORT_SEL}}}[{RATE}]))", "{{result}}"),
+            _prom(
+                f"sum by (signal, result) (rate(otelprof_export_requests_total{{{EXPORT_SEL}}}[{RATE}]))",
+                "{{signal}} {{result}}",
+            ),
             _prom(f"sum(rate(otelprof_export_retries_total{{{EXPORT_SEL}}}[{RATE}]))", "retries"),
             description="What became of OTLP requests: exported, spooled to disk, replayed from it, dropped.",
         ),

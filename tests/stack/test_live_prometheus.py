@@ -197,6 +197,9 @@ def run(prometheus: tuple[Prometheus, int], tmp_path_factory: pytest.TempPathFac
             "OTELPROF_PROFILE_WARMUP": "1",
             "OTELPROF_PROFILE_ACTIVE": "2",
             "OTELPROF_PROFILE_REPEAT": "0",
+            # windows count FLOPs: the MFU panels have data (a CPU has no peak of its own)
+            "OTELPROF_PROFILE_OPTIONS": "with_flops",
+            "OTELPROF_PEAK_FLOPS": "1e12",
             # ranks share their mean step time every 20 steps: the straggler panel has data
             "OTELPROF_STRAGGLER_STEPS": "20",
         }
@@ -457,7 +460,9 @@ def test_panels_show_the_runs_numbers(run: Run) -> None:
     assert len(top_ops) <= WORLD * 10 + 1  # each rank's top 10, and "other"
     assert _instant(run, "Windows")[""] >= 2 * WORLD  # a window every 8 steps on each rank
     exported = _instant(run, "Export requests", "A")
-    assert exported.get("exported", 0) > 0 and exported.get("dropped", 0) == 0
+    # by result and signal: these ranks record no stacks, so traces are the only signal
+    assert {key.split(",")[1] for key in exported} == {"traces"}
+    assert exported["exported,traces"] > 0 and exported["dropped,traces"] == 0
 
 
 @pytest.mark.slow

@@ -148,6 +148,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], dict[
             "OTELPROF_PROFILE_WARMUP": "1",
             "OTELPROF_PROFILE_ACTIVE": "2",
             "OTELPROF_PROFILE_REPEAT": "1",
+            "OTELPROF_PROFILE_OPTIONS": "with_flops",  # the MFU series (a CPU has no peak of its own)
+            "OTELPROF_PEAK_FLOPS": "1e12",
             "OTELPROF_SPOOL_DIR": str(tmp / "spool"),
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         }

@@ -80,6 +80,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
         "OtelprofStragglerRank",
         "OtelprofInputBound",
         "OtelprofGpuMemoryNearCapacity",
+        "OtelprofMfuDrop",
         "OtelprofExportDropping",
         "OtelprofExportSpooling",
         "OtelprofTelemetryDropped",
