@@ -3,15 +3,17 @@ machine load hits both sides alike; medians over rounds give the step-time ratio
 
     python benchmarks/overhead.py [--rounds N] [--steps N] [--window-steps N]
         [--tiny-rounds N] [--window-rounds N] [--framework-rounds N] [--framework-steps N]
-        [--start-rounds N] [--aa-rounds N]
+        [--start-rounds N] [--aa-rounds N] [--memory-off]
 
 1. Always on: the same CPU training loop bare and instrumented (``otelprof.instrument()`` ...
    ``uninstrument()``: steps, phases, metrics, step spans). Target (issue 4): <= 1.005.
-2. A profiled window: the loop under bare ``torch.profiler`` (warmup 1, active N, its trace
-   saved by ``on_trace_ready``) against otelprof with the same schedule and profiler settings
-   (the trace then converted by the native core and exported on background threads). Both
-   runs go on for as many steps again after the window, so the conversion's share of the CPU
-   is paid inside the measured time. Target: <= 1.05.
+   ``--memory-off``: the tiny loop's comparison also runs with ``OTELPROF_STEP_MEMORY=false``,
+   interleaved, for the per-step memory peaks' share.
+2. A profiled window (``--window-rounds``, 0 skips): the loop under bare ``torch.profiler``
+   (warmup 1, active N, its trace saved by ``on_trace_ready``) against otelprof with the same
+   schedule and profiler settings (the trace then converted by the native core and exported on
+   background threads). Both runs go on for as many steps again after the window, so the
+   conversion's share of the CPU is paid inside the measured time. Target: <= 1.05.
 3. Frameworks (``--framework-rounds``, 0 skips): a Hugging Face ``Trainer`` loop and a Lightning
    loop (benchmarks/frameworks.py) bare and under ``otelprof.instrument()``, which adds otelprof's
    callback to each Trainer built: the ratio of their seconds per optimizer update.
@@ -93,10 +95,17 @@ class Side:
 def interleaved(rounds: int, bare: Callable[[], float] | Side, ours: Callable[[], float] | Side) -> Interleaved:
     """``bare`` and ``ours`` over ``rounds`` rounds in ABBA order (each round's pair runs
     back to back, so slow drift in machine load hits both alike)."""
-    sides = [s if isinstance(s, Side) else Side(s) for s in (bare, ours)]
-    times: list[list[float]] = [[], []]
+    times = timed_rounds(rounds, [s if isinstance(s, Side) else Side(s) for s in (bare, ours)])
+    return Interleaved(times[0], times[1])
+
+
+def timed_rounds(rounds: int, sides: list[Side]) -> list[list[float]]:
+    """Each side's times over ``rounds`` rounds, the order reversed every other round (ABBA,
+    or ABCCBA with three sides)."""
+    times: list[list[float]] = [[] for _ in sides]
+    order = list(range(len(sides)))
     for round_ in range(rounds):
-        for which in (0, 1) if round_ % 2 == 0 else (1, 0):
+        for which in order if round_ % 2 == 0 else order[::-1]:
             side = sides[which]
             side.setup()
             # Both sides start the timed run from the same collector state: what setup left
@@ -110,7 +119,7 @@ def interleaved(rounds: int, bare: Callable[[], float] | Side, ours: Callable[[]
             finally:
                 gc.unfreeze()
                 side.teardown()
-    return Interleaved(times[0], times[1])
+    return times
 
 
 class Interleaved:
@@ -165,6 +174,39 @@ def bare_profiler(run: Callable[..., float], active: int, trace_dir: str) -> Cal
         return seconds
 
     return once
+
+
+def window_lines(rounds: int, steps: int, env: dict[str, str], tmp: str) -> dict[str, float]:
+    """Part 2: a profiled window under bare torch.profiler against otelprof's."""
+    window_steps = 1 + steps  # warmup + active
+    window_run = make_loop(2 * window_steps + 2)  # a first step, the window, as many after
+    schedule_env = {
+        **env,
+        "OTELPROF_PROFILE": "true",
+        "OTELPROF_PROFILE_SKIP_FIRST": "1",
+        "OTELPROF_PROFILE_WAIT": "0",
+        "OTELPROF_PROFILE_WARMUP": "1",
+        "OTELPROF_PROFILE_ACTIVE": str(steps),
+        "OTELPROF_PROFILE_REPEAT": "1",
+        "OTELPROF_ANOMALY_FACTOR": "0",
+        "OTELPROF_TRIGGER_SIGNAL": "none",
+    }
+    bare_window = bare_profiler(window_run, steps, tmp)
+    window = interleaved(rounds, bare_window, instrumented(window_run, schedule_env))
+    wb, wi, window_ratio, window_error = window.bare, window.ours, window.ratio, window.ratio_error
+    met = "met" if window_ratio <= 1.05 else "NOT met"
+    print(f"window, torch.profiler  : {wb * 1e3:.3f} ms/step (a {steps}-step window and as many after)")
+    print(f"window, otelprof        : {wi * 1e3:.3f} ms/step (the same, converted and exported in the background)")
+    print(
+        f"window, ratio           : {window_ratio:.4f} +- {window_error:.4f} "
+        f"(median of the rounds' ratios; target <= 1.05: {met})"
+    )
+    return dict(
+        window_bare_ms=wb * 1e3,
+        window_otelprof_ms=wi * 1e3,
+        window_ratio=window_ratio,
+        window_ratio_error=window_error,
+    )
 
 
 def framework_lines(rounds: int, steps: int, env: dict[str, str]) -> dict[str, float]:
@@ -232,7 +274,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="steps per always-on run (at least 2)")
     parser.add_argument("--window-steps", type=int, default=5, help="active steps of the profiled window")
     parser.add_argument("--tiny-rounds", type=int, default=100, help="rounds of the per-step cost's tiny loop")
-    parser.add_argument("--window-rounds", type=int, default=40, help="rounds of the profiled-window comparison")
+    parser.add_argument(
+        "--window-rounds", type=int, default=40, help="rounds of the profiled-window comparison (0: skip)"
+    )
+    parser.add_argument(
+        "--memory-off",
+        action="store_true",
+        help="part 1's tiny loop also instrumented with OTELPROF_STEP_MEMORY=false, interleaved (both implied ratios)",
+    )
     parser.add_argument("--framework-rounds", type=int, default=6, help="rounds of each framework loop (0: skip)")
     parser.add_argument("--framework-steps", type=int, default=20, help="optimizer updates per framework run")
     parser.add_argument("--start-rounds", type=int, default=40, help="rounds of the process-start comparison (0: skip)")
@@ -264,7 +313,11 @@ def main() -> int:
         # transformer's step time in the same run, resolves it (the verdict uses it)
         # (the median of the rounds' paired differences: pairs cancel the machine's drift)
         tiny = make_loop(200, tiny=True)
-        paired = interleaved(args.tiny_rounds, tiny, instrumented(tiny, env))
+        sides = [Side(tiny), instrumented(tiny, env)]
+        if args.memory_off:  # the per-step memory peaks' own share: the same loop without them
+            sides.append(instrumented(tiny, {**env, "OTELPROF_STEP_MEMORY": "false"}))
+        times = timed_rounds(args.tiny_rounds, sides)
+        paired = Interleaved(times[0], times[1])
         cost, cost_error = paired.diff, paired.diff_error
         implied, implied_error = 1 + cost / b, cost_error / b
         met = "met" if implied <= 1.005 else "NOT met"
@@ -277,6 +330,17 @@ def main() -> int:
             f"always on, implied      : {implied:.4f} +- {implied_error:.4f} "
             f"(that cost over the bare step above; target <= 1.005: {met})"
         )
+        if args.memory_off:
+            off = Interleaved(times[0], times[2])
+            off_implied, off_error = 1 + off.diff / b, off.diff_error / b
+            print(
+                f"peaks off (STEP_MEMORY) : {off.diff * 1e6:.1f} +- {off.diff_error * 1e6:.1f} us, "
+                f"implied {off_implied:.4f} +- {off_error:.4f} ({off.ours * 1e6:.1f} us/step instrumented, median)"
+            )
+            print(
+                f"peaks on - off          : {(cost - off.diff) * 1e6:+.1f} us/step (medians of the paired differences)"
+            )
+            figures.update(memory_off_cost_us=off.diff * 1e6, memory_off_implied_ratio=off_implied)
         gap, gap_error = ratio - implied, (error**2 + implied_error**2) ** 0.5
         agree = "agree" if abs(gap) <= 2 * gap_error else "DISAGREE"
         print(f"wall - implied          : {gap:+.4f} +- {gap_error:.4f} ({agree} within two standard errors)")
@@ -293,35 +357,8 @@ def main() -> int:
             print(f"always on, A/A control  : {aa.ratio:.4f} +- {aa.ratio_error:.4f} (bare against bare)")
             figures.update(aa_ratio=aa.ratio, aa_ratio_error=aa.ratio_error)
 
-        window_steps = 1 + args.window_steps  # warmup + active
-        window_run = make_loop(2 * window_steps + 2)  # a first step, the window, as many after
-        schedule_env = {
-            **env,
-            "OTELPROF_PROFILE": "true",
-            "OTELPROF_PROFILE_SKIP_FIRST": "1",
-            "OTELPROF_PROFILE_WAIT": "0",
-            "OTELPROF_PROFILE_WARMUP": "1",
-            "OTELPROF_PROFILE_ACTIVE": str(args.window_steps),
-            "OTELPROF_PROFILE_REPEAT": "1",
-            "OTELPROF_ANOMALY_FACTOR": "0",
-            "OTELPROF_TRIGGER_SIGNAL": "none",
-        }
-        bare_window = bare_profiler(window_run, args.window_steps, tmp)
-        window = interleaved(args.window_rounds, bare_window, instrumented(window_run, schedule_env))
-        wb, wi, window_ratio, window_error = window.bare, window.ours, window.ratio, window.ratio_error
-        met = "met" if window_ratio <= 1.05 else "NOT met"
-        print(f"window, torch.profiler  : {wb * 1e3:.3f} ms/step (a {args.window_steps}-step window and as many after)")
-        print(f"window, otelprof        : {wi * 1e3:.3f} ms/step (the same, converted and exported in the background)")
-        print(
-            f"window, ratio           : {window_ratio:.4f} +- {window_error:.4f} "
-            f"(median of the rounds' ratios; target <= 1.05: {met})"
-        )
-        figures.update(
-            window_bare_ms=wb * 1e3,
-            window_otelprof_ms=wi * 1e3,
-            window_ratio=window_ratio,
-            window_ratio_error=window_error,
-        )
+        if args.window_rounds:
+            figures.update(window_lines(args.window_rounds, args.window_steps, env, tmp))
         if args.framework_rounds:
             figures.update(framework_lines(args.framework_rounds, args.framework_steps, env))
     if args.start_rounds:

@@ -63,7 +63,9 @@ def summary(train_seconds: float) -> dict[str, Any]:
         if last is not None:
             windows["top_ops"] = last.op_self_cpu_s
     requests = {
-        result: int(REGISTRY.get_sample_value("otelprof_export_requests_total", {"result": result}) or 0)
+        result: int(
+            REGISTRY.get_sample_value("otelprof_export_requests_total", {"signal": "traces", "result": result}) or 0
+        )
         for result in ("exported", "spooled", "dropped")
     }
     exporter = live.exporter

@@ -62,6 +62,26 @@ def gunzip(data: bytes | bytearray | memoryview, limit: int) -> bytearray:
     """Every gzip member inflated into one bytearray (absent when built without zlib). Corrupt or
     truncated data, or more than ``limit`` bytes out, raise TraceError. Releases the GIL."""
 
+class StackSamples:
+    """What ``stack_samples`` returns: frames and stacks once each, then the sums by stack."""
+
+    @property
+    def frames(self) -> list[tuple[str, str, int]]: ...  # (name, file, line), distinct
+    @property
+    def stacks(self) -> list[tuple[int, int]]: ...  # (parent stack or -1, frame), parents first
+    @property
+    def cpu(self) -> list[tuple[int, int | None, int]]: ...  # (stack, step, ns)
+    @property
+    def device(self) -> list[tuple[int, int | None, int]]: ...
+    @property
+    def start_ns(self) -> int: ...
+    @property
+    def end_ns(self) -> int: ...
+
+def stack_samples(data: bytes | bytearray | memoryview, base_time_ns: int | None = None) -> StackSamples:
+    """The stack samples of Kineto JSON bytes (capture/profiles/stacks.py's ``samples``, in
+    the reference's order), read as ``convert`` reads them. Releases the GIL."""
+
 def schema() -> dict[str, list[tuple[str, ...]]]:
     """The argument and memory attribute tables, for consistency tests."""
 
@@ -186,6 +206,8 @@ class LastStep(structseq[Any], tuple[int, int, bytes | None, list[tuple[int, int
     def trace_id(self) -> bytes | None: ...
     @property
     def phases(self) -> list[tuple[int, int]]: ...  # (start ns, end ns) of its phase spans
+    @property
+    def phase_names(self) -> tuple[str, ...]: ...  # their names (an attribute, not in the tuple)
 
 @final
 class FoldedStep(
@@ -232,6 +254,21 @@ class StepSink:
     @property
     def spans_dropped(self) -> int: ...
     def clear_queue(self) -> None: ...
+    def set_memory(self, memory: tuple[int | None, int | None, int | None, int] | None) -> None:
+        """The memory of the training step closing next (StepRecord.memory)."""
+    def start_resident(self) -> str:
+        """Each training step's resident peak read natively from now on; '' or why not."""
+    def stop_resident(self) -> None: ...
+    def read_resident(self) -> int | None: ...
+    @property
+    def resident_exact(self) -> bool: ...
+    @staticmethod
+    def resident_kept_kib() -> int: ...
+    @staticmethod
+    def vm_hwm_kib(status: bytes) -> int | None: ...
+    def last_memory(self) -> tuple[int | None, int | None, int | None, int] | None: ...
+    def reserve(self, count: int) -> int:
+        """Span id ordinals for ``count`` spans made outside the sink: the first."""
     def last(self) -> LastStep | None: ...
     def folded(self) -> FoldedStep | None: ...
     def hold(self, max_held: int) -> None:
@@ -279,6 +316,8 @@ class StepTracker:
     def begin_scope(self, name: str, evaluation: bool = False) -> None: ...
     def end_scope(self) -> None: ...
     def finish(self) -> None: ...
+    def abandon(self) -> int:
+        """Drops the open step whose span an error made elsewhere; the number it takes."""
     def fail(self, exc: BaseException) -> None: ...
     def release(self) -> None:
         """Drops the callbacks; later events are ignored."""
@@ -292,5 +331,7 @@ class StepTracker:
         context_var: Any = None,
         notify: Callable[[], None] | None = None,
         on_held: Callable[[], None] | None = None,
+        probe: Callable[[], tuple[int | None, int | None, int | None, int] | None] | None = None,
+        probe_when: dict[str, Any] | None = None,
     ) -> None:
         """Closed steps go to ``sink`` (capture/steps/tracker.py's NativeStepTracker.attach)."""

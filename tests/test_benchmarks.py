@@ -71,6 +71,13 @@ def test_default_detail_benchmark_compares_two_builds() -> None:
     assert "alexnet" in text and "(1 / 1 requests)" in text and "target <= 1.1" in text
 
 
+def test_profiles_benchmark_measures_with_stack_windows() -> None:
+    text, figures = _run("profiles.py", "--rounds", "2", "--window-steps", "2")
+    assert {"with_stack_ratio", "profiles_on_off_ratio", "stacks_window_ms", "stacks_bert_h100_ms"} <= set(figures)
+    assert all(v > 0 for k, v in figures.items() if not k.endswith("error"))
+    assert "with_stack, ratio" in text and "stacks pass, live window" in text
+
+
 def test_overhead_benchmark_runs_both_loops() -> None:
     quick = ("--rounds", "2", "--steps", "3", "--window-steps", "2", "--tiny-rounds", "3", "--window-rounds", "2")
     frameworks = ("--framework-rounds", "1", "--framework-steps", "3", "--start-rounds", "2")
@@ -86,6 +93,17 @@ def test_overhead_benchmark_runs_both_loops() -> None:
     assert all(figures[k] >= 0 for k in figures if "error" in k)
     assert "window, ratio" in text and "per-step cost" in text
     assert "hf_trainer, ratio" in text and "lightning, ratio" in text and "process start, bootstrap" in text
+
+
+def test_overhead_benchmark_part_one_with_and_without_memory_peaks() -> None:
+    """Part 1 only (the other parts 0 rounds); --memory-off: the tiny loop also without the peaks."""
+    quick = ("--rounds", "2", "--steps", "3", "--tiny-rounds", "3", "--window-rounds", "0", "--framework-rounds", "0")
+    text, figures = _run("overhead.py", *quick, "--start-rounds", "0", "--memory-off")
+    always = {"bare_ms", "instrumented_ms", "ratio", "ratio_error", "step_cost_us", "implied_ratio"}
+    errors = {"step_cost_error_us", "implied_ratio_error"}
+    assert set(figures) == always | errors | {"memory_off_cost_us", "memory_off_implied_ratio"}
+    assert figures["memory_off_implied_ratio"] > 0
+    assert "peaks off (STEP_MEMORY)" in text and "window, ratio" not in text
 
 
 def test_import_benchmark_runs_import_and_anchor() -> None:

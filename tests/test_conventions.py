@@ -206,6 +206,8 @@ def test_metric_counts_carry_annotations_and_only_ratios_are_dimensionless() -> 
     for name, unit in units:
         if unit == "1":
             assert name.endswith("_ratio"), name
+        elif unit.endswith("/s"):  # a rate: the Collector's Prometheus exporter appends _per_second
+            assert name.endswith("_per_second") and unit[:-2].startswith("{"), (name, unit)
         else:
             assert unit in ("s", "By") or (unit.startswith("{") and unit.endswith("}")), (name, unit)
     assert dict(otlp_metrics.DIRECT)["otelprof.steps"] == "{step}"

@@ -37,6 +37,7 @@ PyStructSequence_Field kLastFields[] = {{"number", "the step's number"},
                                         {"ordinal", "its span id ordinal (its phases take the next ones)"},
                                         {"trace_id", "the application span's trace id, or None: the step's own"},
                                         {"phases", "[(start ns, end ns)] of its phase spans"},
+                                        {"phase_names", "their names, by attribute only: the tuple is the first four"},
                                         {nullptr, nullptr}};
 
 PyStructSequence_Field kFoldedFields[] = {
@@ -126,8 +127,13 @@ py::object PyStepSink::last() const {
     const otelprof::StepRecord* r = sink.last();
     if (r == nullptr) return py::none();
     py::list phases;
-    for (const auto& p : r->phases) phases.append(py::make_tuple(p.start, p.end));
-    return named(last_type, {py::int_(r->number), py::int_(r->ordinal), trace_bytes(r->trace_id), std::move(phases)});
+    py::tuple names(r->phases.size());
+    for (size_t i = 0; i < r->phases.size(); ++i) {
+        phases.append(py::make_tuple(r->phases[i].start, r->phases[i].end));
+        names[i] = py::str(r->phases[i].name);
+    }
+    return named(last_type, {py::int_(r->number), py::int_(r->ordinal), trace_bytes(r->trace_id), std::move(phases),
+                             std::move(names)});
 }
 
 py::object PyStepSink::held() const {
@@ -190,6 +196,46 @@ void bind_step_sink(py::module_& m) {
         .def_property_readonly("pending", [](const PyStepSink& s) { return s.sink.pending(); })
         .def_property_readonly("spans_dropped", [](const PyStepSink& s) { return s.sink.metrics().spans_dropped; })
         .def("clear_queue", [](PyStepSink& s) { s.sink.clear_queue(); })
+        .def(
+            "set_memory", [](PyStepSink& s, const py::object& memory) { s.sink.set_memory(step_memory(memory.ptr())); },
+            py::arg("memory"),
+            "The memory of the training step closing next: (allocated, reserved, resident bytes or None, "
+            "out-of-memory errors caught), or None.")
+        .def(
+            "start_resident", [](PyStepSink& s) { return s.sink.resident.start(); },
+            "From now on each training step's resident peak is read natively (memory_peaks.ResidentPeaks' "
+            "twin); returns '' or why /proc/self could not be opened (then the current RSS).")
+        .def(
+            "stop_resident", [](PyStepSink& s) { s.sink.resident.stop(); }, "The resident readings stop.")
+        .def(
+            "read_resident",
+            [](PyStepSink& s) -> py::object {
+                if (!s.sink.resident.on()) return py::none();
+                return optional_int(s.sink.resident.read());
+            },
+            "A resident peak read now (bytes; the mark restarts), or None (off, or the read failed).")
+        .def_property_readonly("resident_exact", [](const PyStepSink& s) { return s.sink.resident.exact(); })
+        .def_static(
+            "resident_kept_kib", &otelprof::ResidentPeaks::kept_kib,
+            "KiB: the process's lifetime resident high-water mark the native resets took away.")
+        .def_static(
+            "vm_hwm_kib",
+            [](const py::bytes& status) -> py::object {
+                return optional_int(otelprof::ResidentPeaks::vm_hwm_kib(std::string(status)));
+            },
+            py::arg("status"), "VmHWM (KiB) from /proc/<pid>/status text, or None.")
+        .def(
+            "last_memory",
+            [](const PyStepSink& s) -> py::object {
+                const std::optional<otelprof::StepMemory>& m = s.sink.last_memory();
+                if (!m) return py::none();
+                return py::make_tuple(optional_int(m->allocated), optional_int(m->reserved), optional_int(m->resident),
+                                      m->ooms);
+            },
+            "The memory the last training step took: (allocated, reserved, resident, ooms), or None.")
+        .def(
+            "reserve", [](PyStepSink& s, size_t count) { return s.sink.reserve(count); }, py::arg("count"),
+            "Span id ordinals for `count` spans made outside the sink (a failed step's): the first.")
         .def("last", &PyStepSink::last, "The step queued last (a LastStep), or None.")
         .def("folded", &PyStepSink::folded, "The training step folded last (a FoldedStep), or None.")
         .def(

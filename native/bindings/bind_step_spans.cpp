@@ -44,6 +44,21 @@ std::string utf8(PyObject* obj) {
 }
 
 namespace {
+std::optional<int64_t> optional_integer(PyObject* obj);
+PyObject* item(PyObject* tuple, Py_ssize_t k, Py_ssize_t size);
+}  // namespace
+
+otelprof::StepMemory step_memory(PyObject* obj) {
+    otelprof::StepMemory m;
+    if (obj == Py_None) return m;
+    m.allocated = optional_integer(item(obj, 0, 4));
+    m.reserved = optional_integer(item(obj, 1, 4));
+    m.resident = optional_integer(item(obj, 2, 4));
+    m.ooms = optional_integer(item(obj, 3, 4)).value_or(0);
+    return m;
+}
+
+namespace {
 
 // The bytes ids are hashed from: UTF-8 with surrogates passed through (reference/ids.py).
 std::string id_key(const py::str& s) {
@@ -80,14 +95,16 @@ PyObject* item(PyObject* tuple, Py_ssize_t k, Py_ssize_t size) {
     return PyTuple_GET_ITEM(tuple, k);
 }
 
-// A step record has 13 fields, or 14 with `skipped` (StepRecord's last, defaulted).
+// A step record has 13 fields, or 14 with `skipped`, or 15 with `memory` (StepRecord's last,
+// defaulted).
 Py_ssize_t record_size(PyObject* t) {
-    return PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 14 ? 14 : 13;
+    const Py_ssize_t n = PyTuple_Check(t) ? PyTuple_GET_SIZE(t) : 0;
+    return n == 14 || n == 15 ? n : 13;
 }
 
 // (name, number, start_ns, end_ns, ordinal, trace_id|None, parent_id|None, samples|None,
 //  tokens|None, dropped_phases, [(phase, start_ns, end_ns, module|None), ...], micro_batches, window|None
-//  [, skipped])
+//  [, skipped[, memory]])
 otelprof::StepRecord to_record(PyObject* t) {
     const Py_ssize_t kSize = record_size(t);
     otelprof::StepRecord r;
@@ -104,7 +121,8 @@ otelprof::StepRecord to_record(PyObject* t) {
     r.micro_batches = integer(item(t, 11, kSize));
     PyObject* window = item(t, 12, kSize);
     if (window != Py_None) r.window = utf8(window);
-    if (kSize == 14) {
+    if (kSize == 15) r.memory = step_memory(item(t, 14, kSize));
+    if (kSize >= 14) {
         const int truth = PyObject_IsTrue(item(t, 13, kSize));
         if (truth < 0) throw py::error_already_set();
         r.skipped = truth == 1;

@@ -159,6 +159,8 @@ class LiveTracker {
         if (core_.pending()) deliver();
     }
 
+    int64_t abandon() { return core_.abandon(); }
+
     // A Python-side failure (a hook wrapper's): the tracker stops, logged once by on_error.
     void fail_with(py::object exc) {
         if (failed_) return;
@@ -174,17 +176,25 @@ class LiveTracker {
     // application's current span is looked up through `context_var` (OpenTelemetry's context
     // variable: an empty context, the usual case, costs no Python call) and `parent()`;
     // `on_boundary(number, seconds)` runs per step when given; `notify()` when a batch is queued;
-    // `on_held()` after a step the sink holds for its device times (StepSink::hold), last.
+    // `on_held()` after a step the sink holds for its device times (StepSink::hold), last;
+    // `probe()` before a training step goes to the sink: its memory (StepSink::set_memory);
+    // with `probe_when` (a module's globals: torch.cuda's), only once its `_initialized` is True
+    // (the CPU's resident peak the sink reads itself: no Python call per step until then).
     void attach(std::shared_ptr<PyStepSink> sink, py::object on_boundary, py::object parent, py::object context_var,
-                py::object notify, py::object on_held) {
+                py::object notify, py::object on_held, py::object probe, py::object probe_when) {
         if (!context_var.is_none() && !PyContextVar_CheckExact(context_var.ptr()))
             throw py::type_error("context_var must be a contextvars.ContextVar or None");
+        if (!probe_when.is_none() && !PyDict_Check(probe_when.ptr()))
+            throw py::type_error("probe_when must be a dict (a module's __dict__) or None");
+        probe_when_ = std::move(probe_when);
+        probe_due_ = probe_when_.is_none();
         sink_ = std::move(sink);
         on_boundary_ = std::move(on_boundary);
         parent_ = std::move(parent);
         context_var_ = std::move(context_var);
         notify_ = std::move(notify);
         on_held_ = std::move(on_held);
+        probe_ = std::move(probe);
     }
 
     // After the session: the callbacks go (they refer back to the session, through objects
@@ -192,7 +202,7 @@ class LiveTracker {
     void release() {
         failed_ = true;
         on_step_ = on_first_open_ = on_error_ = clock_ = grad_enabled_ = on_hint_ = py::none();
-        on_boundary_ = parent_ = context_var_ = notify_ = on_held_ = py::none();
+        on_boundary_ = parent_ = context_var_ = notify_ = on_held_ = probe_ = probe_when_ = py::none();
         sink_.reset();
     }
 
@@ -271,6 +281,7 @@ class LiveTracker {
             }
         }
         const std::shared_ptr<PyStepSink> sink = sink_;  // a callback below may release it
+        if (!s.evaluation && !probe_.is_none() && probe_due() && !probe(*sink)) return false;
         const otelprof::StepAdded added =
             sink->sink.add(s, name_utf8_[s.name < name_utf8_.size() ? s.name : 0], trace, span, &module_utf8_);
         if (added.wake && !notify_.is_none()) {
@@ -287,6 +298,33 @@ class LiveTracker {
             PyObject* r = PyObject_CallNoArgs(on_held_.ptr());
             if (r == nullptr) return false;
             Py_DECREF(r);
+        }
+        return true;
+    }
+
+    // Whether probe() runs now: always without probe_when, else once its `_initialized` is True
+    // (a dict lookup; latched, as CUDA stays initialised).
+    bool probe_due() {
+        if (probe_due_) return true;
+        PyObject* flag = PyDict_GetItemWithError(probe_when_.ptr(), initialized_.ptr());  // borrowed
+        probe_due_ = flag != nullptr && PyObject_IsTrue(flag) == 1;
+        PyErr_Clear();  // an odd flag reads as not initialised
+        return probe_due_;
+    }
+
+    // The training step's memory, read by probe() before it is queued. False with a Python error set.
+    bool probe(PyStepSink& sink) {
+        PyObject* r = PyObject_CallNoArgs(probe_.ptr());
+        if (r == nullptr) return false;
+        const py::object memory = py::reinterpret_steal<py::object>(r);
+        try {
+            sink.sink.set_memory(step_memory(memory.ptr()));
+        } catch (py::error_already_set& e) {
+            e.restore();
+            return false;
+        } catch (py::builtin_exception& e) {
+            e.set_error();
+            return false;
         }
         return true;
     }
@@ -412,6 +450,9 @@ class LiveTracker {
     std::shared_ptr<PyStepSink> sink_;
     py::object on_held_ = py::none();
     py::object on_boundary_, parent_, context_var_, notify_;
+    py::object probe_ = py::none(), probe_when_ = py::none();
+    py::str initialized_{"_initialized"};
+    bool probe_due_ = true;
     std::vector<py::object> modules_{py::none()};  // forward phases' module names; slot 0: none
     std::vector<std::string> module_utf8_{std::string()};
     std::vector<std::pair<py::object, uint32_t>> module_types_;  // type -> slot (or kUnwrap)
@@ -534,11 +575,13 @@ void bind_step_tracker(py::module_& m) {
         .def("begin_scope", &LiveTracker::begin_scope, py::arg("name"), py::arg("evaluation") = false)
         .def("end_scope", &LiveTracker::end_scope)
         .def("finish", &LiveTracker::finish)
+        .def("abandon", &LiveTracker::abandon,
+             "Drops the open step whose span an error made elsewhere; returns the number it takes.")
         .def("fail", &LiveTracker::fail_with)
         .def("release", &LiveTracker::release)
         .def("attach", &LiveTracker::attach, py::arg("sink"), py::arg("on_boundary") = py::none(),
              py::arg("parent") = py::none(), py::arg("context_var") = py::none(), py::arg("notify") = py::none(),
-             py::arg("on_held") = py::none())
+             py::arg("on_held") = py::none(), py::arg("probe") = py::none(), py::arg("probe_when") = py::none())
         .def(
             "hook",
             [](const Holder& self, const std::string& name) {

@@ -13,6 +13,10 @@
 // UTF-8 of a str; lone surrogates become U+FFFD, as converter/_text.clean does.
 std::string utf8(PyObject* obj);
 
+// A step's memory (StepRecord's `memory`, the tracker's probe): None, or (allocated|None,
+// reserved|None, resident|None, ooms). Throws pybind11 errors on anything else.
+otelprof::StepMemory step_memory(PyObject* obj);
+
 class PyStepSpanEncoder {
   public:
     PyStepSpanEncoder(const pybind11::list& resource, const pybind11::str& scope_version,

@@ -114,6 +114,9 @@ constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
     "otelprof.gpu.kernel_name", "otelprof.memory.device",
     "otelprof.window.trigger", "input.value", "input.mime_type", "output.value", "output.mime_type",
     "otelprof.step.skipped",
+    "otelprof.memory.peak.allocated_bytes", "otelprof.memory.peak.reserved_bytes",
+    "otelprof.memory.peak.resident_bytes",
+    "otelprof.memory.oom_count",
     "otelprof.aggregated_self_ns", "otelprof.aggregated_min_ns", "otelprof.aggregated_max_ns",
     "otelprof.folded.op.count", "otelprof.folded.op.duration_ns",
     "otelprof.folded.python.count", "otelprof.folded.python.duration_ns",
@@ -125,6 +128,7 @@ constexpr std::string_view kFixedKeyNames[kFixedKeyCount] = {
     "otelprof.trace.hidden_events", "otelprof.trace.aggregated_events", "otelprof.source.file",
     "otelprof.window.part", "otelprof.window.parts", "otelprof.event.name",
     "code.function.name", "code.file.path", "code.line.number",
+    "otelprof.memory.peak_bytes", "otelprof.memory.peak_device", "otelprof.execution_trace.file",
 };
 }  // namespace
 

@@ -74,6 +74,11 @@ std::vector<Request> StepSpanEncoder::encode(const std::vector<StepRecord>& step
             if (colon != std::string_view::npos && colon + 1 < mark.size())
                 attr(sp, kWindowTriggerKey, AttrValue::str(mark.substr(colon + 1)));
         }
+        const StepMemory& mem = step.memory;
+        if (mem.allocated) attr(sp, kStepPeakAllocatedKey, AttrValue::integer(*mem.allocated));
+        if (mem.reserved) attr(sp, kStepPeakReservedKey, AttrValue::integer(*mem.reserved));
+        if (mem.resident) attr(sp, kStepPeakResidentKey, AttrValue::integer(*mem.resident));
+        if (mem.ooms) attr(sp, kStepOomsKey, AttrValue::integer(mem.ooms));
         {
             // what a trace list shows (step_spans.py trace_list_attrs; append_millis: spans.hpp)
             std::string& in = built.strings.emplace_back("{\"step\": " + std::to_string(step.number));

@@ -268,6 +268,12 @@ void StepTracker::finish() {
     }
 }
 
+int64_t StepTracker::abandon() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (current_) discard();
+    return next_number_++;
+}
+
 void StepTracker::resume(int64_t at, int64_t now) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stack_.empty() || now <= at) return;

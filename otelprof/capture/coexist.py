@@ -275,6 +275,8 @@ def _install() -> None:
 
     def register(original: Any) -> Any:
         def register_callback(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _ours():  # a window's own (profiling.py): part of the window
+                return original(self, *args, **kwargs)
             _starting("an ExecutionTraceObserver")
             _observers.add(self)
             return original(self, *args, **kwargs)

@@ -36,7 +36,14 @@ from .metrics.server import TriggerGuard
 from .windows.keep import keep_from_env
 from .windows.profiling import WindowSettings
 
-PROFILER_OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
+PROFILER_OPTIONS = (
+    "record_shapes",
+    "profile_memory",
+    "with_stack",
+    "with_flops",
+    "with_modules",
+    "execution_trace",
+)
 
 _log = logging.getLogger(__name__)
 

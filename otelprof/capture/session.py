@@ -27,19 +27,36 @@ from ..otlp.resource import ResourceFacts, compose_resource
 from ..otlp.spans import Attrs
 from ..resource import options_from_env, resource_attributes_from_env
 from ..settings import value
-from ..settings.variables import OTELPROF_MAX_REQUEST_BYTES, OTELPROF_SIGTERM_GRACE
+from ..settings.variables import (
+    OTELPROF_MAX_REQUEST_BYTES,
+    OTELPROF_OOM_WAIT,
+    OTELPROF_PEAK_FLOPS,
+    OTELPROF_SIGTERM_GRACE,
+    OTELPROF_STEP_MEMORY,
+)
 from . import announce, coexist
 from .config import Settings, settings_from_env
 from .distributed import ranks as distributed
 from .distributed.identity import Identity, identity_from_env
+from .memory import oom
+from .memory.peaks import MemoryCollector, MemoryPeaks, current_rss
 from .metrics import otlp_metrics
 from .metrics import server as metrics_server
+from .metrics.mfu import Mfu
 from .metrics.step_metrics import StepMetrics
 from .metrics.window_metrics import WindowMetrics
 from .preemption import Preemption
-from .spans.step_spans import StepContext, StepSpans, current_parent, native_sink, otel_context_var
+from .spans.step_spans import (
+    StepContext,
+    StepRecord,
+    StepSpans,
+    current_parent,
+    native_sink,
+    otel_context_var,
+)
 from .steps.device_timing import cuda_timing
 from .steps.tracker import Step, step_tracker
+from .windows.keep import TraceKeeper, keep_from_env
 from .windows.profiling import Windows
 
 _log = logging.getLogger(__name__)
@@ -81,7 +98,9 @@ class Session:
         self.metrics: StepMetrics | None = None
         self.spans: StepSpans | None = None
         self.windows: Windows | None = None
+        self.profiles_exporter: Exporter | None = None  # with_stack windows' profiles (capture/profiles/)
         self.straggler: distributed.Straggler | None = None
+        self.mfu: Mfu | None = None  # with_flops windows: FLOPs per step and MFU (metrics/mfu.py)
         self.timing = cuda_timing(self._record) if settings.cuda_events else None
         clock = self.timing.clock if self.timing is not None else time.time_ns
         self.tracker = step_tracker(
@@ -100,6 +119,10 @@ class Session:
         self._sink: Any = None
         self._window: str | None = None  # the open step's profiling-window mark (Windows.mark)
         self._quiet: list[Callable[[], None]] = []  # coexist.quiet registrations of the threads
+        #: the open step's number and start (ns): what an out-of-memory error ends (memory/oom.py)
+        self._open_step: tuple[int, int] | None = None
+        self.peaks: MemoryPeaks | None = None  # made at the first step: the probe of its end
+        self._oom: oom.OomHooks | None = oom.OomHooks(self._on_oom)
         self.hooks.install()
         self.preemption: Preemption | None = Preemption(
             value(self._environ, OTELPROF_SIGTERM_GRACE, _log),
@@ -110,7 +133,7 @@ class Session:
         )
         if not self.preemption.install():
             self.preemption = None
-        _import_first_step_modules(self._environ)
+        _import_first_step_modules(self._environ, self.settings.windows.with_stack)
         # from now on, a profiler the user makes is seen (one made before is found by active())
         coexist.watch(self._give_way)
         forward = self.hooks.forward
@@ -145,7 +168,9 @@ class Session:
                 # (atexit runs the latest registration first)
                 atexit.unregister(_at_exit)
                 atexit.register(_at_exit, self)
+            self._open_step = (number, time.time_ns())
             self.metrics = StepMetrics(self.identity.labels(), self.registry)
+            self._start_peaks()
             tracker = self.tracker
             self.metrics.count_eval(lambda: tracker.eval_forwards)
             if self.straggler is not None:
@@ -183,6 +208,11 @@ class Session:
                 self.windows = Windows(self.settings.windows, options, submit, window_metrics)
                 self._window = self.windows.begin(number)
                 self._quiet.append(coexist.quiet(self.windows.pause, lambda: None))
+                if self.settings.windows.with_flops:
+                    peak = value(self._environ, OTELPROF_PEAK_FLOPS, _log)
+                    self.mfu = self.windows.conversions.mfu = Mfu(self.identity.labels(), peak)
+                    self.metrics.add_collector(self.mfu)
+                self._profiles(exporter)
             # a with_stack profile of the user's traces every Python thread: otelprof's step aside
             self._quiet.append(coexist.quiet(exporter.pause_worker, exporter.resume_worker))
             self._quiet.append(coexist.quiet(self.spans.pause, self.spans.resume))
@@ -200,6 +230,24 @@ class Session:
             except Exception:
                 _log.debug("otelprof: could not say where the data goes", exc_info=True)
         return self._window
+
+    def _profiles(self, exporter: Exporter) -> None:
+        """with_stack windows' flame graphs: the profiles signal's own exporter (the traces
+        exporter's settings and rules), closed by close() after the last window."""
+        assert self.windows is not None
+        if not self.settings.windows.with_stack:
+            return
+        from . import profiles  # imported with instrument() already (_import_first_step_modules)
+
+        conversions = self.windows.conversions
+        if not profiles.export_enabled(self._environ):  # the files only
+            conversions.profiles = profiles.WindowProfiles(None, conversions.keeper)
+            return
+        sender = self.profiles_exporter = profiles.exporter(exporter, self._environ)
+        conversions.profiles = profiles.WindowProfiles(sender.submit, conversions.keeper)
+        self._quiet.append(coexist.quiet(sender.pause_worker, sender.resume_worker))
+        atexit.unregister(_at_exit)  # its own atexit shutdown came later: the session's goes first
+        atexit.register(_at_exit, self)
 
     def _announce(self, metric_exporters: set[str]) -> None:
         """One stderr line: where this process's data goes (announce.py). Not for an exporter
@@ -236,15 +284,79 @@ class Session:
         self.metrics.read_from(sink, self.spans.encoder.trace_ids)
         self.spans.use_sink(sink)
         on_held = self._on_held if self.timing is not None else None
-        attach(sink, self._on_boundary, current_parent, otel_context_var(), self.spans.wake, on_held)
+        # the sink reads the CPU's peaks; the probe (torch's CUDA readings) once CUDA is initialised
+        import torch.cuda
+
+        probe = self.peaks.use_native(sink) if self.peaks is not None else None
+        cuda = vars(torch.cuda)
+        attach(sink, self._on_boundary, current_parent, otel_context_var(), self.spans.wake, on_held, probe, cuda)
+
+    def _start_peaks(self) -> None:
+        """The step-end probe (memory/peaks.py; its readings off with OTELPROF_STEP_MEMORY=false,
+        the CUDA OOMs caught still marked) and its metrics."""
+        assert self.metrics is not None
+        enabled = value(self._environ, OTELPROF_STEP_MEMORY, _log)
+        self.peaks = MemoryPeaks(enabled, on_cuda=lambda: oom.observe_cuda(self._caught_oom))
+        self.metrics.add_collector(MemoryCollector(self.identity.labels(), self.peaks))
+
+    def _caught_oom(self, device: int) -> None:
+        """torch's allocator observer (inside the failed allocation): counted, and marked on
+        the step (StepRecord.memory) when it ends."""
+        if self.peaks is not None:
+            self.peaks.ooms += 1
+            self.peaks.count_oom(f"cuda:{device}")
+
+    def _on_oom(self, exc: BaseException, device: str, main: bool) -> None:
+        """An out-of-memory error escaped (oom.OomHooks): the open step as a failed span, the
+        count, then delivered or spooled within OTELPROF_OOM_WAIT (on the main thread the
+        session closes: the process is ending)."""
+        if self.peaks is None or self.spans is None or self.route is None or self._failed:
+            return  # no step yet: nothing to record it on
+        if not (device.startswith("cuda") and oom.cuda_observed()):  # else counted when raised
+            self.peaks.count_oom(device)
+        for request in self._failed_step(exc, device):
+            self.route.submit(request)
+        wait = value(self._environ, OTELPROF_OOM_WAIT, _log)
+        if main:
+            _close(self, wait)
+        elif self.exporter is not None:
+            self.exporter.flush(wait)
+
+    def _failed_step(self, exc: BaseException, device: str) -> list[bytes]:
+        """The open step (from the last step's end) as a failed ``train.step`` (memory/oom.py)."""
+        assert self.peaks is not None and self.spans is not None
+        now = time.time_ns()
+        start = self._open_step[1] if self._open_step is not None else now
+        # this span is the open step's: the tracker drops it (in DataLoader mode it saw its
+        # update, and finish() would close it again) and the next step is numbered after it
+        number = self.tracker.abandon()
+        self._open_step = (number + 1, now)
+        memory = self.peaks()  # the failed step's peaks, and the OOMs it caught
+        record = StepRecord(
+            "train.step", number, start, now, self.spans.reserve(1), None, None, None, None, 0, [], 0, None
+        )
+        event = [*oom.exception_attrs(exc), *oom.allocator_attrs(device, current_rss, self.peaks.kept_rss)]
+        snapshot = None
+        if device.startswith("cuda"):
+            keeper = TraceKeeper(keep_from_env(self._environ))
+            name = oom.snapshot_name(self.identity.run_id, self.identity.rank, number, now)
+            if oom.dump_snapshot(keeper.folder, name) is not None:
+                snapshot = str(keeper.directory / name)
+        spans = self.spans.encoder.spans(record._replace(memory=memory), 0)
+        return oom.failed_step_requests(
+            spans, self.spans.encoder, self.spans.max_request_bytes, exc, now, event, snapshot
+        )
 
     def _on_boundary(self, number: int, seconds: float) -> str | None:
         """What a native step still does in Python (training thread; errors stop the tracker).
         Returns the next step's profiling-window mark (the tracker puts it on its span)."""
+        self._open_step = (number + 1, time.time_ns())
         window = self._boundary(seconds, lambda: self._live_native(number), number)
         if self.timing is None:  # a CUDA-timed step: when the sink releases it
             if self.straggler is not None:
                 self.straggler.observe(seconds)
+            if self.mfu is not None:
+                self.mfu.step_s = seconds
             if self.otlp_metrics is not None:
                 self._otlp_native()
         return window
@@ -262,6 +374,8 @@ class Session:
         if training:
             if self.straggler is not None:
                 self.straggler.observe(self._sink.folded().seconds)
+            if self.mfu is not None:
+                self.mfu.step_s = self._sink.folded().seconds
             if self.otlp_metrics is not None:
                 self._otlp_native()
 
@@ -304,14 +418,17 @@ class Session:
             if end_s is not None and duration > 2 * slack:
                 end = round(end_s * 1e9) - slack
                 start = end + 2 * slack - duration
-        return _live_step(number, trace_id, encoder.span_base, last.ordinal, last.phases, start, end)
+        names = tuple(getattr(last, "phase_names", ()))
+        return _live_step(number, trace_id, encoder.span_base, last.ordinal, last.phases, start, end, names)
 
     def _live_python(self, step: Step, ctx: StepContext) -> LiveStep:
         """A profiled step's span ids and interval (none for a CUDA-timed step, as natively)."""
         assert self.spans is not None
         phases = [(start, end) for _name, start, end in step.phases]
         start, end = (step.start_ns, step.end_ns) if self.timing is None else (0, 0)
-        return _live_step(step.number, ctx.trace_id, self.spans.encoder.span_base, ctx.ordinal, phases, start, end)
+        names = tuple(name for name, _start, _end in step.phases)
+        encoder = self.spans.encoder
+        return _live_step(step.number, ctx.trace_id, encoder.span_base, ctx.ordinal, phases, start, end, names)
 
     def _on_step(self, step: Step) -> None:
         """A step ended on the CPU (training thread): the profiler's step boundary is here."""
@@ -320,6 +437,9 @@ class Session:
         try:
             ctx = self.spans.context(step)  # the application's current span is on this thread
             if not step.evaluation:  # an evaluation is no training step: no boundary, no anomaly
+                self._open_step = (step.number + 1, time.time_ns())
+                if self.peaks is not None:
+                    step.memory = self.peaks()
                 step.window = self._window  # decided when the step began
                 self._boundary(step.duration_s, lambda: self._live_python(step, ctx), step.number)
             if self.timing is not None:
@@ -336,6 +456,8 @@ class Session:
             self.metrics.observe(step, ctx)
             if self.straggler is not None:
                 self.straggler.observe(step.duration_s)
+            if self.mfu is not None:
+                self.mfu.step_s = step.duration_s
             if self.otlp_metrics is not None:
                 self.otlp_metrics.observe(step, ctx.trace_id, self.spans.span_id(ctx))
         self.spans.add(step, ctx)
@@ -398,6 +520,9 @@ class Session:
 
         if self.preemption is not None:
             self.preemption.uninstall()
+        if self._oom is not None:
+            self._oom.uninstall()
+            oom.observe_cuda(None)
         self.hooks.remove()
         self.tracker.finish()
         self.tracker.close()
@@ -422,6 +547,8 @@ class Session:
                 _log.warning("otelprof: closing the profiling windows failed", exc_info=True)
         if self.route is not None:  # the SDK's processors get the last spans
             self.route.close(left(5.0))
+        if self.profiles_exporter is not None:  # after the last window's profile
+            self.profiles_exporter.shutdown(left(5.0))
         if self.exporter is not None:
             if self._owns_exporter:
                 self.exporter.shutdown(left(5.0))  # flushes, spools what is left, stops its thread
@@ -434,6 +561,8 @@ class Session:
             self.metrics_server.server_close()
         if self.metrics is not None:
             self.metrics.unregister()
+        if self.peaks is not None:  # the process's own peak readings: the originals back
+            self.peaks.uninstall()
         if self.route is not None:  # its counters, after the last metrics export
             self.route.unregister(self.registry)
         if self.straggler is not None:
@@ -445,16 +574,20 @@ class Session:
             self.windows.stop()
 
     def _spool_now(self, wait_s: float) -> None:
-        """SIGTERM's grace is over and close() has not returned: the exporter spools its queue."""
+        """SIGTERM's grace is over and close() has not returned: the exporters spool their queues."""
+        profiles = self.profiles_exporter
+        share = wait_s / 2 if profiles is not None else wait_s  # the traces first, then the profiles
         if self.exporter is not None and self._owns_exporter:
-            self.exporter.shutdown(wait_s)
+            self.exporter.shutdown(share)
+        if profiles is not None:
+            profiles.shutdown(share)
 
     def _wake(self) -> None:
         if self.spans is not None:
             self.spans.wake()
 
 
-def _import_first_step_modules(environ: Mapping[str, str]) -> None:
+def _import_first_step_modules(environ: Mapping[str, str], with_stack: bool = False) -> None:
     """What the first completed step would import, imported with instrument() (~2 ms): a module
     imported inside a user's with_stack profile leaves torch's Python tracer pointing into its
     freed code, and the user's events() raise UnicodeDecodeError. The threads and the port
@@ -468,6 +601,8 @@ def _import_first_step_modules(environ: Mapping[str, str]) -> None:
     else:
         from ..export import http  # noqa: F401
     otel_context_var()  # opentelemetry's context, if installed (the step spans' parent)
+    if with_stack:
+        from . import profiles  # noqa: F401  (the flame graphs' exporter, made at the first step)
 
 
 def _hint(forwards: int) -> None:
@@ -488,6 +623,7 @@ def _live_step(
     phases: list[tuple[int, int]],
     start_ns: int = 0,
     end_ns: int = 0,
+    phase_names: tuple[str, ...] = (),
 ) -> LiveStep:
     """A step span's ids as the step encoders make them: the step's ordinal, then one per phase;
     ``[start_ns, end_ns]`` within the step (0, 0: unknown), that its ProfilerStep#N is cut to."""
@@ -498,6 +634,7 @@ def _live_step(
         tuple((ids.span_id(base, ordinal + k), start, end) for k, (start, end) in enumerate(phases, 1)),
         start_ns=max(0, start_ns),
         end_ns=max(0, start_ns, end_ns),
+        phase_names=phase_names if len(phase_names) == len(phases) else (),
     )
 
 

@@ -37,6 +37,39 @@ RESOURCE, STEP, PHASE, OP, DEVICE, SYNTHETIC, ROOT, AGGREGATE = (
     "aggregate span",
 )
 MEMORY_EVENT, LINK = "memory event", "link"
+#: A window's ``memory · <device>`` span per recorded step (capture/memory/spans.py), and its
+#: events at the step's phase boundaries (named as the memory events, ``otelprof.memory``).
+MEMORY_SPAN = "memory span"
+#: torch's memory timeline categories (capture/memory/timeline.py CATEGORIES).
+MEMORY_CATEGORIES = (
+    "parameter",
+    "optimizer_state",
+    "input",
+    "temporary",
+    "activation",
+    "gradient",
+    "autograd_detail",
+    "unknown",
+)
+_WITH_MEMORY = "a window with `profile_memory`"
+_WITH_ET = "a window with the `execution_trace` profile option, or an import with an execution trace"
+#: An execution trace node's attributes on the op span with its record function id
+#: (converter/execution_trace.py): (name under ``otelprof.et.``, type, meaning).
+ET_ATTRIBUTES = (
+    ("node_id", INT, "the node's `id`"),
+    ("op_schema", STRING, "the operator's schema"),
+    *(
+        (f"{side}_{what}", JSON, f"the {side}s' {label}")
+        for side in ("input", "output")
+        for what, label in (
+            ("shapes", "`shapes`"),
+            ("types", "`types` (dtype in a tensor's: `Tensor(float)`)"),
+            ("strides", "`strides`"),
+            ("tensor_ids", "tensor ids (null: not a tensor)"),
+        )
+    ),
+    ("input_producers", JSON, "per input, the name of the node that output its tensor last (null: none)"),
+)
 
 #: The span event each Kineto ``[memory]`` instant becomes (its attributes: ``otelprof.memory.*``,
 #: as OpenTelemetry's ``exception`` event carries ``exception.*``).
@@ -145,8 +178,24 @@ SPAN_ATTRIBUTES = (
     _a("otelprof.collective.process_group_name", STRING, OP, "`Process Group Name`"),
     _a("otelprof.op.self_cpu_time_ns", INT, OP, "self CPU time, as `key_averages()` counts it"),
     _a("otelprof.op.self_device_time_ns", INT, OP, "device time of the work it launched itself"),
-    _a("otelprof.step.number", INT, STEP, "optimizer updates before the step; N of `ProfilerStep#N`"),
+    _a(
+        "otelprof.step.number",
+        INT,
+        (STEP, MEMORY_SPAN),
+        "optimizer updates before the step; N of `ProfilerStep#N`",
+    ),
     _a("otelprof.memory.peak_allocated_bytes", INT, STEP, "max `Total Allocated` of the step's memory events"),
+    _a(
+        "otelprof.memory.peak_bytes",
+        INT,
+        (OP, STEP),
+        "the trace's max `Total Allocated` on a device: on the span holding that memory event",
+    ),
+    _a("otelprof.memory.peak_device", STRING, (OP, STEP), "that device: `cpu`, `cuda:0`, …"),
+    *(
+        _a(f"otelprof.et.{name}", type_, OP, f"execution trace: {brief}", rare=_WITH_ET)
+        for name, type_, brief in ET_ATTRIBUTES
+    ),
     _a("otelprof.event.name", STRING, (OP, AGGREGATE), "the whole name of an event whose span name was cut"),
     _a("otelprof.aggregated_count", INT, AGGREGATE, "members of the run"),
     _a("otelprof.aggregated_duration_ns", INT, AGGREGATE, "their summed duration"),
@@ -163,6 +212,13 @@ SPAN_ATTRIBUTES = (
     _a("otelprof.trace.hidden_events", INT, ROOT, "events the trace folded into its spans"),
     _a("otelprof.trace.aggregated_events", INT, ROOT, "members of the trace's aggregate spans"),
     _a("otelprof.source.file", STRING, ROOT, "the kept raw trace a live window came from"),
+    _a(
+        "otelprof.execution_trace.file",
+        STRING,
+        ROOT,
+        "the kept execution trace (gzip) recorded with the window, or the one imported",
+        rare=_WITH_ET,
+    ),
     _a("otelprof.iteration.number", INT, SYNTHETIC, "k of `Iteration#k`"),
     _a("otelprof.iteration.source", STRING, SYNTHETIC, "`optimizer_step`: what marked the iterations"),
     _a("otelprof.window.part", INT, SYNTHETIC, "k of `window part k/n`"),
@@ -188,7 +244,7 @@ SPAN_ATTRIBUTES = (
     ),
     _a("otelprof.step.window", STRING, STEP, "`warmup`, `recorded` or `after` a profiling window"),
     _a("otelprof.window.trigger", STRING, STEP, "what started the window: `early`, `schedule`, `on_demand`, `anomaly`"),
-    _a("otelprof.phase.name", STRING, PHASE, "`data`, `forward`, `backward` or `optimizer`"),
+    _a("otelprof.phase.name", STRING, (PHASE, MEMORY_EVENT), "`data`, `forward`, `backward` or `optimizer`"),
     _a("otelprof.phase.module", STRING, PHASE, "the root module's class a `forward` timed"),
     _a("input.value", STRING, STEP, "JSON: step number, samples, tokens (trace lists show it)", origin=OPENINFERENCE),
     _a("input.mime_type", STRING, STEP, "`application/json`", origin=OPENINFERENCE),
@@ -204,11 +260,98 @@ MEMORY_EVENT_ATTRIBUTES = (
     _a("otelprof.memory.device_id", INT, MEMORY_EVENT, "`Device Id` (-1 on the CPU)"),
     _a("otelprof.memory.device", STRING, MEMORY_EVENT, "the device as torch writes it: `cpu`, `cuda:0`, …"),
     _a("otelprof.memory.addr", STRING, MEMORY_EVENT, "`Addr` in hex"),
+    _a(
+        "otelprof.phase.boundary",
+        STRING,
+        MEMORY_EVENT,
+        "`start` or `end` of the phase named, on a memory span",
+        rare=_WITH_MEMORY,
+    ),
+    *(
+        _a(
+            f"otelprof.memory.{c}.bytes",
+            INT,
+            MEMORY_EVENT,
+            f"`{c}` bytes held (torch's memory timeline)",
+            rare=_WITH_MEMORY,
+        )
+        for c in MEMORY_CATEGORIES
+    ),
+)
+
+MEMORY_SPAN_ATTRIBUTES = (
+    *(
+        _a(f"otelprof.memory.{c}.peak_bytes", INT, MEMORY_SPAN, f"peak `{c}` bytes in the step", rare=_WITH_MEMORY)
+        for c in MEMORY_CATEGORIES
+    ),
+    _a(
+        "otelprof.memory.total.peak_bytes",
+        INT,
+        MEMORY_SPAN,
+        "peak bytes of all categories in the step",
+        rare=_WITH_MEMORY,
+    ),
+)
+
+#: The ``exception`` event of a step an out-of-memory error ended (capture/memory/oom.py).
+EXCEPTION_EVENT = "exception event"
+_CUDA = "CUDA initialised"
+_OOM = "an out-of-memory error ended the loop"
+STEP_MEMORY_ATTRIBUTES = (
+    _a(
+        "otelprof.memory.peak.allocated_bytes",
+        INT,
+        (STEP, EXCEPTION_EVENT),
+        "the caching allocator's peak bytes allocated over the step (the event: over the run)",
+        rare=_CUDA,
+    ),
+    _a(
+        "otelprof.memory.peak.reserved_bytes",
+        INT,
+        (STEP, EXCEPTION_EVENT),
+        "the caching allocator's peak bytes reserved over the step (the event: over the run)",
+        rare=_CUDA,
+    ),
+    _a(
+        "otelprof.memory.peak.resident_bytes",
+        INT,
+        (STEP, EXCEPTION_EVENT),
+        "the process's resident high-water mark over the step (the event: over the run)",
+    ),
+    _a("otelprof.memory.oom_count", INT, STEP, "CUDA out-of-memory errors the loop caught in the step", rare=_CUDA),
+    _a("otelprof.memory.snapshot.file", STRING, STEP, "the CUDA memory snapshot written at the error", rare=_OOM),
+)
+OOM_EVENT_ATTRIBUTES = (
+    _a("exception.type", STRING, EXCEPTION_EVENT, "the error's class", origin=OTEL, rare=_OOM),
+    _a("exception.message", STRING, EXCEPTION_EVENT, "the error's message", origin=OTEL, rare=_OOM),
+    _a("exception.stacktrace", STRING, EXCEPTION_EVENT, "the traceback, as Python prints it", origin=OTEL, rare=_OOM),
+    _a("otelprof.oom.device", STRING, EXCEPTION_EVENT, "`cpu` or `cuda:N`", rare=_OOM),
+    _a("otelprof.memory.allocated_bytes", INT, EXCEPTION_EVENT, "bytes the caching allocator held", rare=_OOM),
+    _a("otelprof.memory.reserved_bytes", INT, EXCEPTION_EVENT, "bytes the caching allocator reserved", rare=_OOM),
+    _a("otelprof.memory.alloc_retries", INT, EXCEPTION_EVENT, "`num_alloc_retries` of the allocator", rare=_OOM),
+    _a("otelprof.memory.allocator_ooms", INT, EXCEPTION_EVENT, "`num_ooms` of the allocator", rare=_OOM),
+    _a("otelprof.memory.summary", STRING, EXCEPTION_EVENT, "`torch.cuda.memory_summary()`", rare=_OOM),
+    _a("otelprof.memory.resident_bytes", INT, EXCEPTION_EVENT, "the process's resident set", rare=_OOM),
+    _a(
+        "otelprof.memory.categories",
+        JSON,
+        EXCEPTION_EVENT,
+        "the last window's peak bytes by category, and its device",
+        rare=_OOM,
+    ),
 )
 
 LINK_ATTRIBUTES = (_a("otelprof.link.kind", STRING, LINK, "`fwdbwd`, `window`, `rank_detail` or `step`"),)
 
-REGISTRY: tuple[Attribute, ...] = RESOURCE_ATTRIBUTES + SPAN_ATTRIBUTES + MEMORY_EVENT_ATTRIBUTES + LINK_ATTRIBUTES
+REGISTRY: tuple[Attribute, ...] = (
+    RESOURCE_ATTRIBUTES
+    + SPAN_ATTRIBUTES
+    + STEP_MEMORY_ATTRIBUTES
+    + MEMORY_SPAN_ATTRIBUTES
+    + MEMORY_EVENT_ATTRIBUTES
+    + OOM_EVENT_ATTRIBUTES
+    + LINK_ATTRIBUTES
+)
 BY_NAME = {a.name: a for a in REGISTRY}
 
 _BLOCK = re.compile(r"(<!-- attribute-registry -->\n)(.*?)(<!-- /attribute-registry -->)", re.S)

@@ -138,6 +138,15 @@ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = define(
     "export",
     general=OTEL_EXPORTER_OTLP_ENDPOINT,
 )
+OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT = define(
+    "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT",
+    Text(),
+    None,
+    "Full URL for profiles (``with_stack`` windows), used as is. Unset: the traces endpoint's"
+    " host with ``/v1development/profiles`` (HTTP), or the same gRPC endpoint.",
+    "export",
+    general=OTEL_EXPORTER_OTLP_ENDPOINT,
+)
 OTEL_EXPORTER_OTLP_PROTOCOL = define(
     "OTEL_EXPORTER_OTLP_PROTOCOL",
     Choice(("grpc", "http/protobuf")),
@@ -326,6 +335,24 @@ OTELPROF_CUDA_EVENTS = define(
     " (steps are reported a step or two late); ``false``: CPU wall time." + _SPEC_BOOL,
     "live",
 )
+OTELPROF_STEP_MEMORY = define(
+    "OTELPROF_STEP_MEMORY",
+    Bool(),
+    True,
+    "Every step's memory peaks (CUDA's allocated and reserved bytes when CUDA is initialised, the"
+    " process's resident high-water mark) as step-span attributes and the"
+    " ``otelprof_step_memory_peak_bytes`` gauge; the process's own peak readings stay as without"
+    " otelprof." + _SPEC_BOOL,
+    "live",
+)
+OTELPROF_OOM_WAIT = define(
+    "OTELPROF_OOM_WAIT",
+    Number(lambda v: 0 <= v <= 600, "0 to 600 seconds"),
+    10.0,
+    "When an out-of-memory error ends the training loop, the most seconds otelprof takes to deliver"
+    " or spool the failed step and its metrics before the process exits.",
+    "live",
+)
 OTELPROF_SIGTERM_GRACE = define(
     "OTELPROF_SIGTERM_GRACE",
     Number(lambda v: 0 <= v <= 600, "0 to 600 seconds"),
@@ -422,9 +449,24 @@ OTELPROF_PROFILE_OPTIONS = define(
     Text(),
     None,
     "Comma-separated torch.profiler options to turn on: ``record_shapes``, ``profile_memory``,"
-    " ``with_stack``, ``with_flops``, ``with_modules`` (an unknown one: a warning, ignored).",
+    " ``with_stack``, ``with_flops``, ``with_modules``, and ``execution_trace`` (each window also"
+    " records torch's ``ExecutionTraceObserver``: its tensor shapes, dtypes, strides, ids and"
+    " producing ops go onto the op spans, its gzip file is kept beside the window's trace)"
+    " (an unknown one: a warning, ignored)."
+    " ``profile_memory`` turns on ``record_shapes`` and ``with_stack`` too: torch needs them to"
+    " categorize memory (*Memory by category* in docs/profiling-windows.md).",
     "windows",
     shown="unset (all off)",
+)
+OTELPROF_PEAK_FLOPS = define(
+    "OTELPROF_PEAK_FLOPS",
+    Number(lambda v: 0 < v < 1e21, "a positive number of FLOP/s"),
+    None,
+    "The device's peak FLOP/s that model FLOPs utilisation (``otelprof_mfu_ratio``) is measured"
+    " against, instead of the built-in table of NVIDIA and AMD parts by device name and dtype;"
+    " on CPU, MFU is reported only with it. Needs ``with_flops`` in ``OTELPROF_PROFILE_OPTIONS``.",
+    "windows",
+    shown="unset (the device's dense peak for the window's matmul dtype)",
 )
 OTELPROF_TRIGGER_FILE = define(
     "OTELPROF_TRIGGER_FILE",
@@ -517,6 +559,17 @@ OTELPROF_TRACE_DIR = define(
     " kept is counted in ``otelprof_window_traces_not_kept_total``; the window is sent all the same.",
     "windows",
     shown="``~/.cache/otelprof/traces``",
+)
+OTELPROF_PROFILES_EXPORT = define(
+    "OTELPROF_PROFILES_EXPORT",
+    Bool(),
+    True,
+    "With ``with_stack`` in ``OTELPROF_PROFILE_OPTIONS``, each of otelprof's own windows also becomes"
+    " stack samples (CPU self time and device time on the stack that launched them), sent as an OTLP"
+    " profile to the profiles endpoint (``/v1development/profiles``); ``false`` sends none (for a"
+    " backend without a profiles pipeline). The pprof file and collapsed stacks beside the kept"
+    " trace follow ``OTELPROF_KEEP_TRACES``.",
+    "windows",
 )
 
 # --- distributed jobs ------------------------------------------------------------------------

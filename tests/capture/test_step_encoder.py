@@ -32,35 +32,41 @@ def test_prefixed_trace_ids_equal_the_converters(prefix: str, suffix: str) -> No
 
 # --- the native core's step-span encoder (what live sessions use) --------------------------
 
-step_records = st.lists(
-    st.tuples(
-        st.text(max_size=20),  # name (lone surrogates included)
-        st.integers(min_value=-5, max_value=2**40),  # number
-        st.integers(min_value=0, max_value=2**63 - 1),  # start
-        st.integers(min_value=0, max_value=2**63 - 1),  # end
-        st.integers(min_value=0, max_value=2**40),  # ordinal
-        st.one_of(st.none(), st.binary(min_size=16, max_size=16)),  # trace id (an application span's)
-        st.one_of(st.none(), st.binary(min_size=8, max_size=8)),  # parent id
-        st.one_of(st.none(), st.integers(min_value=0, max_value=2**40)),  # samples
-        st.one_of(st.none(), st.integers(min_value=0, max_value=2**40)),  # tokens
-        st.integers(min_value=0, max_value=100),  # dropped phases
-        st.lists(
-            st.tuples(
-                st.sampled_from(["data", "forward", "backward", "optimizer"]),
-                st.integers(min_value=0, max_value=2**63 - 1),
-                st.integers(min_value=0, max_value=2**63 - 1),
-                st.one_of(st.none(), st.text(max_size=12)),  # a forward's module (lone surrogates included)
-            ),
-            max_size=6,
+step_record = st.tuples(
+    st.text(max_size=20),  # name (lone surrogates included)
+    st.integers(min_value=-5, max_value=2**40),  # number
+    st.integers(min_value=0, max_value=2**63 - 1),  # start
+    st.integers(min_value=0, max_value=2**63 - 1),  # end
+    st.integers(min_value=0, max_value=2**40),  # ordinal
+    st.one_of(st.none(), st.binary(min_size=16, max_size=16)),  # trace id (an application span's)
+    st.one_of(st.none(), st.binary(min_size=8, max_size=8)),  # parent id
+    st.one_of(st.none(), st.integers(min_value=0, max_value=2**40)),  # samples
+    st.one_of(st.none(), st.integers(min_value=0, max_value=2**40)),  # tokens
+    st.integers(min_value=0, max_value=100),  # dropped phases
+    st.lists(
+        st.tuples(
+            st.sampled_from(["data", "forward", "backward", "optimizer"]),
+            st.integers(min_value=0, max_value=2**63 - 1),
+            st.integers(min_value=0, max_value=2**63 - 1),
+            st.one_of(st.none(), st.text(max_size=12)),  # a forward's module (lone surrogates included)
         ),
-        st.integers(min_value=0, max_value=100),  # micro-batches (0: no attribute)
-        st.one_of(  # profiling-window mark, a window's steps with its trigger (Windows.mark)
-            st.none(),
-            st.sampled_from(["recorded", "warmup", "after", "recorded:early", "warmup:on_demand", "recorded:"]),
-        ),
+        max_size=6,
     ),
-    max_size=30,
+    st.integers(min_value=0, max_value=100),  # micro-batches (0: no attribute)
+    st.one_of(  # profiling-window mark, a window's steps with its trigger (Windows.mark)
+        st.none(),
+        st.sampled_from(["recorded", "warmup", "after", "recorded:early", "warmup:on_demand", "recorded:"]),
+    ),
 )
+_peak = st.one_of(st.none(), st.integers(min_value=0, max_value=2**63 - 1))
+#: with StepRecord's defaulted fields: skipped, then memory (peaks and OOMs caught, or None)
+full_record = st.builds(
+    lambda rec, skipped, memory: (*rec, skipped, memory),
+    step_record,
+    st.booleans(),
+    st.one_of(st.none(), st.tuples(_peak, _peak, _peak, st.integers(min_value=0, max_value=5))),
+)
+step_records = st.lists(st.one_of(step_record, full_record), max_size=30)
 
 
 def _encoder(native: bool) -> Any:

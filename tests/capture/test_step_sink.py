@@ -297,8 +297,27 @@ def test_cuda_timed_steps_wait_for_the_device_in_the_sink() -> None:
     assert sink.held_count == 1  # nothing released
 
 
-def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
+def _probe() -> Any:
+    """Session.peaks' stand-in: each training step's memory, a sequence with every shape
+    (None, peaks missing, OOMs caught), the same on both routes."""
+    count = [0]
+
+    def probe() -> tuple[int | None, int | None, int | None, int] | None:
+        n = count[0] = count[0] + 1
+        if n % 5 == 0:
+            return None
+        return (n * 1000 if n % 3 else None, n * 2000 if n % 3 else None, n * 4096, n % 2)
+
+    return probe
+
+
+def _native_path(
+    events: list[tuple[str, Any]], max_bytes: int, cuda_from: int | None = None
+) -> tuple[list[str], list[bytes], list[int]]:
+    """``cuda_from``: the training step from which torch.cuda's ``_initialized`` reads True
+    (the probe is due from then on; None: no ``probe_when``, due at every step)."""
     now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
+    cuda = {"_initialized": cuda_from == 0}
     tracker: Any = step_tracker(
         lambda s: None,
         clock=lambda: now[0],
@@ -316,14 +335,18 @@ def _native_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
 
     def on_boundary(number: int, _seconds: float) -> str | None:
         boundaries.append(number)
+        cuda["_initialized"] = cuda_from is not None and len(boundaries) >= cuda_from
         return MARKS[number % 4]  # the next step's mark
 
-    tracker.attach(sink, on_boundary, lambda: PARENT if nested[0] else None)
+    when = None if cuda_from is None else cuda
+    tracker.attach(sink, on_boundary, lambda: PARENT if nested[0] else None, probe=_probe(), probe_when=when)
     _drive(tracker, events, now, nested, grad)
     return exposition(registry, True), sink.encode(encoder.native, max_bytes), boundaries
 
 
-def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[str], list[bytes], list[int]]:
+def _python_path(
+    events: list[tuple[str, Any]], max_bytes: int, cuda_from: int | None = None
+) -> tuple[list[str], list[bytes], list[int]]:
     now, nested, grad = [1_700_000_000_000_000_000], [False], [True]
     encoder = StepRecordEncoder(Identity("run", rank=3), RESOURCE, native=False, version="1.0")
     registry = CollectorRegistry()
@@ -332,11 +355,14 @@ def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
     ordinal = [0]
     numbers: list[int] = []  # the boundaries: an evaluation scope is none
     mark: list[str | None] = ["warmup"]  # the first step's
+    probe = _probe()
 
     def on_step(step: Step) -> None:  # what Session._on_step and StepSpans do with a step
         ctx = StepContext(ordinal[0], step.number, encoder.trace_ids, PARENT if nested[0] else None)
         ordinal[0] += 1 + len(step.phases)
         if not step.evaluation:  # an evaluation scope takes no mark and leaves the next step's
+            # MemoryPeaks with the resident peak read elsewhere: nothing before CUDA is initialised
+            step.memory = probe() if cuda_from is None or len(numbers) >= cuda_from else None
             step.window, mark[0] = mark[0], MARKS[step.number % 4]
             numbers.append(step.number)
         metrics.observe(step, ctx)
@@ -349,9 +375,18 @@ def _python_path(events: list[tuple[str, Any]], max_bytes: int) -> tuple[list[st
 
 
 @settings(max_examples=150, deadline=None)
-@given(_events(), st.sampled_from([900, 3 * 1024 * 1024]))
-def test_native_steps_equal_the_python_path(events: list[tuple[str, Any]], max_bytes: int) -> None:
-    assert _native_path(events, max_bytes) == _python_path(events, max_bytes)
+@given(_events(), st.sampled_from([900, 3 * 1024 * 1024]), st.sampled_from([None, 0, 2]))
+def test_native_steps_equal_the_python_path(
+    events: list[tuple[str, Any]], max_bytes: int, cuda_from: int | None
+) -> None:
+    """Equal spans and metrics; with ``probe_when``, the native tracker calls the probe only
+    from the step that finds CUDA initialised (the Python route's probe has nothing before)."""
+    native_side = _native_path(events, max_bytes, cuda_from)
+    assert native_side == _python_path(events, max_bytes, cuda_from)
+    if native_side[2] and not cuda_from:  # a training step: the probe's first reading is on its span
+        assert any(b"otelprof.memory.peak.resident_bytes" in r for r in native_side[1])
+    if cuda_from and len(native_side[2]) <= cuda_from:  # no step found CUDA: no memory on any span
+        assert not any(b"otelprof.memory" in r for r in native_side[1])
 
 
 def _train(tracker: Any, steps: int) -> None:

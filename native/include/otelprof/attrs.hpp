@@ -32,12 +32,16 @@ enum FixedKey : AttrKey {
     // what a trace list shows (OpenInference's input/output; MLflow's request/response previews)
     kWindowTriggerKey, kInputValueKey, kInputMimeTypeKey, kOutputValueKey, kOutputMimeTypeKey,
     kStepSkippedKey,  // live step spans: an update a gradient scaler skipped
+    // live step spans: the step's memory peaks and the out-of-memory errors it caught (StepMemory)
+    kStepPeakAllocatedKey, kStepPeakReservedKey, kStepPeakResidentKey, kStepOomsKey,
     // aggregates, what parents and trace roots say was folded into them, window parts
     kAggregatedSelfKey, kAggregatedMinKey, kAggregatedMaxKey,
     kFoldedFirstKey,  // class c's count is kFoldedFirstKey + 2c, its duration the next (kFoldClasses)
     kTraceHiddenKey = kFoldedFirstKey + 14, kTraceAggregatedKey, kSourceFileKey, kWindowPartKey, kWindowPartsKey,
     kEventNameKey,  // the whole name of an event whose span name was cut
     kCodeFunctionKey, kCodeFilePathKey, kCodeLineKey,  // a python_function event's frame
+    kMemoryPeakBytesKey, kMemoryPeakDeviceKey,  // the op span at a device's memory peak
+    kExecutionTraceFileKey,  // trace roots: Options::execution_trace_file
     kFixedKeyCount
 };
 constexpr AttrKey arg_key(int arg_attribute) { return static_cast<AttrKey>(kFixedKeyCount + arg_attribute); }

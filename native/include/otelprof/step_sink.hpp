@@ -62,6 +62,43 @@ struct StepFolded {
     std::optional<TraceId> trace_id;  // the application span's; else the step's own
 };
 
+// The process's resident high-water mark per training step: the twin of
+// capture/memory/peaks.py's ResidentPeaks (its docstring gives the rule), read by the sink itself
+// so that a CPU step's memory costs no Python call. Reset by writing "5" to /proc/self/clear_refs
+// (fds opened once, again after fork); where those cannot be opened, the current RSS.
+class ResidentPeaks {
+  public:
+    static constexpr int64_t kCheckEvery = 16;  // memory_peaks.CHECK_EVERY
+    ResidentPeaks() = default;
+    ResidentPeaks(const ResidentPeaks&) = delete;
+    ResidentPeaks& operator=(const ResidentPeaks&) = delete;
+    ~ResidentPeaks() { stop(); }
+    // Opens the files, reads once (the first step's peak starts now) and compares the marks.
+    // "" or why the files could not be opened (the readings are then the current RSS).
+    std::string start();
+    void stop();
+    bool on() const { return on_; }
+    bool exact() const { return exact_; }
+    // The step's resident peak (bytes); the high-water mark then restarts from now.
+    std::optional<int64_t> read();
+    // KiB: the lifetime high-water mark the resets took away (the process's, kept across sinks).
+    static int64_t kept_kib();
+    // VmHWM (KiB) from /proc/<pid>/status text, as memory_peaks.vm_hwm_kib parses it.
+    static std::optional<int64_t> vm_hwm_kib(const std::string& status);
+    static std::optional<int64_t> current_rss();
+
+  private:
+    bool open(std::string* error);
+    void close_fds();
+    bool vm_hwm(std::optional<int64_t>& out);  // false: the read failed (OSError)
+    bool check(std::optional<int64_t>& out);   // memory_peaks' _check; false: the read failed
+
+    int status_ = -1, clear_ = -1;
+    uint64_t forks_ = 0;  // forks seen when the files were opened (after one: the parent's files)
+    bool on_ = false, exact_ = false;
+    int64_t steps_ = 0;
+};
+
 // What add() asks of its caller.
 struct StepAdded {
     bool wake = false;      // the queue has reached batch_steps: time to wake the encoder
@@ -97,6 +134,19 @@ class StepSink {
     // when it begins and put on its span when it closes (so no span thread can take the step's
     // record before it is marked).
     void set_window(std::string window) { window_ = std::move(window); }
+    // The memory peaks of the training step closing next (read just before add(), as its span
+    // must have them before any span thread can take its record); taken by that step.
+    void set_memory(const StepMemory& memory) { memory_ = memory; }
+    // The memory the last training step took (with its resident peak when resident is on).
+    const std::optional<StepMemory>& last_memory() const { return last_memory_; }
+    // On (start()): each training step's resident peak is read in add(), replacing set_memory's.
+    ResidentPeaks resident;
+    // Span id ordinals for `count` spans made elsewhere (an out-of-memory step's): the first.
+    uint64_t reserve(size_t count) {
+        const uint64_t first = ordinal_;
+        ordinal_ += count;
+        return first;
+    }
 
     // Device-timed steps (capture/steps/device_timing.py): from now on add() holds each closed
     // step (its span ids and window mark taken, nothing folded or queued) until release(); past
@@ -133,7 +183,8 @@ class StepSink {
     void fold(const TrackedStep& step, const std::optional<TraceId>& parent_trace, uint64_t ordinal);
     StepRecord make_record(const TrackedStep& step, const std::string& name, uint64_t ordinal,
                            const std::optional<TraceId>& parent_trace, const std::optional<SpanId>& parent_span,
-                           std::string window, const std::vector<std::string>* modules) const;
+                           std::string window, const std::vector<std::string>* modules,
+                           const StepMemory& memory) const;
     // Queues a record (dropped and counted when max_pending wait); wake: a batch is due.
     bool enqueue(StepRecord&& r);
 
@@ -143,6 +194,8 @@ class StepSink {
     StepFolded folded_;
     std::vector<StepRecord> queue_;
     std::string window_;
+    StepMemory memory_;
+    std::optional<StepMemory> last_memory_;
     size_t max_held_ = 0;  // 0: CPU-timed, nothing held
     uint64_t held_overflows_ = 0;
     std::deque<HeldStep> held_;

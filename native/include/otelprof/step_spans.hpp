@@ -21,6 +21,13 @@ struct StepPhase {
     std::string module;  // a forward's root module class ("": unknown, no attribute)
 };
 
+// A step's memory peaks (capture/memory/peaks.py reads them at its end; nullopt: not read)
+// and the out-of-memory errors caught during it (0: none, no attribute).
+struct StepMemory {
+    std::optional<int64_t> allocated, reserved, resident;  // bytes
+    int64_t ooms = 0;
+};
+
 struct StepRecord {
     std::string name;  // train.step, or a step_scope()'s name
     int64_t number = 0, start = 0, end = 0;
@@ -33,6 +40,7 @@ struct StepRecord {
     bool skipped = false;       // its optimizer update was skipped (false: no attribute)
     std::string window;  // to a profiling window: recorded or warmup (+ ":<trigger>"), after ("": none)
     std::vector<StepPhase> phases;
+    StepMemory memory;
 };
 
 using ResourceValue = std::variant<std::string, int64_t, double, bool>;

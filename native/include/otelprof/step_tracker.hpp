@@ -75,6 +75,9 @@ class StepTracker {
     void begin_scope(uint32_t name, int64_t now, bool evaluation = false);
     void end_scope(int64_t now);
     void finish();
+    // An error ended the open step and its span was made elsewhere (an out-of-memory step's):
+    // the step is dropped (no boundary, no finish() closes it) and its number taken, returned.
+    int64_t abandon();
     // The callbacks of the last event (at `at`: a closed step, the first opening) ran until
     // `now`: the phase that began at `at` restarts at `now`, so their cost (the profiler's step,
     // where a window starts or stops) is no phase's; the step keeps its boundary.

@@ -57,6 +57,8 @@ BRIDGED = (
     ("otelprof_gpu_memory_reserved_bytes", False, "By"),
     ("otelprof_gpu_memory_peak_bytes", False, "By"),
     ("otelprof_gpu_memory_total_bytes", False, "By"),
+    ("otelprof_step_memory_peak_bytes", False, "By"),
+    ("otelprof_oom", True, "{error}"),
     ("otelprof_step_spans_dropped", True, "{span}"),
     ("otelprof_eval_forwards", True, "{forward}"),
     ("otelprof_skipped_updates", True, "{update}"),
@@ -70,6 +72,12 @@ BRIDGED = (
     ("otelprof_window_op_self_device_seconds", False, "s"),
     ("otelprof_window_kernel_device_seconds", False, "s"),
     ("otelprof_window_gpu_busy_ratio", False, "1"),
+    ("otelprof_window_memory_peak_bytes", False, "By"),
+    ("otelprof_window_memory_total_peak_bytes", False, "By"),
+    ("otelprof_window_memory_timeline_failed", True, "{window}"),
+    ("otelprof_step_flops", False, "{flop}"),
+    ("otelprof_achieved_flops_per_second", False, "{flop}/s"),
+    ("otelprof_mfu_ratio", False, "1"),
     ("otelprof_straggler_ratio", False, "1"),
     ("otelprof_profile_triggers", True, "{request}"),
     ("otelprof_export_requests", True, "{request}"),
@@ -87,7 +95,7 @@ BRIDGED = (
 #: histogram): their buckets, sum and count as the registry holds them.
 BRIDGED_HISTOGRAMS = (("otelprof_export_duration_seconds", "s"),)
 #: The Prometheus unit suffix a unit stands for (the name keeps suffixes of annotated units).
-_SUFFIXES = {"s": "_seconds", "By": "_bytes", "1": "_ratio"}
+_SUFFIXES = {"s": "_seconds", "By": "_bytes", "1": "_ratio", "{flop}/s": "_per_second"}
 _UNITS = {family: unit for family, _, unit in BRIDGED} | dict(BRIDGED_HISTOGRAMS)
 _HISTOGRAMS = frozenset(family for family, _ in BRIDGED_HISTOGRAMS)
 

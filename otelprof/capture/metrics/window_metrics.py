@@ -86,12 +86,25 @@ class WindowMetrics(Collector):
         self._not_kept = 0  # windows whose raw trace was not kept (capture/windows/keep.py)
         self._last: WindowSummary | None = None
         self._last_time: float | None = None
+        # the last window's memory by device: (peak bytes by category, total at the peak)
+        self._memory: dict[str, tuple[dict[str, int], int]] = {}
+        self._memory_failed = 0
 
     def window_done(self, trigger: str, summary: WindowSummary) -> None:
         with self._lock:
             self._done[trigger] = self._done.get(trigger, 0) + 1
             self._last = summary
             self._last_time = time.time()
+
+    def window_memory(self, peaks: Mapping[str, tuple[Mapping[str, int], int]]) -> None:
+        """The last window's memory timeline (capture/memory/): by device, each category's peak
+        and the total at the peak."""
+        with self._lock:
+            self._memory = {device: (dict(by), total) for device, (by, total) in peaks.items()}
+
+    def memory_failed(self) -> None:
+        with self._lock:
+            self._memory_failed += 1
 
     def window_overhead(self, seconds: float) -> None:
         with self._lock:
@@ -119,6 +132,7 @@ class WindowMetrics(Collector):
             done, failed, last, when = dict(self._done), self._failed, self._last, self._last_time
             overhead, not_kept = self._overhead_s, self._not_kept
             skipped = dict(self._skipped)
+            memory, memory_failed = dict(self._memory), self._memory_failed
         names, values = self._names, self._values
         windows = CounterMetricFamily(
             "otelprof_profiling_windows", "Profiling windows converted and exported.", labels=[*names, "trigger"]
@@ -158,6 +172,15 @@ class WindowMetrics(Collector):
             values,
             not_kept,
         )
+        yield _counter(
+            "otelprof_window_memory_timeline_failed",
+            "Profiling windows with profile_memory whose memory timeline failed (torch without its memory "
+            "profiler, or torch raised; logged once); the window was still sent.",
+            names,
+            values,
+            memory_failed,
+        )
+        yield from _memory_families(names, values, memory)
         if last is None or when is None:
             return
         yield _gauge(
@@ -187,6 +210,29 @@ class WindowMetrics(Collector):
                 values,
                 last.gpu_busy_ratio,
             )
+
+
+def _memory_families(
+    names: list[str], values: list[str], memory: Mapping[str, tuple[Mapping[str, int], int]]
+) -> Iterable[GaugeMetricFamily]:
+    if not memory:
+        return
+    peak = GaugeMetricFamily(
+        "otelprof_window_memory_peak_bytes",
+        "Peak bytes of each memory category (torch's memory timeline) in the last window with profile_memory.",
+        labels=[*names, "device", "category"],
+    )
+    total = GaugeMetricFamily(
+        "otelprof_window_memory_total_peak_bytes",
+        "Bytes held, all categories, at the peak of the last window with profile_memory.",
+        labels=[*names, "device"],
+    )
+    for device, (by_category, at_peak) in sorted(memory.items()):
+        for category, size in by_category.items():
+            peak.add_metric([*values, device, category], size)
+        total.add_metric([*values, device], at_peak)
+    yield peak
+    yield total
 
 
 def _counter(name: str, doc: str, names: list[str], values: list[str], value: float) -> CounterMetricFamily:

@@ -64,6 +64,9 @@ class StepRecord(NamedTuple):
     micro_batches: int
     window: str | None  # Windows.mark(): "recorded:early" ...
     skipped: bool = False  # its optimizer update was skipped (a gradient scaler found inf/NaN)
+    #: (allocated, reserved, resident peak bytes or None, out-of-memory errors caught):
+    #: memory/peaks.py MemoryPeaks' reading at its end; None: not read
+    memory: tuple[int | None, int | None, int | None, int] | None = None
 
 
 class StepContext:
@@ -181,6 +184,14 @@ class StepSpans:
         self._ordinal += 1 + len(step.phases)
         return StepContext(ordinal, step.number, self._trace_ids, current_parent())
 
+    def reserve(self, count: int) -> int:
+        """Span id ordinals for spans made outside the queue (a failed step's): the first."""
+        if self._sink is not None:
+            return int(self._sink.reserve(count))
+        first = self._ordinal
+        self._ordinal += count
+        return first
+
     def span_id(self, ctx: StepContext) -> bytes:
         """The step span's id (for the OTLP metrics' exemplars)."""
         return ids.span_id(self._base, ctx.ordinal)
@@ -279,6 +290,16 @@ class StepRecordEncoder:
         self._resource = list(resource)
         self._version = version
 
+    @property
+    def resource(self) -> Attrs:
+        """The resource every request carries (an out-of-memory step's requests too, memory/oom.py)."""
+        return self._resource
+
+    @property
+    def version(self) -> str:
+        """The instrumentation scope's version."""
+        return self._version
+
     def encode(self, records: list[StepRecord], max_bytes: int) -> list[bytes]:
         """ExportTraceServiceRequest bytes of ``records`` (native, or the Python fallback)."""
         if self.native is not None:
@@ -294,6 +315,7 @@ class StepRecordEncoder:
         name, number, start_ns, end_ns, ordinal, trace_id, parent_id = rec[:7]
         samples, tokens, dropped, phases, batches, window = rec[7:13]
         skipped = len(rec) > 13 and bool(rec[13])
+        memory = rec[14] if len(rec) > 14 else None
         attrs: Attrs = [("otelprof.step.number", number), ("otelprof.step.source", "live")]
         if samples is not None:
             attrs.append(("otelprof.step.samples", samples))
@@ -310,6 +332,8 @@ class StepRecordEncoder:
             attrs.append(("otelprof.step.window", mark))
             if trigger:
                 attrs.append(("otelprof.window.trigger", trigger))
+        if memory is not None:
+            attrs.extend(memory_attrs(*memory))
         attrs.extend(trace_list_attrs(number, samples, tokens, start_ns, end_ns, phases))
         if trace_id is None:
             trace_id = self.trace_ids(str(number))
@@ -326,6 +350,21 @@ class StepRecordEncoder:
 
 
 _INT64_MAX = 2**63 - 1
+_PEAK_KEYS = (
+    "otelprof.memory.peak.allocated_bytes",
+    "otelprof.memory.peak.reserved_bytes",
+    "otelprof.memory.peak.resident_bytes",
+)
+
+
+def memory_attrs(allocated: int | None, reserved: int | None, resident: int | None, ooms: int) -> Attrs:
+    """A step's memory peaks (those read) and the out-of-memory errors it caught (if any)."""
+    attrs: Attrs = [
+        (key, v) for key, v in zip(_PEAK_KEYS, (allocated, reserved, resident), strict=True) if v is not None
+    ]
+    if ooms:
+        attrs.append(("otelprof.memory.oom_count", ooms))
+    return attrs
 
 
 def trace_list_attrs(
@@ -373,4 +412,5 @@ def record(step: Step, ctx: StepContext) -> StepRecord:
         step.micro_batches,
         step.window,
         step.skipped,
+        step.memory,
     )

@@ -108,6 +108,8 @@ class Step:
     window: str | None = None  # to a profiling window: "recorded", "warmup" (with ":trigger"), "after" (windows.py)
     phase_modules: list[str | None] = field(default_factory=list)  # per phase: a forward's root module
     skipped: bool = False  # its optimizer update was skipped (a gradient scaler found inf/NaN)
+    #: its memory peaks (StepRecord.memory), set by the session at its end
+    memory: tuple[int | None, int | None, int | None, int] | None = None
 
     def phase_module(self, i: int) -> str | None:
         """The class name of the root module phase ``i`` timed (forwards; None: unknown)."""
@@ -606,6 +608,17 @@ class StepTracker(TrackerHooks):
             elif self._current is not None:
                 self._discard()
 
+    def abandon(self) -> int:
+        """An error ended the open step and its span was made elsewhere (an out-of-memory
+        step's, memory/oom.py): the step is dropped, so neither a later boundary nor finish() closes
+        it again, and its number is taken. Returns that number."""
+        with self._lock:
+            if self._current is not None:
+                self._discard()
+            number = self._next_number
+            self._next_number += 1
+            return number
+
     # --- internals --------------------------------------------------------------------------
 
     def _on_data_fetch(self, now: int) -> None:
@@ -720,6 +733,7 @@ class NativeStepTracker(TrackerHooks):
         self.begin_scope: Callable[..., None] = native.begin_scope
         self.end_scope: Callable[[], None] = native.end_scope
         self.finish: Callable[[], None] = native.finish
+        self.abandon: Callable[[], int] = native.abandon
         self.fail: Callable[[BaseException], None] = native.fail
         for name in (*HOOKS, UPDATE_HOOK):
             setattr(self, name, native.hook(name))
@@ -744,6 +758,8 @@ class NativeStepTracker(TrackerHooks):
         context_var: Any = None,
         notify: Callable[[], None] | None = None,
         on_held: Callable[[], None] | None = None,
+        probe: Callable[[], tuple[int | None, int | None, int | None, int] | None] | None = None,
+        probe_when: dict[str, Any] | None = None,
     ) -> None:
         """Closed steps go to ``sink`` (``_native.StepSink``: metrics folded, spans queued, in
         C++) instead of ``on_step``; ``parent()`` gives the application's current span (looked
@@ -751,8 +767,10 @@ class NativeStepTracker(TrackerHooks):
         ``on_boundary(number, seconds)`` runs per step for what Python still does there and
         returns the next step's profiling-window mark (``Step.window``; ``on_first_open``'s
         return value is the first step's); ``on_held()`` runs after each step a device-timed sink
-        holds (``sink.hold()``), to release those the device has run."""
-        self._native.attach(sink, on_boundary, parent, context_var, notify, on_held)
+        holds (``sink.hold()``), to release those the device has run; ``probe()`` before each
+        training step is queued, for its memory (``StepRecord.memory``), with ``probe_when`` (a
+        module's globals: torch.cuda's) only once its ``_initialized`` is True."""
+        self._native.attach(sink, on_boundary, parent, context_var, notify, on_held, probe, probe_when)
 
 
 def step_tracker(

@@ -22,13 +22,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...converter import ConvertOptions, LiveStep, convert
 from ...converter._options import LiveMatch
+from ...converter.execution_trace import op_attributes, read_execution_trace
 from ..announce import window_line
+from ..memory import oom
+from ..memory.spans import memory_requests
+from ..memory.timeline import DeviceMemory, peaks_by_device, safe_window_memory
+from ..metrics.mfu import Mfu, WindowFlops, window_flops
 from ..metrics.window_metrics import WindowMetrics, summarize
-from .keep import TraceKeeper, trace_name
+from .keep import EXECUTION_TRACE, TraceKeeper, trace_name
+
+if TYPE_CHECKING:
+    from ..profiles import WindowProfiles
 
 _log = logging.getLogger(__name__)
 
@@ -43,6 +51,9 @@ class Job:
     live_match: LiveMatch = "number"  # "time" for the user's windows: their steps have their own numbers
     unfinished: int | None = None  # ProfilerStep#N of the step the run ended in: not sent
     ended_ns: int = dataclasses.field(default_factory=time.time_ns)  # when the window was handed over
+    memory: Any = None  # torch's results, for the memory timeline (a window with profile_memory)
+    flops: Any = None  # torch's results of a with_flops window, for its FLOPs (metrics/mfu.py)
+    execution_trace: Path | None = None  # the window's execution trace (a temp file: removed when done)
 
 
 class Conversions:
@@ -59,10 +70,16 @@ class Conversions:
         self._submit = submit
         self.metrics = metrics
         self.keeper = keeper  # otelprof's own windows' raw traces (never the user's)
+        self.mfu: Mfu | None = None  # with_flops windows' FLOPs per step (set by the session)
+        self.profiles: WindowProfiles | None = None  # with_stack windows' flame graphs (set by the session)
         self.save_threads: deque[str] = deque(maxlen=16)  # where each window's trace was saved
+        self.memory_s: deque[float] = deque(maxlen=16)  # each memory timeline's time on this thread
         self.done = 0
         self.failed = 0
         self.unfinished_dropped = 0  # ProfilerStep#N traces of steps the run ended in, not sent
+        # execution traces: nodes no op span had, ops with a record function id but no node
+        self.et_nodes_unmatched = 0
+        self.et_ops_missing = 0
         self._lock = threading.Lock()
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=4)
         self._worker: threading.Thread | None = None
@@ -94,6 +111,8 @@ class Conversions:
         self.count_failure()
         if isinstance(job.source, Path):
             job.source.unlink(missing_ok=True)
+        if job.execution_trace is not None:
+            job.execution_trace.unlink(missing_ok=True)
         if not self._full_logged:
             self._full_logged = True
             _log.warning("otelprof: windows arrive faster than they convert; dropping them (counted)")
@@ -136,6 +155,7 @@ class Conversions:
         _lower_priority()
         while (job := self._jobs.get()) is not None:
             path: Path | None = job.source if isinstance(job.source, Path) else None
+            et_path = job.execution_trace
             try:
                 if path is None:
                     path = temp_path()
@@ -147,16 +167,26 @@ class Conversions:
                     options = dataclasses.replace(options, source_file=str(kept))
                 if job.live:
                     options = dataclasses.replace(options, live_steps=job.live, live_match=job.live_match)
-                trigger, unfinished = job.trigger, job.unfinished
+                if et_path is not None:
+                    options = self._execution_trace(et_path, kept, options)
+                trigger, unfinished, live = job.trigger, job.unfinished, job.live
                 steps = [step.number for step in job.live]
+                memory = self._memory(job)
+                flops = self._flops(job.flops, unfinished)
                 job = None  # torch's results are freed here, on this thread
                 result = convert(path, options=options)
+                self.et_nodes_unmatched += result.stats.get("op_attributes_unmatched", 0)
+                self.et_ops_missing += result.stats.get("op_attributes_missing", 0)
                 requests = result.requests
                 if unfinished is not None:
                     requests = self._drop_unfinished(requests, unfinished)
-                for request in requests:
+                for request in [*requests, *memory_requests(memory, self._options)]:
                     self._submit(request)
+                if self.profiles is not None and trigger != "user":
+                    self.profiles.window(path, live, kept, options, result.window_id)
                 self.done += 1
+                if flops is not None and self.mfu is not None:  # before the window counts as done
+                    self.mfu.window(flops)
                 if self.metrics is not None:
                     self.metrics.window_done(trigger, summarize(result.ops))
                 if self.announce is not None and trigger != "user":
@@ -168,6 +198,50 @@ class Conversions:
                 job = None
                 if path is not None:
                     path.unlink(missing_ok=True)
+                if et_path is not None:
+                    et_path.unlink(missing_ok=True)
+
+    def _execution_trace(self, et_path: Path, kept: Path | None, options: ConvertOptions) -> ConvertOptions:
+        """``options`` with the window's execution trace joined (``op_attributes``) and, where the
+        window's trace was kept, the execution trace kept beside it and named on its roots. An
+        unreadable one costs its attributes, not the window."""
+        try:
+            attributes = op_attributes(read_execution_trace(et_path))
+        except Exception:
+            _log.warning("otelprof: reading a window's execution trace failed", exc_info=True)
+            return options
+        et_kept = None
+        if kept is not None and self.keeper is not None:
+            et_kept = self.keeper.keep_file_beside(kept, EXECUTION_TRACE, et_path)
+        return dataclasses.replace(
+            options, op_attributes=attributes, execution_trace_file=None if et_kept is None else str(et_kept)
+        )
+
+    def _flops(self, results: Any, unfinished: int | None) -> WindowFlops | None:
+        """The window's FLOPs, if it counted them; a failure costs the MFU, not the window."""
+        if results is None or self.mfu is None:
+            return None
+        try:
+            return window_flops(results, unfinished)
+        except Exception:
+            _log.warning("otelprof: reading a window's FLOPs failed", exc_info=True)
+            return None
+
+    def _memory(self, job: Job) -> list[DeviceMemory]:
+        """The window's memory by category and device (capture/memory/), counted in the
+        window metrics; [] without torch's results or when torch's timeline fails."""
+        if job.memory is None:
+            return []
+        start = time.perf_counter()
+        failed = self.metrics.memory_failed if self.metrics is not None else (lambda: None)
+        memory = safe_window_memory(job.memory, job.live, failed)
+        self.memory_s.append(time.perf_counter() - start)
+        peaks = peaks_by_device(memory)
+        if peaks and self.metrics is not None:
+            self.metrics.window_memory(peaks)
+        for device in sorted(peaks, key=lambda d: d != "cpu"):  # an accelerator's last: an OOM's likelier place
+            oom.set_last_categories(device, peaks[device][0])
+        return memory
 
     def _keep(self, job: Job, path: Path) -> Path | None:
         """The window's trace kept (otelprof's own windows only); its path, or None. A window

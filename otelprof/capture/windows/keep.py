@@ -49,6 +49,16 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # <run>_rank<r>[_step<n>]_<UTC time>.pt.trace.json.gz: the time orders them
 _NAME = re.compile(r"_rank(\d+)(?:_step\d+)?_(\d{8}T\d{6}\.\d{3}Z)" + re.escape(SUFFIX) + "$")
 _TEMP = re.compile(r"^\.keep-(\d+)-\d+\.tmp$")
+#: Files a window's profiles (capture/profiles/) write beside its kept trace, named as it is with
+#: these ends for its own: they go with it, and count in the folder's bytes.
+COMPANIONS = (".pprof.gz", ".collapsed.txt", ".device.collapsed.txt", ".et.json.gz")
+#: The window's execution trace (the ``execution_trace`` profile option), gzip-compressed.
+EXECUTION_TRACE = ".et.json.gz"
+
+
+def companion(kept: str, suffix: str) -> str:
+    """The name of ``kept``'s companion file with ``suffix``."""
+    return kept.removesuffix(SUFFIX) + suffix
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,62 @@ class TraceKeeper:
         self.kept += 1
         return self.directory / name
 
+    def keep_beside(self, kept: Path, suffix: str, data: bytes) -> Path | None:
+        """``data`` written beside the kept trace ``kept`` as its companion with ``suffix``
+        (temp file, rename); its path, or None when it was not written (counted, as a trace)."""
+        name = companion(kept.name, suffix)
+        try:
+            with self._folder() as fd:
+                try:
+                    os.stat(kept.name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return None  # evicted meanwhile (another rank's window)
+                self._seq += 1
+                temp = f".keep-{os.getpid()}-{self._seq}.tmp"
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                out = os.open(temp, flags, 0o600, dir_fd=fd)
+                try:
+                    with os.fdopen(out, "wb") as dst:
+                        dst.write(data)
+                        dst.flush()
+                        os.fsync(dst.fileno())
+                    os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+                except BaseException:
+                    _unlink(fd, temp)
+                    raise
+        except Refused as exc:
+            self._failed(UNSAFE, str(exc))
+            return None
+        except OSError as exc:
+            self._failed(UNWRITABLE, f"cannot write to {self.directory}: {exc.strerror or exc}")
+            return None
+        return self.directory / name
+
+    def keep_file_beside(self, kept: Path, suffix: str, source: Path) -> Path | None:
+        """The file ``source`` gzip-compressed beside the kept trace ``kept`` as its companion
+        with ``suffix`` (an execution trace); its path, or None when not written (counted)."""
+        name = companion(kept.name, suffix)
+        try:
+            with self._folder() as fd:
+                try:
+                    os.stat(kept.name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return None  # evicted meanwhile (another rank's window)
+                size = self._write(fd, source, name)
+                if size > self.settings.max_bytes:
+                    _unlink(fd, name)
+                    limit = self.settings.max_bytes
+                    self._failed(TOO_LARGE, f"{size} bytes compressed, over OTELPROF_KEEP_TRACES_MAX_BYTES={limit}")
+                    return None
+                self._evict(fd, kept.name)
+        except Refused as exc:
+            self._failed(UNSAFE, str(exc))
+            return None
+        except OSError as exc:
+            self._failed(UNWRITABLE, f"cannot write to {self.directory}: {exc.strerror or exc}")
+            return None
+        return self.directory / name
+
     def _write(self, fd: int, source: Path, name: str) -> int:
         """Compresses ``source`` to a temp file of the folder and renames it; the bytes kept."""
         self._seq += 1
@@ -163,6 +229,13 @@ class TraceKeeper:
                 used -= f[3]
         for old in gone:
             _unlink(fd, old)  # another rank may have removed it first
+            for suffix in COMPANIONS:
+                _unlink(fd, companion(old, suffix))
+
+    def folder(self) -> contextlib.AbstractContextManager[int]:
+        """A context giving the folder's descriptor, checked private as the traces' (else
+        ``Refused``): for files kept beside them (an out-of-memory step's memory snapshot)."""
+        return self._folder()
 
     @contextlib.contextmanager
     def _folder(self) -> Iterator[int]:
@@ -231,8 +304,17 @@ def _kept(fd: int) -> list[tuple[str, str, str, int]]:
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-            out.append((match.group(2), name, match.group(1), st.st_size))
+            out.append((match.group(2), name, match.group(1), st.st_size + _companion_bytes(fd, name)))
     return sorted(out)
+
+
+def _companion_bytes(fd: int, name: str) -> int:
+    total = 0
+    for suffix in COMPANIONS:
+        with contextlib.suppress(OSError):
+            st = os.stat(companion(name, suffix), dir_fd=fd, follow_symlinks=False)
+            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total
 
 
 def _sweep(fd: int) -> None:

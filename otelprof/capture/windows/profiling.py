@@ -76,6 +76,7 @@ class WindowSettings:
     with_stack: bool = False
     with_flops: bool = False
     with_modules: bool = False
+    execution_trace: bool = False  # torch's ExecutionTraceObserver beside each window (execution_trace.py)
     trigger_file: str | None = None  # its appearance starts a window (the file is then removed)
     trigger_signal: int | None = None  # e.g. signal.SIGUSR2
     on_demand_steps: int = 2
@@ -191,6 +192,7 @@ class Windows:
         # ProfilerStep#N range; a lock, as another thread may start its own profiler
         self._lock = threading.RLock()
         self._kineto: Any = None
+        self._et: tuple[Any, Path] | None = None  # the window's execution trace observer and file
         self._last: Any = None  # the last window's profiler, until the next window begins
         self._state = _IDLE
         self._range: Any = None
@@ -490,13 +492,16 @@ class Windows:
 
         self._last = None  # the previous window's results, freed in this marked step
         s = self.settings
+        self._et = _observer() if s.execution_trace else None
+        # torch categorizes memory from shapes and stacks: profile_memory turns both on
         kineto = _KinetoProfile(
             activities=self._activities,
-            record_shapes=s.record_shapes,
+            record_shapes=s.record_shapes or s.profile_memory,
             profile_memory=s.profile_memory,
-            with_stack=s.with_stack,
+            with_stack=s.with_stack or s.profile_memory,
             with_flops=s.with_flops,
             with_modules=s.with_modules,
+            execution_trace_observer=self._et[0] if self._et is not None else None,
         )
         with _own():
             kineto.prepare_trace()
@@ -516,18 +521,26 @@ class Windows:
                 kineto.stop_trace()
         except Exception:
             _log.warning("otelprof: stopping a profiling window failed", exc_info=True)
+        finally:
+            _finish_observer(self._take_et(), keep=False)
 
     def _stop_and_save(self, unfinished: int | None = None) -> None:
         kineto, self._kineto = self._kineto, None
         self._state, self._ended_at = _IDLE, time.monotonic()
+        et = self._take_et()
         try:
             with _own():
                 kineto.stop_trace()
         except Exception:
+            _finish_observer(et, keep=False)
             self._failed()
             _log.warning("otelprof: stopping a profiling window failed", exc_info=True)
             return
-        self._ready(kineto, unfinished)
+        self._ready(kineto, unfinished, _finish_observer(et, keep=True))
+
+    def _take_et(self) -> tuple[Any, Path] | None:
+        et, self._et = self._et, None
+        return et
 
     def _close_range(self) -> None:
         step_range, self._range = self._range, None
@@ -537,13 +550,14 @@ class Windows:
 
     # --- traces ------------------------------------------------------------------------------
 
-    def _ready(self, prof: Any, unfinished: int | None = None) -> None:
+    def _ready(self, prof: Any, unfinished: int | None = None, et: Path | None = None) -> None:
         """On the training thread (Kineto has stopped): hand the results to the conversion
         thread, which saves them, on a machine with cores to spare. With few cores, or where
         torch merges more into the file (its CUPTI monitor) or keeps no results object, the
         trace is saved here: in no phase (the trackers start the next phase after a boundary's
         callbacks) and counted as the window's overhead. ``unfinished``: the ProfilerStep#N
-        of a step the window stopped in (dropped from the conversion)."""
+        of a step the window stopped in (dropped from the conversion); ``et``: the window's
+        execution trace file (the conversion thread joins, keeps and removes it)."""
         trigger, self._demand_trigger = self._trigger, None
         live, self._live = tuple(self._live), []
         self._saved = True
@@ -551,6 +565,8 @@ class Windows:
         try:
             inner = getattr(prof, "profiler", None)
             source = getattr(inner, "kineto_results", None)
+            memory = source if self.settings.profile_memory else None  # capture/memory/
+            flops = source if self.settings.with_flops else None  # metrics/mfu.py: not in the JSON
             if (
                 not self.save_off_thread
                 or inner is None
@@ -562,13 +578,18 @@ class Windows:
                 self.save_threads.append(threading.current_thread().name)
             else:
                 inner.kineto_results = None  # the conversion thread holds the only reference
-            self.conversions.put(Job(source, trigger, live, unfinished=unfinished))
+            job = Job(source, trigger, live, unfinished=unfinished, memory=memory, flops=flops, execution_trace=et)
+            et = None  # the job owns it now
+            self.conversions.put(job)
             # freeing torch's results costs milliseconds: paid in the next window's warmup step
             # (or at close), as with torch's own scheduled profiler, not in the step after this
             self._last = prof
         except Exception:
             self._failed()
             _log.warning("otelprof: saving a profiling window failed", exc_info=True)
+        finally:
+            if et is not None:
+                et.unlink(missing_ok=True)
 
     def pause(self, wait_s: float) -> None:
         """Stops the conversion thread once it is done (see ``coexist.quiet``)."""
@@ -635,6 +656,48 @@ def _own() -> Iterator[None]:
     with coexist.own(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_CLEARS_EVENTS, category=UserWarning)
         yield
+
+
+def _observer() -> tuple[Any, Path] | None:
+    """A window's own ExecutionTraceObserver, writing to a fresh temp file (None: torch has none,
+    or it cannot register: the window records without one, logged once)."""
+    path = temp_path(".et.json")
+    try:
+        from torch.profiler import ExecutionTraceObserver
+
+        with _own():
+            observer = ExecutionTraceObserver().register_callback(str(path))
+        if observer.is_registered:
+            return observer, path
+    except Exception:
+        _log.debug("otelprof: an execution trace observer could not register", exc_info=True)
+    path.unlink(missing_ok=True)
+    global _et_logged
+    if not _et_logged:
+        _et_logged = True
+        _log.warning("otelprof: windows record no execution trace: torch's observer could not register")
+    return None
+
+
+def _finish_observer(et: tuple[Any, Path] | None, keep: bool) -> Path | None:
+    """Unregisters a window's observer (torch finishes the file then); the file when ``keep``
+    and it was written, else it is removed."""
+    if et is None:
+        return None
+    observer, path = et
+    try:
+        with _own():
+            observer.unregister_callback()
+    except Exception:
+        keep = False
+        _log.warning("otelprof: finishing a window's execution trace failed", exc_info=True)
+    if keep and path.is_file() and path.stat().st_size:
+        return path
+    path.unlink(missing_ok=True)
+    return None
+
+
+_et_logged = False
 
 
 def _open_range(name: str) -> Any:
