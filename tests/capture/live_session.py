@@ -11,6 +11,19 @@ from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import Exporter
 from otelprof.instrumentation import Session
 
+#: One profiling window: step 2 warms up, steps 3 and 4 are recorded (no early window, no
+#: triggers), for tests that add their profiler options and run id.
+ONE_WINDOW = {
+    "OTELPROF_TRIGGER_SIGNAL": "none",
+    "OTELPROF_ANOMALY_FACTOR": "0",
+    "OTELPROF_PROFILE_EARLY": "0",
+    "OTELPROF_PROFILE_SKIP_FIRST": "2",
+    "OTELPROF_PROFILE_WAIT": "0",
+    "OTELPROF_PROFILE_WARMUP": "1",
+    "OTELPROF_PROFILE_ACTIVE": "2",
+    "OTELPROF_PROFILE_REPEAT": "1",
+}
+
 
 def start(receiver_port: int, spool_dir: Path, **env: str) -> Session:
     """Instruments this process, exporting over OTLP/HTTP to 127.0.0.1:``receiver_port``;

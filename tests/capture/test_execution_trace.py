@@ -22,14 +22,7 @@ from otelprof.capture.windows.keep import EXECUTION_TRACE, SUFFIX, companion
 torch = pytest.importorskip("torch")
 
 ONE_WINDOW = {  # step 2 warms up, 3 and 4 are recorded
-    "OTELPROF_TRIGGER_SIGNAL": "none",
-    "OTELPROF_ANOMALY_FACTOR": "0",
-    "OTELPROF_PROFILE_EARLY": "0",
-    "OTELPROF_PROFILE_SKIP_FIRST": "2",
-    "OTELPROF_PROFILE_WAIT": "0",
-    "OTELPROF_PROFILE_WARMUP": "1",
-    "OTELPROF_PROFILE_ACTIVE": "2",
-    "OTELPROF_PROFILE_REPEAT": "1",
+    **live_session.ONE_WINDOW,
     "OTELPROF_RUN_ID": "et",
 }
 

@@ -38,14 +38,7 @@ RECORDED = (3, 4)  # skip 2, warm up step 2, record 3 and 4
 RUN = "memory"
 SCHEDULE = {
     "OTELPROF_RUN_ID": RUN,
-    "OTELPROF_TRIGGER_SIGNAL": "none",
-    "OTELPROF_ANOMALY_FACTOR": "0",
-    "OTELPROF_PROFILE_EARLY": "0",
-    "OTELPROF_PROFILE_SKIP_FIRST": "2",
-    "OTELPROF_PROFILE_WAIT": "0",
-    "OTELPROF_PROFILE_WARMUP": "1",
-    "OTELPROF_PROFILE_ACTIVE": "2",
-    "OTELPROF_PROFILE_REPEAT": "1",
+    **live_session.ONE_WINDOW,
 }
 
 

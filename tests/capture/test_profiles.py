@@ -40,14 +40,7 @@ torch = pytest.importorskip("torch")
 #: shared traces with python_function events (with_stack) and device work, and two without stacks
 SHARED = ["h100__gaunernst_bert", "mi300__ddp_resnet18", "critical_path__alexnet", "amd_trace__mi250"]
 ONE_WINDOW = {
-    "OTELPROF_TRIGGER_SIGNAL": "none",
-    "OTELPROF_ANOMALY_FACTOR": "0",
-    "OTELPROF_PROFILE_EARLY": "0",
-    "OTELPROF_PROFILE_SKIP_FIRST": "2",
-    "OTELPROF_PROFILE_WAIT": "0",
-    "OTELPROF_PROFILE_WARMUP": "1",
-    "OTELPROF_PROFILE_ACTIVE": "2",
-    "OTELPROF_PROFILE_REPEAT": "1",
+    **live_session.ONE_WINDOW,
     "OTELPROF_PROFILE_OPTIONS": "with_stack",
     "OTELPROF_RUN_ID": "flame",
 }

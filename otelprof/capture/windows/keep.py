@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ...settings import value
 from ...settings.variables import OTELPROF_KEEP_TRACES, OTELPROF_KEEP_TRACES_MAX_BYTES, OTELPROF_TRACE_DIR
@@ -140,37 +141,32 @@ class TraceKeeper:
     def keep_beside(self, kept: Path, suffix: str, data: bytes) -> Path | None:
         """``data`` written beside the kept trace ``kept`` as its companion with ``suffix``
         (temp file, rename); its path, or None when it was not written (counted, as a trace)."""
-        name = companion(kept.name, suffix)
-        try:
-            with self._folder() as fd:
-                try:
-                    os.stat(kept.name, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    return None  # evicted meanwhile (another rank's window)
-                self._seq += 1
-                temp = f".keep-{os.getpid()}-{self._seq}.tmp"
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                out = os.open(temp, flags, 0o600, dir_fd=fd)
-                try:
-                    with os.fdopen(out, "wb") as dst:
-                        dst.write(data)
-                        dst.flush()
-                        os.fsync(dst.fileno())
-                    os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
-                except BaseException:
-                    _unlink(fd, temp)
-                    raise
-        except Refused as exc:
-            self._failed(UNSAFE, str(exc))
-            return None
-        except OSError as exc:
-            self._failed(UNWRITABLE, f"cannot write to {self.directory}: {exc.strerror or exc}")
-            return None
-        return self.directory / name
+
+        def write(fd: int, name: str) -> bool:
+            self._store(fd, name, lambda dst: dst.write(data))
+            return True
+
+        return self._beside(kept, suffix, write)
 
     def keep_file_beside(self, kept: Path, suffix: str, source: Path) -> Path | None:
         """The file ``source`` gzip-compressed beside the kept trace ``kept`` as its companion
         with ``suffix`` (an execution trace); its path, or None when not written (counted)."""
+
+        def write(fd: int, name: str) -> bool:
+            size = self._write(fd, source, name)
+            if size > self.settings.max_bytes:
+                _unlink(fd, name)
+                limit = self.settings.max_bytes
+                self._failed(TOO_LARGE, f"{size} bytes compressed, over OTELPROF_KEEP_TRACES_MAX_BYTES={limit}")
+                return False
+            self._evict(fd, kept.name)
+            return True
+
+        return self._beside(kept, suffix, write)
+
+    def _beside(self, kept: Path, suffix: str, write: Callable[[int, str], bool]) -> Path | None:
+        """A companion of ``kept`` written by ``write(folder fd, name)`` (False: not kept) while
+        ``kept`` is still there; its path, or None (refusals and errors counted)."""
         name = companion(kept.name, suffix)
         try:
             with self._folder() as fd:
@@ -178,13 +174,8 @@ class TraceKeeper:
                     os.stat(kept.name, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
                     return None  # evicted meanwhile (another rank's window)
-                size = self._write(fd, source, name)
-                if size > self.settings.max_bytes:
-                    _unlink(fd, name)
-                    limit = self.settings.max_bytes
-                    self._failed(TOO_LARGE, f"{size} bytes compressed, over OTELPROF_KEEP_TRACES_MAX_BYTES={limit}")
+                if not write(fd, name):
                     return None
-                self._evict(fd, kept.name)
         except Refused as exc:
             self._failed(UNSAFE, str(exc))
             return None
@@ -194,16 +185,25 @@ class TraceKeeper:
         return self.directory / name
 
     def _write(self, fd: int, source: Path, name: str) -> int:
-        """Compresses ``source`` to a temp file of the folder and renames it; the bytes kept."""
+        """Compresses ``source`` into ``name`` of the folder; the bytes kept."""
+
+        def deflate_into(dst: BinaryIO) -> None:
+            deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)  # 31: a gzip member
+            with open(source, "rb") as src:
+                while chunk := src.read(CHUNK):
+                    dst.write(deflate.compress(chunk))
+            dst.write(deflate.flush())
+
+        return self._store(fd, name, deflate_into)
+
+    def _store(self, fd: int, name: str, fill: Callable[[BinaryIO], object]) -> int:
+        """``fill`` writes a temp file of the folder, synced, then renamed ``name``; its size."""
         self._seq += 1
         temp = f".keep-{os.getpid()}-{self._seq}.tmp"
         out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
         try:
-            deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)  # 31: a gzip member
-            with os.fdopen(out, "wb") as dst, open(source, "rb") as src:
-                while chunk := src.read(CHUNK):
-                    dst.write(deflate.compress(chunk))
-                dst.write(deflate.flush())
+            with os.fdopen(out, "wb") as dst:
+                fill(dst)
                 dst.flush()
                 os.fsync(dst.fileno())
                 size = dst.tell()
