@@ -39,7 +39,7 @@ from otelprof.capture.windows.keep import keep_from_env
 from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import spool_dir_from_env
 from otelprof.resource import options_from_env, resource_attributes_from_env
-from otelprof.settings import VARIABLES, Bool, Choice, Host, Int, Number, PathKind, Text
+from otelprof.settings import VARIABLES, Bool, Choice, Host, Int, Names, Number, PathKind, Text
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_ONLY = "cpu_only__rank-34"  # a small shared trace
@@ -96,6 +96,8 @@ def _of_its_kind(var: settings.Variable, got: Any) -> bool:
         return type(got) is float and math.isfinite(got) and kind.accept(got)
     if isinstance(kind, Choice):
         return got in kind.values
+    if isinstance(kind, Names):
+        return type(got) is tuple and len(set(got)) == len(got) and all(v in kind.values for v in got)
     if isinstance(kind, PathKind):
         return isinstance(got, Path)
     if isinstance(kind, Host):

@@ -14,11 +14,12 @@ import pytest
 
 from otelprof import settings
 from otelprof.capture.config import settings_from_env
+from otelprof.capture.metrics import otlp_metrics
 from otelprof.capture.windows.profiling import WindowSettings
 from otelprof.converter import ConvertOptions
 from otelprof.export import exporter_config_from_env
 from otelprof.resource import options_from_env
-from otelprof.settings import VARIABLES, Bool, Host, Int, Number, render_tables
+from otelprof.settings import VARIABLES, Bool, Host, Int, Names, Number, render_tables
 from otelprof.settings._tables import documents
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,32 @@ def test_enumerations_take_any_case() -> None:
     """Before the registry, OTEL_EXPORTER_OTLP_PROTOCOL had to be lower case (``GRPC`` warned)."""
     assert exporter_config_from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "GRPC"}).protocol == "grpc"
     assert options_from_env({"OTELPROF_DETAIL": "Full"}).detail == "full"
+
+
+def test_name_lists_keep_their_known_entries_and_warn_once_for_the_rest(caplog: pytest.LogCaptureFixture) -> None:
+    """OTEL_METRICS_EXPORTER and OTELPROF_PROFILE_OPTIONS: parsed by the registry's ``Names`` kind
+    (any case, no repeats, in order); unknown entries are skipped in one warning, the rest kept."""
+    assert otlp_metrics.exporters({}) == {"prometheus"}
+    assert otlp_metrics.exporters({"OTEL_METRICS_EXPORTER": " OTLP , prometheus,otlp"}) == {"otlp", "prometheus"}
+    assert otlp_metrics.exporters({"OTEL_METRICS_EXPORTER": "none"}) == set()
+    assert settings.value({"OTEL_METRICS_EXPORTER": "otlp,Prometheus,otlp"}, "OTEL_METRICS_EXPORTER") == (
+        "otlp",
+        "prometheus",
+    )
+    with caplog.at_level(logging.WARNING):
+        got = otlp_metrics.exporters({"OTEL_METRICS_EXPORTER": "zipkin,otlp,,console"})
+    assert got == {"otlp"}
+    [message] = [r.getMessage() for r in caplog.records]
+    assert message.startswith("OTEL_METRICS_EXPORTER='zipkin,otlp,,console': 'zipkin' and 1 more not ")
+    assert message.endswith("; using otlp")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        windows = settings_from_env({"OTELPROF_PROFILE_OPTIONS": "Record_Shapes,with_stack,bogus"}).windows
+    assert (windows.record_shapes, windows.with_stack, windows.profile_memory) == (True, True, False)
+    [message] = [r.getMessage() for r in caplog.records]
+    assert "'bogus' not a comma-separated list of 'record_shapes'" in message
+    assert message.endswith("; using record_shapes,with_stack")
+    assert Names(("a", "b")).show(()) == "none"
 
 
 def test_empty_is_unset_and_never_warns(caplog: pytest.LogCaptureFixture) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..export.config import sdk_disabled
-from ..settings import EntryWarnings, quoted, text, value
+from ..settings import quoted, value
 from ..settings.variables import (
     OTEL_EXPORTER_PROMETHEUS_HOST,
     OTEL_EXPORTER_PROMETHEUS_PORT,
@@ -35,15 +35,6 @@ from ..settings.variables import (
 from .metrics.server import TriggerGuard
 from .windows.keep import keep_from_env
 from .windows.profiling import WindowSettings
-
-PROFILER_OPTIONS = (
-    "record_shapes",
-    "profile_memory",
-    "with_stack",
-    "with_flops",
-    "with_modules",
-    "execution_trace",
-)
 
 _log = logging.getLogger(__name__)
 
@@ -81,20 +72,7 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> Settings:
 
 
 def windows_from_env(environ: Mapping[str, str]) -> WindowSettings:
-    options = {}
-    skipped = EntryWarnings(_log)
-    for name in (text(environ, OTELPROF_PROFILE_OPTIONS) or "").split(","):
-        name = name.strip()
-        if name in PROFILER_OPTIONS:
-            options[name] = True
-        elif name:
-            skipped.warn(
-                "%s: ignoring unknown option %s (known: %s)",
-                OTELPROF_PROFILE_OPTIONS,
-                quoted(name),
-                ", ".join(PROFILER_OPTIONS),
-            )
-    skipped.done()
+    options = dict.fromkeys(value(environ, OTELPROF_PROFILE_OPTIONS, _log), True)
     return WindowSettings(
         enabled=value(environ, OTELPROF_PROFILE, _log),
         skip_first=value(environ, OTELPROF_PROFILE_SKIP_FIRST, _log),

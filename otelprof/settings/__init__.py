@@ -10,7 +10,7 @@ The tables of ``docs/`` and ``otelprof doctor``'s listing come from :data:`VARIA
 from __future__ import annotations
 
 from . import variables
-from ._kinds import Bool, Choice, Host, Int, Kind, Number, PathKind, Text, is_utf8
+from ._kinds import Bool, Choice, Host, Int, Kind, Names, Number, PathKind, Text, is_utf8
 from ._registry import VARIABLES, EntryWarnings, Variable, first_set, is_set, parse, quoted, text, value
 from ._tables import markdown_table, render_tables
 
@@ -22,6 +22,7 @@ __all__ = [
     "Host",
     "Int",
     "Kind",
+    "Names",
     "Number",
     "PathKind",
     "Text",

@@ -8,6 +8,8 @@ specification's dialect (``configuration/sdk-environment-variables``).
   fields); number: a decimal number (fractions and exponents allowed, never nan or infinite) the
   variable's check accepts, which bounds it;
 - enumeration: one of the known values, in any case;
+- names: a comma-separated list of known values, in any case; unknown entries are skipped (one
+  warning for all of them) and the known ones kept, as the SDK does for ``OTEL_*_EXPORTER``;
 - text: UTF-8 (other bytes reach Python as lone surrogates: unusable); a path may hold any bytes.
 
 A parser raises ``ValueError`` for an unusable value; the registry then logs one warning that
@@ -30,6 +32,14 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 #: The widest integer range: the native core's option fields (and ConvertOptions') are int64.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class PartlyUsable(ValueError):
+    """A list value some of whose entries are unusable: ``value`` is what the rest give."""
+
+    def __init__(self, value: Any, bad: list[str]) -> None:
+        super().__init__(bad[0])
+        self.value, self.bad = value, bad
 
 
 class Kind:
@@ -203,3 +213,36 @@ class Choice(Kind):
 
     def show(self, value: Any) -> str:
         return repr(value)
+
+
+@dataclass(frozen=True)
+class Names(Kind):
+    """Comma-separated names out of ``values``, in any case, without repeats, in the order given;
+    the value is a tuple of them in the case given here. Unknown entries raise
+    :class:`PartlyUsable` carrying the known ones, which the registry uses after one warning."""
+
+    values: tuple[str, ...]
+    kind = "list"
+
+    @property
+    def expect(self) -> str:  # type: ignore[override]
+        return "a comma-separated list of " + ", ".join(repr(v) for v in self.values)
+
+    def parse(self, raw: str) -> tuple[str, ...]:
+        by_lower = {v.lower(): v for v in self.values}
+        known: list[str] = []
+        bad: list[str] = []
+        for entry in raw.split(","):
+            entry = entry.strip()
+            name = by_lower.get(entry.lower())
+            if name is None:
+                if entry:
+                    bad.append(entry)
+            elif name not in known:
+                known.append(name)
+        if bad:
+            raise PartlyUsable(tuple(known), bad)
+        return tuple(known)
+
+    def show(self, value: Any) -> str:
+        return ",".join(value) if value else "none"

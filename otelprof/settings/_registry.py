@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._kinds import Kind, is_utf8
+from ._kinds import Kind, PartlyUsable, is_utf8
 
 _log = logging.getLogger("otelprof.settings")
 
@@ -79,6 +79,18 @@ def parse(environ: Mapping[str, str], name: str, kind: Kind, default: Any, log: 
         return default
     try:
         return kind.parse(raw)
+    except PartlyUsable as partly:  # a list with unknown entries: those are skipped, the rest kept
+        more = f" and {len(partly.bad) - 1} more" if len(partly.bad) > 1 else ""
+        (log or _log).warning(
+            "%s=%s: %s%s not %s; using %s",
+            name,
+            quoted(raw),
+            quoted(partly.bad[0]),
+            more,
+            kind.expect,
+            kind.show(partly.value),
+        )
+        return partly.value
     except ValueError:
         shown = "unset" if default is None else kind.show(default)
         if not is_utf8(raw):  # never quoted: it may be a secret's (OTELPROF_PROFILE_TOKEN's) bytes

@@ -8,7 +8,7 @@ options), ``export`` (OTLP export).
 
 from __future__ import annotations
 
-from ._kinds import Bool, Choice, Host, Int, Number, PathKind, Text
+from ._kinds import Bool, Choice, Host, Int, Names, Number, PathKind, Text
 from ._registry import define
 
 _SPEC_BOOL = (
@@ -364,8 +364,8 @@ OTELPROF_SIGTERM_GRACE = define(
 )
 OTEL_METRICS_EXPORTER = define(
     "OTEL_METRICS_EXPORTER",
-    Text(),
-    None,
+    Names(("prometheus", "otlp", "none")),
+    ("prometheus",),
     "Comma-separated: ``prometheus`` serves ``/metrics``, ``otlp`` also pushes the same metrics"
     " through the OpenTelemetry SDK (``pip install 'otelprof[metrics]'``), ``none`` neither."
     " (The specification's default is ``otlp``; these metrics are made for scraping.)",
@@ -444,10 +444,12 @@ OTELPROF_PROFILE_EARLY = define(
     " 511 and 512.",
     "windows",
 )
+#: The torch.profiler options a window can turn on (``execution_trace`` is otelprof's: an observer).
+PROFILER_OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules", "execution_trace")
 OTELPROF_PROFILE_OPTIONS = define(
     "OTELPROF_PROFILE_OPTIONS",
-    Text(),
-    None,
+    Names(PROFILER_OPTIONS),
+    (),
     "Comma-separated torch.profiler options to turn on: ``record_shapes``, ``profile_memory``,"
     " ``with_stack``, ``with_flops``, ``with_modules``, and ``execution_trace`` (each window also"
     " records torch's ``ExecutionTraceObserver``: its tensor shapes, dtypes, strides, ids and"

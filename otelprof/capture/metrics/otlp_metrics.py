@@ -24,13 +24,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ...settings import quoted, text
+from ...settings import text, value
 from ...settings.variables import (
     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
     OTEL_EXPORTER_OTLP_PROTOCOL,
     OTEL_METRICS_EXPORTER,
 )
-from ..steps.tracker import PHASES, Step
+from ..steps.step import PHASES, Step
 from .step_metrics import STEP_BUCKETS
 
 _log = logging.getLogger(__name__)
@@ -110,12 +110,7 @@ def otel_name(prometheus_name: str) -> tuple[str, str]:
 
 def exporters(environ: Mapping[str, str]) -> set[str]:
     """The metric exporters ``OTEL_METRICS_EXPORTER`` names (unset: ``prometheus``)."""
-    raw = (text(environ, OTEL_METRICS_EXPORTER) or "prometheus").lower()
-    names = {v.strip() for v in raw.split(",") if v.strip()}
-    unknown = names - {"prometheus", "otlp", "none"}
-    if unknown:
-        _log.warning("%s: ignoring unknown exporter(s) %s", OTEL_METRICS_EXPORTER, quoted(",".join(sorted(unknown))))
-    return names & {"prometheus", "otlp"}
+    return set(value(environ, OTEL_METRICS_EXPORTER, _log)) - {"none"}
 
 
 class OtlpMetrics:
