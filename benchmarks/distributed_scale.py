@@ -42,7 +42,7 @@ from otelprof.capture.metrics.step_metrics import StepMetrics
 from otelprof.capture.metrics.window_metrics import WindowMetrics, summarize
 from otelprof.capture.session import _resource
 from otelprof.capture.spans.step_spans import StepSpans
-from otelprof.capture.steps.tracker import PHASES, Step
+from otelprof.capture.steps.step import PHASES, Step
 from otelprof.converter import ConvertOptions, convert
 from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import Exporter

@@ -286,7 +286,7 @@ class StepSink:
     def held_overflows(self) -> int: ...
 
 class StepTracker:
-    """The step rules of capture/steps/tracker.py (its NativeStepTracker wraps it)."""
+    """The step rules of capture/steps/tracker.py (native_tracker.py's NativeStepTracker wraps it)."""
 
     def __init__(
         self,
@@ -322,7 +322,7 @@ class StepTracker:
     def release(self) -> None:
         """Drops the callbacks; later events are ignored."""
     def hook(self, name: str) -> Callable[..., None]:
-        """A C function torch calls as hook ``name`` (capture/steps/tracker.py's HOOKS)."""
+        """A C function torch calls as hook ``name`` (capture/steps/step.py's HOOKS)."""
     def attach(
         self,
         sink: StepSink,
@@ -334,4 +334,4 @@ class StepTracker:
         probe: Callable[[], tuple[int | None, int | None, int | None, int] | None] | None = None,
         probe_when: dict[str, Any] | None = None,
     ) -> None:
-        """Closed steps go to ``sink`` (capture/steps/tracker.py's NativeStepTracker.attach)."""
+        """Closed steps go to ``sink`` (capture/steps/native_tracker.py's NativeStepTracker.attach)."""

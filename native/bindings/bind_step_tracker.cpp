@@ -1,4 +1,4 @@
-// The step tracker (otelprof/step_tracker.hpp) for otelprof/capture/steps/tracker.py's NativeStepTracker.
+// The step tracker (otelprof/step_tracker.hpp) for otelprof/capture/steps/native_tracker.py's NativeStepTracker.
 // The hooks torch calls several times per step are plain C functions (METH_FASTCALL, made by
 // hook()): torch calls them directly, with no Python frame and no pybind11 dispatch in between.
 // Nothing raises into the training loop: a failing callback (or clock) stops the tracker and is

@@ -55,7 +55,8 @@ from .spans.step_spans import (
     otel_context_var,
 )
 from .steps.device_timing import cuda_timing
-from .steps.tracker import Step, step_tracker
+from .steps.native_tracker import step_tracker
+from .steps.step import Step
 from .windows.keep import TraceKeeper, keep_from_env
 from .windows.profiling import Windows
 

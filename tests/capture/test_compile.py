@@ -24,7 +24,8 @@ from export.receivers import http_receiver
 
 from otelprof._native_module import native
 from otelprof.capture.steps.hooks import TorchHooks
-from otelprof.capture.steps.tracker import Step, step_tracker
+from otelprof.capture.steps.native_tracker import step_tracker
+from otelprof.capture.steps.step import Step
 
 torch = pytest.importorskip("torch")
 

@@ -5,7 +5,8 @@ runs the real thing on a GPU machine)."""
 from __future__ import annotations
 
 from otelprof.capture.steps.device_timing import MAX_PENDING, DeviceTiming
-from otelprof.capture.steps.tracker import Step, StepTracker
+from otelprof.capture.steps.step import Step
+from otelprof.capture.steps.tracker import StepTracker
 
 
 class Device:

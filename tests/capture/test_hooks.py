@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 from otelprof._native_module import native
 from otelprof.capture.steps import hooks as hooks_module
 from otelprof.capture.steps.hooks import TorchHooks
-from otelprof.capture.steps.tracker import HINT_TRAINING_FORWARDS, Step, step_tracker
+from otelprof.capture.steps.native_tracker import step_tracker
+from otelprof.capture.steps.step import HINT_TRAINING_FORWARDS, Step
 
 torch = pytest.importorskip("torch")
 

@@ -179,7 +179,7 @@ def _loop(buffer_step: int, steps: int) -> None:
 def test_each_step_carries_its_resident_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
     pytest.importorskip("torch")
     from otelprof.capture import session as session_module
-    from otelprof.capture.steps.tracker import step_tracker
+    from otelprof.capture.steps.native_tracker import step_tracker
 
     if not native:
         monkeypatch.setattr(session_module, "step_tracker", functools.partial(step_tracker, native=False))
@@ -255,7 +255,7 @@ def test_getrusage_reads_as_without_otelprof(tmp_path: Path) -> None:
 
 def _step_attrs(native: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[int, dict[str, Any]], Any]:
     from otelprof.capture import session as session_module
-    from otelprof.capture.steps.tracker import step_tracker
+    from otelprof.capture.steps.native_tracker import step_tracker
 
     monkeypatch.setattr(session_module, "step_tracker", functools.partial(step_tracker, native=native))
     with http_receiver() as rec:

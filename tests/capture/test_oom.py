@@ -205,7 +205,7 @@ def test_the_failed_step_request_has_error_status_and_the_event() -> None:
 def test_an_abandoned_step_is_closed_by_nothing(native: bool) -> None:
     """The tracker twins drop the step an out-of-memory span took (after its update, before
     the fetch that would end it) and number the next one after it."""
-    from otelprof.capture.steps.tracker import step_tracker
+    from otelprof.capture.steps.native_tracker import step_tracker
 
     closed: list[Any] = []
     tracker: Any = step_tracker(closed.append, native=native)

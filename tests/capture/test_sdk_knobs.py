@@ -219,7 +219,7 @@ def test_each_sampler_decides_which_step_traces_arrive(
     pytest.importorskip("torch")
     if route == "python":
         from otelprof.capture import session as session_module
-        from otelprof.capture.steps.tracker import step_tracker
+        from otelprof.capture.steps.native_tracker import step_tracker
 
         monkeypatch.setattr(session_module, "step_tracker", functools.partial(step_tracker, native=False))
     run = _mixed_run_id()

@@ -298,7 +298,7 @@ def test_a_loop_without_steps_says_how_to_mark_them(
 ) -> None:
     """Told after 10 forwards; once backward runs, only after HINT_TRAINING_FORWARDS (gradient
     accumulation runs many forwards before its first update: no false hint)."""
-    from otelprof.capture.steps.tracker import HINT_FORWARDS, HINT_TRAINING_FORWARDS
+    from otelprof.capture.steps.step import HINT_FORWARDS, HINT_TRAINING_FORWARDS
 
     due = HINT_TRAINING_FORWARDS if backward else HINT_FORWARDS
     session = _start(receiver, tmp_path)

@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from otelprof.capture.metrics.step_metrics import FOLD_STEPS, LABELS, STEP_BUCKETS, StepMetrics
-from otelprof.capture.steps.tracker import PHASES, Step
+from otelprof.capture.steps.step import PHASES, Step
 
 IDENTITY = {"run": "r", "rank": "3", "local_rank": "1"}
 VALUES = [IDENTITY[k] for k in LABELS]

@@ -19,7 +19,8 @@ from otelprof.capture.distributed.identity import Identity
 from otelprof.capture.metrics.step_metrics import StepMetrics
 from otelprof.capture.spans.step_spans import StepContext, StepRecordEncoder, native_sink, record
 from otelprof.capture.steps.device_timing import DeviceTiming
-from otelprof.capture.steps.tracker import PHASES, Step, step_tracker
+from otelprof.capture.steps.native_tracker import step_tracker
+from otelprof.capture.steps.step import PHASES, Step
 from otelprof.otlp.spans import Attrs
 
 from .test_step_metrics import IDENTITY, exposition

@@ -14,17 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otelprof._native_module import native as native_module
-from otelprof.capture.steps.tracker import (
-    HINT_FORWARDS,
-    HINT_TRAINING_FORWARDS,
-    HOOKS,
-    PHASES,
-    UPDATE_HOOK,
-    NativeStepTracker,
-    Step,
-    StepTracker,
-    step_tracker,
-)
+from otelprof.capture.steps.native_tracker import NativeStepTracker, step_tracker
+from otelprof.capture.steps.step import HINT_FORWARDS, HINT_TRAINING_FORWARDS, HOOKS, PHASES, UPDATE_HOOK, Step
+from otelprof.capture.steps.tracker import StepTracker
 
 needs_native = pytest.mark.skipif(native_module is None, reason="the native core is not built")
 KINDS = [pytest.param(False, id="python"), pytest.param(True, id="native", marks=needs_native)]

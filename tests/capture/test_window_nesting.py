@@ -81,7 +81,7 @@ def test_profiled_steps_nest_inside_their_steps(
     receiver: HttpReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
 ) -> None:
     from otelprof.capture import session as session_module
-    from otelprof.capture.steps.tracker import step_tracker
+    from otelprof.capture.steps.native_tracker import step_tracker
 
     if route == "native":
         native_module()

@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from ..steps.tracker import PHASES, Step
+from ..steps.step import PHASES, Step
 
 if TYPE_CHECKING:
     from ..._native import StepSinkMetrics

@@ -181,35 +181,41 @@ class WindowMetrics(Collector):
             memory_failed,
         )
         yield from _memory_families(names, values, memory)
-        if last is None or when is None:
-            return
+        if last is not None and when is not None:
+            yield from _last_window_families(names, values, last, when)
+
+
+def _last_window_families(
+    names: list[str], values: list[str], last: WindowSummary, when: float
+) -> Iterable[GaugeMetricFamily]:
+    """The last converted window's gauges: when, its top ops and kernels, GPU busy ratio."""
+    yield _gauge(
+        "otelprof_profiling_window_last_timestamp_seconds",
+        "When the last profiling window was converted (Unix time).",
+        names,
+        values,
+        when,
+    )
+    for metric, doc, label, series in (
+        ("otelprof_window_op_self_cpu_seconds", "Self CPU", "op", last.op_self_cpu_s),
+        ("otelprof_window_op_self_device_seconds", "Self device", "op", last.op_self_device_s),
+        ("otelprof_window_kernel_device_seconds", "Device", "kernel", last.kernel_device_s),
+    ):
+        if not series:
+            continue
+        help_text = f"{doc} time per profiled step of the last window's top {label}s (the rest: {label}=other)."
+        family = GaugeMetricFamily(metric, help_text, labels=[*names, label])
+        for name, seconds in series.items():
+            family.add_metric([*values, name], seconds)
+        yield family
+    if last.gpu_busy_ratio is not None:
         yield _gauge(
-            "otelprof_profiling_window_last_timestamp_seconds",
-            "When the last profiling window was converted (Unix time).",
+            "otelprof_window_gpu_busy_ratio",
+            "Kernel time over wall time in the last window's profiled steps (0..1).",
             names,
             values,
-            when,
+            last.gpu_busy_ratio,
         )
-        for metric, doc, label, series in (
-            ("otelprof_window_op_self_cpu_seconds", "Self CPU", "op", last.op_self_cpu_s),
-            ("otelprof_window_op_self_device_seconds", "Self device", "op", last.op_self_device_s),
-            ("otelprof_window_kernel_device_seconds", "Device", "kernel", last.kernel_device_s),
-        ):
-            if not series:
-                continue
-            help_text = f"{doc} time per profiled step of the last window's top {label}s (the rest: {label}=other)."
-            family = GaugeMetricFamily(metric, help_text, labels=[*names, label])
-            for name, seconds in series.items():
-                family.add_metric([*values, name], seconds)
-            yield family
-        if last.gpu_busy_ratio is not None:
-            yield _gauge(
-                "otelprof_window_gpu_busy_ratio",
-                "Kernel time over wall time in the last window's profiled steps (0..1).",
-                names,
-                values,
-                last.gpu_busy_ratio,
-            )
 
 
 def _memory_families(

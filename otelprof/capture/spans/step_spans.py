@@ -28,7 +28,7 @@ from ...otlp import ids
 from ...otlp.ids import TraceIds
 from ...otlp.spans import Attrs, Span, millis
 from ..distributed.identity import Identity
-from ..steps.tracker import Step
+from ..steps.step import Step
 
 _log = logging.getLogger(__name__)
 

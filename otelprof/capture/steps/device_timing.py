@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .tracker import Step
+from .step import Step
 
 _log = logging.getLogger(__name__)
 MAX_PENDING = 64

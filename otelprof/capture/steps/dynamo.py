@@ -33,7 +33,7 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .tracker import HOOKS
+from .step import HOOKS
 
 _log = logging.getLogger(__name__)
 _DYNAMO = "torch._dynamo"

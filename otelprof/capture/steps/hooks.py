@@ -44,7 +44,9 @@ from typing import Any
 
 from .dynamo import DynamoHooks
 from .loaders import INSIDE, OuterLoaders, fetched
-from .tracker import HOOKS, NativeStepTracker, StepTracker
+from .native_tracker import NativeStepTracker
+from .step import HOOKS
+from .tracker import StepTracker
 
 _log = logging.getLogger(__name__)
 #: Global hooks come back for one step this often, to find models first called later.

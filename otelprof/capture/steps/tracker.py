@@ -61,7 +61,8 @@ begins. **One step is one optimizer update**, whatever the loop:
   saying how to mark steps (``on_hint``, after HINT_FORWARDS forwards; once a backward has run,
   after HINT_TRAINING_FORWARDS: gradient accumulation runs many before the first update).
 
-The native core runs these rules in C++ (``NativeStepTracker``, ``native/src/step_tracker.cpp``),
+The native core runs these rules in C++ (``NativeStepTracker`` in native_tracker.py,
+``native/src/step_tracker.cpp``),
 its hooks plain C functions torch calls directly: in Python each event cost ~1.5 us on the
 training thread. ``StepTracker`` here is the reference (property-tested equal,
 tests/capture/test_steps.py) and the fallback without the native core. Both offer the hooks
@@ -73,110 +74,25 @@ at a forward, ``grad_enabled()``.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..._native_module import native as _native
-
-PHASES = ("data", "forward", "backward", "optimizer")
-#: Phase intervals kept per step (gradient accumulation and closures make several); later ones
-#: are counted.
-MAX_PHASE_SPANS = 64
-#: Distinct optimizers told apart per step (more share the last slot's fate: they do not split).
-MAX_OPTIMIZERS = 16
-#: Forwards with no optimizer step and no explicit step before the hint is logged.
-HINT_FORWARDS = 10
-#: The same once a backward has run (gradient accumulation: many forwards before the first update).
-HINT_TRAINING_FORWARDS = 256
-
-
-@dataclass(slots=True)
-class Step:
-    number: int
-    start_ns: int  # epoch nanoseconds
-    end_ns: int
-    phases: list[tuple[str, int, int]] = field(default_factory=list)  # (phase, start, end), in order
-    phase_totals_ns: dict[str, int] = field(default_factory=dict)
-    dropped_phases: int = 0
-    samples: int | None = None
-    tokens: int | None = None
-    name: str = "train.step"
-    micro_batches: int = 0  # DataLoader batches fetched in the step
-    evaluation: bool = False  # begin_scope(evaluation=True): a span, in no step metric
-    window: str | None = None  # to a profiling window: "recorded", "warmup" (with ":trigger"), "after" (windows.py)
-    phase_modules: list[str | None] = field(default_factory=list)  # per phase: a forward's root module
-    skipped: bool = False  # its optimizer update was skipped (a gradient scaler found inf/NaN)
-    #: its memory peaks (StepRecord.memory), set by the session at its end
-    memory: tuple[int | None, int | None, int | None, int] | None = None
-
-    def phase_module(self, i: int) -> str | None:
-        """The class name of the root module phase ``i`` timed (forwards; None: unknown)."""
-        return self.phase_modules[i] if i < len(self.phase_modules) else None
-
-    @property
-    def duration_s(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
-
-
-def _now_ns() -> int:
-    return time.time_ns()
-
-
-def module_name(module: Any) -> str | None:
-    """What a forward phase span names as its module: the root module's class name (a
-    torch.compile OptimizedModule: the compiled module's); None without a module."""
-    if module is None:
-        return None
-    name: str = type(module).__name__
-    if name == "OptimizedModule":
-        inner = getattr(module, "_orig_mod", None)
-        if inner is not None:
-            name = type(inner).__name__
-    return name
+from .step import (
+    HINT_FORWARDS,
+    HINT_TRAINING_FORWARDS,
+    MAX_OPTIMIZERS,
+    MAX_PHASE_SPANS,
+    PHASES,
+    Step,
+    TrackerHooks,
+    check_count,
+    module_name,
+    now_ns,
+)
 
 
 def _ignore(_step: Step) -> None:
     pass
-
-
-def _check(value: int | None, what: str = "a batch size") -> None:
-    """The native binding's checks: a non-negative int or None."""
-    if value is not None and (not isinstance(value, int) or value < 0):
-        raise ValueError(f"{what} must be >= 0") if isinstance(value, int) else TypeError(f"{what} must be an int")
-
-
-#: What the hooks call (torch passes a module, an optimizer... which the hooks ignore).
-HOOKS = (
-    "begin_data",
-    "end_data",
-    "data_end",
-    "begin_forward",
-    "end_forward",
-    "begin_backward",
-    "end_backward",
-    "begin_optimizer",
-    "end_optimizer",
-)
-#: The end of a gradient scaler's update, called by otelprof's own ``GradScaler.step`` wrapper
-#: only (a frame dynamo skips), so not among the hooks torch calls (HOOKS).
-UPDATE_HOOK = "end_update"
-
-
-class TrackerHooks:
-    """The hooks both trackers offer (HOOKS), set per instance."""
-
-    begin_data: Callable[..., None]
-    end_data: Callable[..., None]
-    data_end: Callable[..., None]
-    begin_forward: Callable[..., None]
-    end_forward: Callable[..., None]
-    begin_backward: Callable[..., None]
-    end_backward: Callable[..., None]
-    begin_optimizer: Callable[..., None]
-    end_optimizer: Callable[..., None]
-    end_update: Callable[..., None]
 
 
 class StepTracker(TrackerHooks):
@@ -189,7 +105,7 @@ class StepTracker(TrackerHooks):
         self,
         on_step: Callable[[Step], None],
         first_step: int = 0,
-        clock: Callable[[], int] = _now_ns,
+        clock: Callable[[], int] = now_ns,
         on_first_open: Callable[[int], object] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         grad_enabled: Callable[[], bool] | None = None,
@@ -472,8 +388,8 @@ class StepTracker(TrackerHooks):
     def set_batch(self, samples: int | None = None, tokens: int | None = None) -> None:
         """Samples/tokens of the current step (set by the application): they replace the sums
         of the step's fetches."""
-        _check(samples)
-        _check(tokens)
+        check_count(samples)
+        check_count(tokens)
         with self._lock:
             self._set_batch(samples, tokens)
 
@@ -536,10 +452,10 @@ class StepTracker(TrackerHooks):
         micro_batches: int | None = None,
     ) -> None:
         """Ends the current step now; see the module docstring."""
-        _check(number, "a step number")
-        _check(samples)
-        _check(tokens)
-        _check(micro_batches, "a micro-batch count")
+        check_count(number, "a step number")
+        check_count(samples)
+        check_count(tokens)
+        check_count(micro_batches, "a micro-batch count")
         with self._lock:
             self._explicit = True
             self._delivered = False
@@ -699,96 +615,3 @@ class StepTracker(TrackerHooks):
         # phases still running (a forward that spans the boundary) continue into the next step
         self._delivered = True
         self._on_step(step)
-
-
-class NativeStepTracker(TrackerHooks):
-    """The native core's tracker with StepTracker's interface; ``hooks`` are C functions."""
-
-    def __init__(
-        self,
-        on_step: Callable[[Step], None],
-        first_step: int = 0,
-        clock: Callable[[], int] = _now_ns,
-        on_first_open: Callable[[int], object] | None = None,
-        on_error: Callable[[BaseException], None] | None = None,
-        grad_enabled: Callable[[], bool] | None = None,
-        on_hint: Callable[[int], None] | None = None,
-    ) -> None:
-        # time.time_ns is read in C (CLOCK_REALTIME, the same clock); another is called
-        native = _native.StepTracker(
-            on_step,
-            Step,
-            first_step,
-            None if clock in (_now_ns, time.time_ns) else clock,
-            on_first_open,
-            on_error,
-            grad_enabled,
-            on_hint,
-        )
-        self._native = native
-        self.phase_begin: Callable[..., None] = native.phase_begin  # (phase, key, module name)
-        self.phase_end: Callable[[str], None] = native.phase_end
-        self.set_batch: Callable[..., None] = native.set_batch
-        self.step: Callable[..., None] = native.step
-        self.begin_scope: Callable[..., None] = native.begin_scope
-        self.end_scope: Callable[[], None] = native.end_scope
-        self.finish: Callable[[], None] = native.finish
-        self.abandon: Callable[[], int] = native.abandon
-        self.fail: Callable[[BaseException], None] = native.fail
-        for name in (*HOOKS, UPDATE_HOOK):
-            setattr(self, name, native.hook(name))
-
-    @property
-    def failed(self) -> bool:
-        return bool(self._native.failed)
-
-    @property
-    def eval_forwards(self) -> int:
-        return int(self._native.eval_forwards)
-
-    def close(self) -> None:
-        """After finish(): drops the callbacks (a cycle through C++ that gc cannot break)."""
-        self._native.release()
-
-    def attach(
-        self,
-        sink: Any,
-        on_boundary: Callable[[int, float], str | None] | None = None,
-        parent: Callable[[], tuple[bytes, bytes] | None] | None = None,
-        context_var: Any = None,
-        notify: Callable[[], None] | None = None,
-        on_held: Callable[[], None] | None = None,
-        probe: Callable[[], tuple[int | None, int | None, int | None, int] | None] | None = None,
-        probe_when: dict[str, Any] | None = None,
-    ) -> None:
-        """Closed steps go to ``sink`` (``_native.StepSink``: metrics folded, spans queued, in
-        C++) instead of ``on_step``; ``parent()`` gives the application's current span (looked
-        up only when ``context_var``, OpenTelemetry's context variable, is not empty), and
-        ``on_boundary(number, seconds)`` runs per step for what Python still does there and
-        returns the next step's profiling-window mark (``Step.window``; ``on_first_open``'s
-        return value is the first step's); ``on_held()`` runs after each step a device-timed sink
-        holds (``sink.hold()``), to release those the device has run; ``probe()`` before each
-        training step is queued, for its memory (``StepRecord.memory``), with ``probe_when`` (a
-        module's globals: torch.cuda's) only once its ``_initialized`` is True."""
-        self._native.attach(sink, on_boundary, parent, context_var, notify, on_held, probe, probe_when)
-
-
-def step_tracker(
-    on_step: Callable[[Step], None],
-    clock: Callable[[], int] = _now_ns,
-    on_first_open: Callable[[int], object] | None = None,
-    on_error: Callable[[BaseException], None] | None = None,
-    native: bool = True,
-    grad_enabled: Callable[[], bool] | None = None,
-    on_hint: Callable[[int], None] | None = None,
-) -> StepTracker | NativeStepTracker:
-    """The native tracker when the core is built (``native=False``: the Python reference)."""
-    kind = NativeStepTracker if native and _native is not None else StepTracker
-    return kind(
-        on_step,
-        clock=clock,
-        on_first_open=on_first_open,
-        on_error=on_error,
-        grad_enabled=grad_enabled,
-        on_hint=on_hint,
-    )
