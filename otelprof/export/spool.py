@@ -30,8 +30,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
+from . import private
 from .destination import NO_DESTINATION, is_destination_id
+from .private import Guard
 
 _log = logging.getLogger(__name__)
 
@@ -46,10 +49,13 @@ TOO_LARGE = "spool_too_large"
 UNWRITABLE = "spool_unwritable"
 UNSAFE = "spool_unsafe"
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted under a record's name must not block the open
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_LINK = "{} is a symbolic link: set OTELPROF_SPOOL_DIR to a folder of your own"
+_GUARD = Guard(
+    "OTELPROF_SPOOL_DIR",
+    owner_could="read your spans and plant requests sent with your credentials",
+    others_could="plant requests sent with your credentials",
+)
 
 
 @dataclass
@@ -76,13 +82,7 @@ class _Foreign(Exception):
 
 def folder_problem(directory: str | os.PathLike[str]) -> str | None:
     """Why ``directory`` may not be used as a spool (None: it may, or does not exist yet)."""
-    try:
-        st = os.lstat(directory)
-    except OSError:
-        return None  # created when first needed; other errors show when it is used
-    if stat.S_ISLNK(st.st_mode):
-        return _LINK.format(directory)
-    return _problem(Path(directory), st) if stat.S_ISDIR(st.st_mode) else None
+    return _GUARD.lstat_problem(Path(directory))
 
 
 class Spool:
@@ -251,43 +251,14 @@ class Spool:
         private (else ``Unsafe``, logged once and for good); OSError when it cannot be opened."""
         if self.unsafe is not None:
             raise Unsafe(self.unsafe)
-        try:
-            fd = os.open(self.directory, _DIR_FLAGS)
-        except FileNotFoundError:
-            if not create:
-                raise
-            self._create()
-            fd = os.open(self.directory, _DIR_FLAGS)
-        except OSError:
-            if self.directory.is_symlink():  # ENOTDIR or ELOOP under O_NOFOLLOW
-                self._refuse(_LINK.format(self.directory))
-            raise
-        try:
-            st = os.fstat(fd)
-            problem = _problem(self.directory, st)
-            if problem is not None:
-                self._refuse(problem)
-            if st.st_mode & 0o077 and not self._tightened:
-                self._tighten(fd, stat.S_IMODE(st.st_mode) & 0o700)
+        with private.opened(self.directory, _GUARD, self._refuse, self._tighten, make=create) as fd:
             yield fd
-        finally:
-            os.close(fd)
-
-    def _create(self) -> None:
-        """The leaf 0700; parents as the umask makes them, but ~/.cache/otelprof (otelprof's own) 0700."""
-        parent = self.directory.parent
-        if parent == Path(os.path.expanduser("~/.cache/otelprof")):
-            parent.parent.mkdir(parents=True, exist_ok=True)
-            with suppress(FileExistsError):
-                os.mkdir(parent, 0o700)
-        else:
-            parent.mkdir(parents=True, exist_ok=True)
-        with suppress(FileExistsError):  # another process made it meanwhile: checked when opened
-            os.mkdir(self.directory, 0o700)
 
     def _tighten(self, fd: int, mode: int) -> None:
         """Our folder, readable by others (an older otelprof made it 0755): no access but ours,
         and its files 0600. Once; a read-only mount refuses, and is used as it is."""
+        if self._tightened:
+            return
         self._tightened = True
         with suppress(OSError):
             os.fchmod(fd, mode)
@@ -295,7 +266,7 @@ class Spool:
                 with suppress(OSError, _Foreign):
                     os.close(_open_own(fd, name, os.O_RDONLY))  # chmods it 0600
 
-    def _refuse(self, problem: str) -> None:
+    def _refuse(self, problem: str) -> NoReturn:
         self.unsafe = problem
         self._warn_once(
             UNSAFE, f"spool folder refused: {problem}; nothing is spooled meanwhile (each request counted as {UNSAFE})"
@@ -350,22 +321,6 @@ class Spool:
             _log.warning("%s", message)
 
 
-def _problem(directory: Path, st: os.stat_result) -> str | None:
-    """Why a folder (its lstat/fstat) is not private; root's own folders are its own."""
-    uid = os.geteuid()
-    if st.st_uid != uid:
-        return (
-            f"{directory} belongs to uid {st.st_uid}, not to you (uid {uid}): its owner could read your spans "
-            "and plant requests sent with your credentials; set OTELPROF_SPOOL_DIR to a folder of your own"
-        )
-    if st.st_mode & 0o022:
-        return (
-            f"{directory} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): they could plant requests "
-            f"sent with your credentials; `chmod 700 {directory}`, or set OTELPROF_SPOOL_DIR to a private folder"
-        )
-    return None
-
-
 def _open_own(dir_fd: int, name: str, flags: int) -> int:
     """``name`` in the folder, never through a symlink, only a regular file of ours (made 0600)."""
     try:
@@ -408,20 +363,13 @@ def _names(dir_fd: int) -> list[str]:
 
 
 def _writer_alive(tmp: str) -> bool:
-    """Temp file names carry the writer's pid: ``<time>-<pid>-<seq>-...``."""
+    """Temp file names carry the writer's pid: ``<time>-<pid>-<seq>-...``; this process's are a
+    crash's of an earlier one that had its pid."""
     try:
         pid = int(tmp.split("-")[1])
     except (IndexError, ValueError):
         return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
+    return pid != os.getpid() and private.pid_alive(pid)
 
 
 def _size(dir_fd: int, name: str) -> int:

@@ -18,7 +18,6 @@ and counted (``otelprof_window_traces_not_kept_total``); the window is converted
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import re
@@ -28,8 +27,10 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
+from ...export import private
+from ...export.private import Guard
 from ...settings import value
 from ...settings.variables import OTELPROF_KEEP_TRACES, OTELPROF_KEEP_TRACES_MAX_BYTES, OTELPROF_TRACE_DIR
 
@@ -46,7 +47,11 @@ CHUNK = 1 << 20
 #: Why a trace was not kept (the log line's key; the counter sums them).
 UNWRITABLE, UNSAFE, TOO_LARGE = "unwritable", "unsafe", "too_large"
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_GUARD = Guard(
+    "OTELPROF_TRACE_DIR",
+    owner_could="read your program's traces and replace those otelprof reads back",
+    others_could="replace the traces kept there",
+)
 # <run>_rank<r>[_step<n>]_<UTC time>.pt.trace.json.gz: the time orders them
 _NAME = re.compile(r"_rank(\d+)(?:_step\d+)?_(\d{8}T\d{6}\.\d{3}Z)" + re.escape(SUFFIX) + "$")
 _TEMP = re.compile(r"^\.keep-(\d+)-\d+\.tmp$")
@@ -243,42 +248,12 @@ class TraceKeeper:
         and checked private (else ``Refused``, for good)."""
         if self._refused is not None:
             raise Refused(self._refused)
-        try:
-            fd = os.open(self.directory, _DIR_FLAGS)
-        except FileNotFoundError:
-            self._create()
-            fd = os.open(self.directory, _DIR_FLAGS)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and self.directory.is_symlink():
-                self._refuse(f"{self.directory} is a symbolic link")
-            raise
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != os.geteuid():
-                self._refuse(f"{self.directory} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})")
-            if st.st_mode & 0o022:
-                self._refuse(f"{self.directory} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
-            if st.st_mode & 0o077:  # ours, readable by others: the traces hold the program's names
-                os.fchmod(fd, 0o700)
+        with private.opened(self.directory, _GUARD, self._refuse, _tighten) as fd:
             yield fd
-        finally:
-            os.close(fd)
 
-    def _create(self) -> None:
-        """The folder 0700; ~/.cache/otelprof (otelprof's own) 0700 too, other parents as the umask makes them."""
-        parent = self.directory.parent
-        if parent == Path(os.path.expanduser("~/.cache/otelprof")):
-            parent.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(parent, 0o700)
-        else:
-            parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):  # another rank made it meanwhile: checked when opened
-            os.mkdir(self.directory, 0o700)
-
-    def _refuse(self, problem: str) -> None:
-        self._refused = f"{problem}: set OTELPROF_TRACE_DIR to a private folder of your own"
-        raise Refused(self._refused)
+    def _refuse(self, problem: str) -> NoReturn:
+        self._refused = problem
+        raise Refused(problem)
 
     def _failed(self, reason: str, why: str) -> None:
         self.not_kept[reason] = self.not_kept.get(reason, 0) + 1
@@ -321,20 +296,14 @@ def _sweep(fd: int) -> None:
     """Temp files of writers that died mid-write (their pid is in the name)."""
     for name in os.listdir(fd):
         match = _TEMP.match(name)
-        if match is not None and not _alive(int(match.group(1))):
+        if match is not None and not private.pid_alive(int(match.group(1))):
             _unlink(fd, name)
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # alive, someone else's
-        return True
-    return True
+def _tighten(fd: int, mode: int) -> None:
+    """Ours, readable by others: the traces hold the program's names (no files inside to chmod:
+    each is written 0600)."""
+    os.fchmod(fd, mode)
 
 
 def _unlink(fd: int, name: str) -> None:
