@@ -52,6 +52,10 @@ LAUNCHED_CATEGORIES = frozenset({"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gp
 DEVICE_CATEGORIES = LAUNCHED_CATEGORIES | {"gpu_user_annotation", "mtia_ccp_events"}
 
 
+#: The two converter engines (the ``engine`` fixture of tests/converter/conftest.py).
+ENGINES = ["reference", "native"]
+
+
 def reference_skips_default(path: Path) -> bool:
     return any(fragment in path.name for fragment in REFERENCE_SKIPS_DEFAULT)
 

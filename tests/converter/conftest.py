@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from converter_helpers import skip_unless_native  # tests/ is on pythonpath (pyproject.toml)
-
-ENGINES = ["reference", "native"]
+from converter_helpers import ENGINES, skip_unless_native  # tests/ is on pythonpath (pyproject.toml)
 
 
 @pytest.fixture(scope="session", params=ENGINES)

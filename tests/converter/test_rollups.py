@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from converter_helpers import (
+    ENGINES,
     KINETO_TRACES,
     LAUNCHED_CATEGORIES,
     Decoded,
@@ -106,10 +107,17 @@ def check_readable(d: Decoded, budget: int = 1000) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", KINETO_TRACES, ids=lambda p: p.name.split("__")[-1][:40])
+@pytest.mark.parametrize(
+    ("engine", "path"),
+    [
+        pytest.param(engine, path, id=f"{engine}-{path.name.split('__')[-1][:40]}")
+        for path in KINETO_TRACES
+        for engine in ENGINES
+        if not (engine == "reference" and reference_skips_default(path))  # converted in another test
+    ],
+    indirect=["engine"],
+)
 def test_shared_traces_account_for_every_event(engine: str, path: Path) -> None:
-    if engine == "reference" and reference_skips_default(path):
-        pytest.skip("the reference converts this big trace in another test")
     d = decode(convert_cached(path, engine))
     check_accounting(d, load_raw(path).events)
     check_readable(d)
