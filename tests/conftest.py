@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from export.mlflow_server import MlflowServer, running_server
+from prereqs import pytest_configure  # noqa: F401 - the hook: importorskip fails in CI
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -105,6 +105,27 @@ def missing(what: str, how: str) -> NoReturn:
     pytest.skip(message)
 
 
+def pytest_configure(config: object) -> None:
+    """A pytest hook (tests/conftest.py takes it; ``-p prereqs`` elsewhere): in CI,
+    ``pytest.importorskip`` fails instead of skipping, so a Python package the ``test`` extra
+    should have brought (torch, mlflow, playwright, lightning...) cannot go missing unseen,
+    whether a test or a whole module (a collection error) asked for it."""
+    import pytest
+
+    importorskip = pytest.importorskip
+    if not in_ci() or getattr(importorskip, "fails_in_ci", False):
+        return
+
+    def importorskip_in_ci(modname: str, *args: object, **kwargs: object) -> object:
+        try:
+            return importorskip(modname, *args, **kwargs)  # type: ignore[arg-type]
+        except pytest.skip.Exception as skipped:
+            pytest.fail(f"a prerequisite is missing in CI: {skipped.msg}", pytrace=False)
+
+    importorskip_in_ci.fails_in_ci = True  # type: ignore[attr-defined]
+    pytest.importorskip = importorskip_in_ci
+
+
 def cache_dir() -> Path:
     configured = os.environ.get("OTELPROF_TEST_CACHE", "").strip()
     return Path(configured) if configured else Path("/tmp/otelprof-test-cache")

@@ -3,7 +3,10 @@ no test installs software (only prereqs.py, run by the README's test command, do
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import prereqs
@@ -27,6 +30,47 @@ def test_a_missing_tool_skips_elsewhere(monkeypatch: pytest.MonkeyPatch, value: 
     assert not prereqs.in_ci()
     with pytest.raises(pytest.skip.Exception, match=r"python tests/prereqs\.py"):
         prereqs.header("/no/such/header.h")
+
+
+_IMPORTS_MISSING = """
+import pytest
+
+pytest.importorskip("otelprof_no_such_module")
+
+
+def test_never_runs() -> None:
+    pass
+"""
+_IMPORTS_MISSING_IN_A_TEST = """
+import pytest
+
+
+def test_needs_a_module() -> None:
+    pytest.importorskip("otelprof_no_such_module", reason="the test extra brings it")
+"""
+
+
+@pytest.mark.parametrize("source", [_IMPORTS_MISSING, _IMPORTS_MISSING_IN_A_TEST], ids=["module", "test"])
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_importorskip_fails_in_ci(source: str, ci: str, tmp_path: Path) -> None:
+    """tests/conftest.py takes prereqs' hook: a Python package missing in CI fails the run."""
+    (tmp_path / "test_missing.py").write_text(source)
+    env = {**os.environ, "CI": ci, "PYTHONPATH": str(TESTS)}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "prereqs", "-p", "no:cacheprovider", "test_missing.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if ci:
+        # 1: the test failed; 2: the module's collection error interrupted the run
+        assert run.returncode in (1, 2) and "a prerequisite is missing in CI" in run.stdout, run.stdout
+        assert "otelprof_no_such_module" in run.stdout or "the test extra brings it" in run.stdout
+    else:
+        # 5: nothing left to run once the module skipped
+        assert run.returncode in (0, 5) and "1 skipped" in run.stdout, run.stdout
 
 
 def test_a_present_tool_is_found() -> None:
