@@ -264,7 +264,7 @@ def test_a_spool_folder_the_system_cannot_look_at_fails_in_one_line(
     env.setenv("OTELPROF_SPOOL_DIR", str(folder))
     code, checks, out = _doctor(capsys)
     reason = os.strerror(errno.ENAMETOOLONG)
-    assert checks["spool"] == [("fail", f"{str(folder)!r}: cannot read it ({reason}): set OTELPROF_SPOOL_DIR")]
+    assert checks["spool"] == [("fail", f"{quoted(str(folder))}: cannot read it ({reason}): set OTELPROF_SPOOL_DIR")]
     assert code == 1 and "Traceback" not in out
 
 

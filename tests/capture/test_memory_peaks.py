@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from converter_helpers import native_module
 from export.receivers import http_receiver
+from fresh_process import in_a_fresh_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -176,6 +177,7 @@ def _loop(buffer_step: int, steps: int) -> None:
 @pytest.mark.slow  # real torch
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's clear_refs")
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+@in_a_fresh_process  # the resident set's mark is process-wide
 def test_each_step_carries_its_resident_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
     pytest.importorskip("torch")
     from otelprof.capture import session as session_module
@@ -273,6 +275,7 @@ def _step_attrs(native: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.slow  # real torch, two sessions
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's clear_refs")
+@in_a_fresh_process  # the resident set's mark is process-wide
 def test_both_routes_put_the_same_memory_attributes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The native sink's own resident reading and the Python probe's: the same attributes on
     every step span, the buffer's step the peak on both; natively, on a CPU-only run, the
