@@ -41,7 +41,7 @@ def env(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.TestPki:
+def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.LoopbackPki:
     return certs.make_pki(tmp_path_factory.mktemp("pki"))
 
 
@@ -64,7 +64,7 @@ def _receiver(protocol: str, tls: Any = None, **required: str) -> AbstractContex
     return http_receiver(HttpReceiver(required_headers=required), tls=tls)
 
 
-def _server_tls(protocol: str, pki: certs.TestPki) -> Any:
+def _server_tls(protocol: str, pki: certs.LoopbackPki) -> Any:
     if protocol == "grpc":
         return grpc.ssl_server_credentials([(pki.server_key.read_bytes(), pki.server_cert.read_bytes())])
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -109,7 +109,7 @@ def test_receiver_down_fails(protocol: str, env: pytest.MonkeyPatch, capsys: pyt
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_receiver_requiring_tls(
-    protocol: str, env: pytest.MonkeyPatch, pki: certs.TestPki, capsys: pytest.CaptureFixture[str]
+    protocol: str, env: pytest.MonkeyPatch, pki: certs.LoopbackPki, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with _receiver(protocol, tls=_server_tls(protocol, pki)) as rec:
         _point_at(env, protocol, f"http://127.0.0.1:{rec.port}")

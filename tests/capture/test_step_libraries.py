@@ -7,6 +7,7 @@ at a real OTLP receiver and a /metrics scrape taken while the process runs."""
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import os
 from collections.abc import Iterator
@@ -312,6 +313,9 @@ def test_hf_gradient_checkpointing_with_long_accumulation(
     os.environ["HF_HUB_OFFLINE"] = "1"
     transformers = pytest.importorskip("transformers")
     accumulation, updates, seq = 16, 2, 16
+    has_activation_checkpointing = (
+        "activation_checkpointing" in inspect.signature(transformers.TrainingArguments).parameters
+    )
     session = _start(receiver, tmp_path)
     try:
         torch.manual_seed(0)
@@ -330,7 +334,10 @@ def test_hf_gradient_checkpointing_with_long_accumulation(
             output_dir=str(tmp_path / "out"),
             per_device_train_batch_size=2,
             gradient_accumulation_steps=accumulation,
-            gradient_checkpointing=True,
+            # the name transformers 5 deprecates, where it has its successor
+            **(
+                {"activation_checkpointing": True} if has_activation_checkpointing else {"gradient_checkpointing": True}
+            ),
             max_steps=updates,
             save_strategy="no",
             logging_strategy="no",

@@ -14,7 +14,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
 @dataclass(frozen=True)
-class TestPki:
+class LoopbackPki:
+    """A CA, a server and a client certificate for 127.0.0.1, made per test session."""
+
     ca: Path
     server_cert: Path
     server_key: Path
@@ -52,7 +54,7 @@ def _issue(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def make_pki(directory: Path) -> TestPki:
+def make_pki(directory: Path) -> LoopbackPki:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("otelprof test CA")
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -69,7 +71,7 @@ def make_pki(directory: Path) -> TestPki:
     )
     server_cert, server_key = _issue("127.0.0.1", ca_key, ca_name, ExtendedKeyUsageOID.SERVER_AUTH, "127.0.0.1")
     client_cert, client_key = _issue("otelprof client", ca_key, ca_name, ExtendedKeyUsageOID.CLIENT_AUTH, None)
-    pki = TestPki(
+    pki = LoopbackPki(
         directory / "ca.pem",
         directory / "server.pem",
         directory / "server.key",

@@ -22,7 +22,7 @@ from otelprof.converter import convert
 from otelprof.export import exporter_config_from_env
 from otelprof.export.exporter import Exporter
 
-from .certs import TestPki, make_pki
+from .certs import LoopbackPki, make_pki
 from .receivers import grpc_receiver, http_receiver, wait_until
 
 PROTOCOLS = ["http/protobuf", "grpc"]
@@ -33,7 +33,7 @@ def requests() -> list[bytes]:
     return convert(shared_trace("critical_path"), detail="full", max_request_bytes=8 * 1024).requests[:3]
 
 
-def _tls_receiver(protocol: str, pki: TestPki) -> AbstractContextManager[Any]:
+def _tls_receiver(protocol: str, pki: LoopbackPki) -> AbstractContextManager[Any]:
     if protocol == "grpc":
         creds = grpc.ssl_server_credentials([(pki.server_key.read_bytes(), pki.server_cert.read_bytes())])
         return grpc_receiver(tls=creds)
