@@ -33,17 +33,6 @@ def receiver() -> Iterator[HttpReceiver]:
         yield rec
 
 
-def _train(steps: int = 7) -> None:
-    torch.manual_seed(0)
-    loader = torch.utils.data.DataLoader(torch.randn(steps * 4, 16), batch_size=4)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for batch in loader:
-        model(batch).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-
-
 def _attrs(span: Any) -> dict[str, Any]:
     return {kv.key: getattr(kv.value, kv.value.WhichOneof("value") or "string_value") for kv in span.attributes}
 
@@ -54,7 +43,7 @@ def _temp_ets() -> set[Path]:
 
 def _run(rec: HttpReceiver, tmp_path: Path, **env: str) -> Any:
     session = live_session.start(rec.port, tmp_path / "spool", **{**ONE_WINDOW, **env})
-    _train()
+    live_session.train(7)
     live_session.stop(session)
     return session
 

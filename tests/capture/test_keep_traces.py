@@ -46,19 +46,6 @@ EVERY_THIRD = {
 KEPT = re.compile(r"^keep_rank0_step(\d+)_\d{8}T\d{6}\.\d{3}Z\.pt\.trace\.json\.gz$")
 
 
-def _train(steps: int = 8, after_step: Any = None) -> None:
-    torch.manual_seed(0)
-    loader = torch.utils.data.DataLoader(torch.randn(steps * 4, 16), batch_size=4)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for batch in loader:
-        model(batch).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-        if after_step is not None:
-            after_step()
-
-
 @pytest.fixture
 def receiver() -> Iterator[HttpReceiver]:
     with http_receiver() as rec:
@@ -67,7 +54,7 @@ def receiver() -> Iterator[HttpReceiver]:
 
 def _run(rec: HttpReceiver, tmp_path: Path, env: dict[str, str], steps: int = 8) -> otelprof.instrumentation.Session:
     session = live_session.start(rec.port, tmp_path / "spool", **{"OTELPROF_RUN_ID": "keep", **QUIET, **env})
-    _train(steps)
+    live_session.train(steps)
     live_session.stop(session)
     return session
 
@@ -190,7 +177,7 @@ def test_the_users_own_windows_are_not_copied(receiver: HttpReceiver, tmp_path: 
     handler = otelprof.trace_handler(then=torch.profiler.tensorboard_trace_handler(str(logdir)))
     schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
     with torch.profiler.profile(schedule=schedule, on_trace_ready=handler) as prof:
-        _train(6, prof.step)
+        live_session.train(6, prof.step)
     live_session.stop(session)
     assert [s for s in receiver.spans if s.name.startswith("ProfilerStep#")]  # the user's window was sent
     assert len(list(logdir.iterdir())) == 1  # the user's file, and only it

@@ -14,6 +14,7 @@ import pytest
 from export.receivers import http_receiver
 from prometheus_client.parser import text_string_to_metric_families
 
+from capture import live_session
 from otelprof.capture.metrics.mfu import window_flops
 from otelprof.capture.metrics.peak_flops import PEAKS, part, peak_flops
 
@@ -136,12 +137,7 @@ def _scraped(text: str) -> dict[str, dict[tuple[str, str], float]]:
 def test_flops_and_mfu_reach_both_paths(tmp_path: Path) -> None:
     with http_receiver() as rec:
         env = {
-            **os.environ,
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
-            "OTEL_METRICS_EXPORTER": "prometheus,otlp",
-            "OTEL_METRIC_EXPORT_INTERVAL": "60000",  # only the export at shutdown
-            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
-            "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+            **live_session.both_metric_paths(rec.port),
             "OTELPROF_RUN_ID": "mfu",
             "OTELPROF_PROFILE_OPTIONS": "with_flops",
             "OTELPROF_PEAK_FLOPS": str(PEAK),

@@ -15,6 +15,7 @@ import pytest
 from export.receivers import grpc_receiver, http_receiver
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
+from capture import live_session
 from otelprof.capture.metrics.otlp_metrics import BRIDGED, DIRECT, exporters, otel_name
 from otelprof.capture.metrics.step_metrics import STEP_BUCKETS
 from otelprof.otlp import ids
@@ -115,12 +116,7 @@ def test_skipped_updates_reach_the_otlp_push(tmp_path: Path) -> None:
     """A GradScaler loop with 2 updates skipped (inf gradients): the pushed counter says 2."""
     with http_receiver() as rec:
         env = {
-            **os.environ,
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
-            "OTEL_METRICS_EXPORTER": "prometheus,otlp",
-            "OTEL_METRIC_EXPORT_INTERVAL": "60000",  # only the export at shutdown
-            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
-            "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+            **live_session.both_metric_paths(rec.port),
             "OTELPROF_RUN_ID": "otlp-skips",
             "OTELPROF_PROFILE": "false",
             "OTELPROF_SPOOL_DIR": str(tmp_path / "spool"),

@@ -23,15 +23,8 @@ torch = pytest.importorskip("torch")
 STEPS = 8
 PROFILED = (3, 4)  # skip 0-1, warm up 2, record 3-4
 WINDOW = {
+    **live_session.ONE_WINDOW,
     "OTELPROF_RUN_ID": "nesting",
-    "OTELPROF_TRIGGER_SIGNAL": "none",
-    "OTELPROF_ANOMALY_FACTOR": "0",
-    "OTELPROF_PROFILE_EARLY": "0",
-    "OTELPROF_PROFILE_SKIP_FIRST": "2",
-    "OTELPROF_PROFILE_WAIT": "0",
-    "OTELPROF_PROFILE_WARMUP": "1",
-    "OTELPROF_PROFILE_ACTIVE": "2",
-    "OTELPROF_PROFILE_REPEAT": "1",
     "OTELPROF_MIN_DURATION_US": "0",  # every operator a span
 }
 

@@ -429,21 +429,14 @@ def test_a_converted_step_lists_its_number_and_duration(client: MlflowClient, am
 def live(mlflow_server: MlflowServer, client: MlflowClient, tmp_path_factory: pytest.TempPathFactory) -> Delivery:
     """A real training loop instrumented live, exporting to MLflow: eight steps of four samples,
     the early window (OTELPROF_PROFILE_EARLY=2) warming up at step 2 and recording 3 and 4."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from capture import live_session
 
     experiment_id = client.create_experiment("otelprof-live")
     environ = _environ(mlflow_server, experiment_id, OTELPROF_RUN_ID="mlflow-live")
     quiet = {"OTELPROF_TRIGGER_SIGNAL": "none", "OTELPROF_ANOMALY_FACTOR": "0", "OTELPROF_PROFILE_EARLY": "2"}
     session = live_session.start(free_port(), tmp_path_factory.mktemp("live-spool"), **environ, **quiet)
-    torch.manual_seed(0)
-    loader = torch.utils.data.DataLoader(torch.randn(32, 16), batch_size=4)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for batch in loader:
-        model(batch).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
+    live_session.train(8)
     live_session.stop(session)
     assert session.windows is not None and session.windows.windows_done == 1
     assert session.exporter is not None and session.exporter.counters.requests_spooled == 0

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from capture import live_session
 from export.receivers import http_receiver
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -135,12 +136,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], dict[
     tmp = tmp_path_factory.mktemp("paths")
     with http_receiver() as rec:
         env = {
-            **os.environ,
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{rec.port}",
-            "OTEL_METRICS_EXPORTER": "prometheus,otlp",
-            "OTEL_METRIC_EXPORT_INTERVAL": "60000",  # only the export at shutdown
-            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
-            "OTEL_EXPORTER_PROMETHEUS_PORT": "0",
+            **live_session.both_metric_paths(rec.port),
             "OTELPROF_RUN_ID": "metric-paths",
             # one window of steps 3-4 (the window's series on both paths)
             "OTELPROF_PROFILE_SKIP_FIRST": "2",
